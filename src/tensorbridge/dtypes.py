@@ -1,0 +1,295 @@
+"""The dtype table: the one place that pairs a torch dtype with a NumPy dtype.
+
+Every conversion, file format and command looks dtypes up here; nothing else
+branches on a particular dtype. A row pairs a torch dtype with the NumPy dtype
+that holds the same bits: NumPy's own for the classic types, and the
+``ml_dtypes`` types (bfloat16, the float8 family, complex32) for the ones NumPy
+lacks. Both sides of a row have the same item size, so converting is a
+reinterpretation of the same bytes (zero-copy, bit-exact).
+
+Rows whose dtype the installed torch or ml_dtypes lacks (``float8_e8m0fnu``
+before torch 2.7, ``complex32`` before ml_dtypes 0.7) are skipped when the
+table is built; this module is the only place that looks at versions.
+
+Identity, never ``dtype.kind``: ml_dtypes reports bfloat16 as kind ``'V'`` (like
+a structured or void dtype), float8_e5m2 as ``'f'`` and complex32 as ``'c'``.
+
+>>> import tensorbridge as tb, torch
+>>> tb.numpy_dtype(torch.bfloat16)
+dtype(bfloat16)
+>>> tb.torch_dtype("f32")
+torch.float32
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from .errors import UnsupportedDtypeError
+
+__all__ = ["DTypeRow", "dtype_table", "numpy_dtype", "resolve_dtype", "torch_dtype"]
+
+TorchDType = torch.dtype
+Category = Literal["bool", "int", "uint", "float", "complex"]
+
+
+@dataclass(frozen=True, eq=False)
+class DTypeRow:
+    """One pairing of a torch dtype with the NumPy dtype that holds the same bits.
+
+    Attributes:
+        name: the canonical name, shared by torch and NumPy/ml_dtypes ("bfloat16").
+        torch: the torch dtype.
+        numpy: the NumPy dtype (NumPy's own or an ml_dtypes one).
+        carrier: ``None`` when ``Tensor.numpy()`` / ``torch.from_numpy`` handle the
+            dtype natively; otherwise a same-width torch integer dtype that both
+            sides understand, through which the bytes are reinterpreted.
+        safetensors: the dtype code in the safetensors header, or ``None``.
+        category: what the values are ("bool", "int", "uint", "float", "complex").
+        aliases: other names accepted wherever a dtype is given ("bf16").
+    """
+
+    name: str
+    torch: TorchDType
+    numpy: np.dtype[Any]
+    carrier: TorchDType | None
+    safetensors: str | None
+    category: Category
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def itemsize(self) -> int:
+        return self.numpy.itemsize
+
+    @property
+    def carrier_numpy(self) -> np.dtype[Any]:
+        """The NumPy dtype of the carrier (the row's own dtype when native)."""
+        return self.numpy if self.carrier is None else _CARRIER_NUMPY[self.carrier]
+
+    @property
+    def is_floating(self) -> bool:
+        return self.category == "float"
+
+    def __repr__(self) -> str:
+        return f"DTypeRow({self.name})"
+
+
+_CARRIER_NUMPY: dict[torch.dtype, np.dtype[Any]] = {
+    torch.uint8: np.dtype(np.uint8),
+    torch.int16: np.dtype(np.int16),
+    torch.int32: np.dtype(np.int32),
+}
+_CARRIER_BY_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+
+# (name, category, safetensors code, aliases); the NumPy side is NumPy's own type.
+_NATIVE: tuple[tuple[str, Category, str | None, tuple[str, ...]], ...] = (
+    ("bool", "bool", "BOOL", ("b1",)),
+    ("uint8", "uint", "U8", ("u8",)),
+    ("int8", "int", "I8", ("i8",)),
+    ("int16", "int", "I16", ("i16",)),
+    ("uint16", "uint", "U16", ("u16",)),
+    ("int32", "int", "I32", ("i32",)),
+    ("uint32", "uint", "U32", ("u32",)),
+    ("int64", "int", "I64", ("i64",)),
+    ("uint64", "uint", "U64", ("u64",)),
+    ("float16", "float", "F16", ("f16", "fp16", "half")),
+    ("float32", "float", "F32", ("f32", "fp32")),
+    ("float64", "float", "F64", ("f64", "fp64", "double")),
+    ("complex64", "complex", "C64", ("c64",)),
+    ("complex128", "complex", None, ("c128",)),
+)
+# The NumPy side is the ml_dtypes type of the same name, reached through a carrier.
+_EXTENDED: tuple[tuple[str, Category, str | None, tuple[str, ...]], ...] = (
+    ("bfloat16", "float", "BF16", ("bf16",)),
+    ("float8_e4m3fn", "float", "F8_E4M3", ("fp8_e4m3fn", "f8e4m3fn")),
+    ("float8_e5m2", "float", "F8_E5M2", ("fp8_e5m2", "f8e5m2")),
+    ("float8_e4m3fnuz", "float", "F8_E4M3FNUZ", ("fp8_e4m3fnuz",)),
+    ("float8_e5m2fnuz", "float", "F8_E5M2FNUZ", ("fp8_e5m2fnuz",)),
+    ("float8_e8m0fnu", "float", "F8_E8M0", ("fp8_e8m0fnu", "e8m0")),
+    ("complex32", "complex", None, ("c32", "chalf")),
+)
+
+
+def _build() -> tuple[DTypeRow, ...]:
+    rows = []
+    for name, category, code, aliases in _NATIVE:
+        rows.append(
+            DTypeRow(name, getattr(torch, name), np.dtype(name), None, code, category, aliases)
+        )
+    for name, category, code, aliases in _EXTENDED:
+        tdt = getattr(torch, name, None)
+        ndt = getattr(ml_dtypes, name, None)
+        if tdt is None or ndt is None:
+            continue  # the installed torch or ml_dtypes lacks it
+        ndt = np.dtype(ndt)
+        carrier = _CARRIER_BY_SIZE[ndt.itemsize]
+        rows.append(DTypeRow(name, tdt, ndt, carrier, code, category, aliases))
+    return tuple(rows)
+
+
+_TABLE = _build()
+BY_TORCH: dict[torch.dtype, DTypeRow] = {r.torch: r for r in _TABLE}
+BY_NUMPY: dict[np.dtype[Any], DTypeRow] = {r.numpy: r for r in _TABLE}
+BY_SAFETENSORS: dict[str, DTypeRow] = {r.safetensors: r for r in _TABLE if r.safetensors}
+BY_NAME: dict[str, DTypeRow] = {
+    key: r for r in _TABLE for key in (r.name, str(r.torch), *r.aliases)
+}
+
+# torch's packed fp4: two values a byte, element 0 in the low nibble (see convert.py).
+FLOAT4_PACKED: torch.dtype | None = getattr(torch, "float4_e2m1fn_x2", None)
+FLOAT4_UNPACKED: np.dtype[Any] | None = (
+    np.dtype(ml_dtypes.float4_e2m1fn) if hasattr(ml_dtypes, "float4_e2m1fn") else None
+)
+
+
+def dtype_table() -> tuple[DTypeRow, ...]:
+    """Every dtype pairing this installation supports, in a stable order.
+
+    >>> [r.name for r in dtype_table()][:3]
+    ['bool', 'uint8', 'int8']
+    """
+    return _TABLE
+
+
+def resolve_dtype(spec: Any) -> DTypeRow:
+    """Find the table row for a torch dtype, a NumPy dtype(-like) or a name.
+
+    Names are the canonical ones ("bfloat16", "float8_e4m3fn"), "torch.*" spellings
+    and the short aliases "bf16", "f16", "f32", "f64" the command line uses.
+
+    >>> resolve_dtype("bf16").torch
+    torch.bfloat16
+
+    Raises:
+        UnsupportedDtypeError: the dtype has no counterpart on the other side, or the
+            name is unknown; the message names the fix.
+    """
+    if isinstance(spec, DTypeRow):
+        return spec
+    if isinstance(spec, torch.dtype):
+        row = BY_TORCH.get(spec)
+        if row is None:
+            raise UnsupportedDtypeError(_explain_torch(spec))
+        return row
+    if isinstance(spec, str):
+        row = BY_NAME.get(spec) or BY_NAME.get(spec.lower())
+        if row is not None:
+            return row
+    try:
+        ndt = np.dtype(spec)
+    except TypeError:
+        raise UnsupportedDtypeError(
+            f"{spec!r} is not a dtype; pass a torch dtype, a NumPy dtype or a name such as "
+            f"'bfloat16' (known names: {', '.join(sorted(r.name for r in _TABLE))})"
+        ) from None
+    row = BY_NUMPY.get(ndt)
+    if row is None:
+        raise UnsupportedDtypeError(explain_numpy(ndt))
+    return row
+
+
+def numpy_dtype(spec: Any) -> np.dtype[Any]:
+    """The NumPy dtype that holds the same bits as ``spec`` (a torch dtype, NumPy dtype or name).
+
+    >>> import torch
+    >>> numpy_dtype(torch.float8_e4m3fn)
+    dtype(float8_e4m3fn)
+    """
+    return resolve_dtype(spec).numpy
+
+
+def torch_dtype(spec: Any) -> torch.dtype:
+    """The torch dtype that holds the same bits as ``spec`` (a NumPy dtype, torch dtype or name).
+
+    >>> import ml_dtypes
+    >>> torch_dtype(ml_dtypes.bfloat16)
+    torch.bfloat16
+    """
+    return resolve_dtype(spec).torch
+
+
+# --- messages for dtypes with no counterpart -------------------------------------------------
+
+_ML_NO_TORCH = {
+    "int1": "a.astype(np.int8)",
+    "int2": "a.astype(np.int8)",
+    "int4": "a.astype(np.int8)",
+    "uint1": "a.astype(np.uint8)",
+    "uint2": "a.astype(np.uint8)",
+    "uint4": "a.astype(np.uint8)",
+    "float4_e2m1fn": "to_torch(a, dtype=torch.float4_e2m1fn_x2) to pack two values a byte",
+    "float6_e2m3fn": "a.astype(np.float32)",
+    "float6_e3m2fn": "a.astype(np.float32)",
+    "float8_e3m4": "a.astype(np.float32)",
+    "float8_e4m3": "a.astype(np.float32)",
+    "float8_e4m3b11fnuz": "a.astype(np.float32)",
+    "float8_e5m3fnu": "a.astype(np.float32)",
+    "bcomplex32": "a.astype(np.complex64)",
+}
+_ML_NO_TORCH_BY_DTYPE = {
+    np.dtype(getattr(ml_dtypes, n)): fix for n, fix in _ML_NO_TORCH.items() if hasattr(ml_dtypes, n)
+}
+
+
+def explain_numpy(ndt: np.dtype[Any]) -> str:
+    """Why a NumPy dtype has no torch counterpart, and what to pass instead."""
+    fix = _ML_NO_TORCH_BY_DTYPE.get(ndt)
+    if fix is not None:
+        how = fix if fix.startswith("to_torch") else f"{fix} (lossless)"
+        return f"ml_dtypes {ndt} has no torch dtype; pass {how}"
+    if ndt.names is not None:
+        return (
+            f"structured dtype {ndt} has no torch dtype; convert each field separately "
+            f"(a[{ndt.names[0]!r}])"
+        )
+    kind = ndt.kind
+    if kind in "Mm":
+        return f"{ndt} has no torch dtype; pass a.view(np.int64) to keep the raw ticks"
+    if kind == "O":
+        return "object arrays have no torch dtype; convert to a numeric dtype first " \
+               "(np.asarray(a, dtype=np.float32))"
+    if kind in "US":
+        return f"string dtype {ndt} has no torch dtype; encode the strings to numbers first " \
+               "(e.g. np.frombuffer(a.tobytes(), np.uint8))"
+    if kind == "V":
+        return f"raw void dtype {ndt} has no torch dtype; pass a.view(np.uint8) for its bytes"
+    if ndt.type in (np.longdouble, np.clongdouble):
+        wider = "np.float64" if kind == "f" else "np.complex128"
+        return f"{ndt} ({ndt.itemsize} bytes) has no torch dtype; pass a.astype({wider}), " \
+               "which rounds to 53 bits"
+    if ndt.byteorder not in "=|" and ndt.newbyteorder("=") in BY_NUMPY:
+        return f"{ndt} is byte-swapped; pass a.astype(a.dtype.newbyteorder('='))"
+    return f"NumPy dtype {ndt} has no torch dtype"
+
+
+def _explain_torch(tdt: torch.dtype) -> str:
+    name = str(tdt).removeprefix("torch.")
+    if tdt is FLOAT4_PACKED:
+        return (
+            f"{tdt} packs two values a byte and has no NumPy dtype; pass "
+            "dtype=ml_dtypes.float4_e2m1fn to unpack (the last dimension doubles) or "
+            "tensor.view(torch.uint8) for the packed bytes"
+        )
+    if name.startswith(("qint", "quint")):
+        return (
+            f"quantized {tdt} has no NumPy dtype; pass dtype=np.float32 to dequantize, or "
+            "convert tensor.int_repr() for the raw integers"
+        )
+    if name.startswith("bits"):
+        return f"{tdt} has no NumPy dtype; pass tensor.view(torch.uint8) for its raw bytes"
+    if name.startswith(("int", "uint")):
+        return f"sub-byte {tdt} has no NumPy dtype; unpack it to torch.int8 / torch.uint8 first"
+    if name == "complex32":
+        return (
+            "torch.complex32 needs ml_dtypes >= 0.7 for a NumPy dtype; upgrade ml_dtypes or "
+            "pass dtype=np.complex64 to upcast"
+        )
+    if name.startswith("float8"):
+        return f"{tdt} needs a newer ml_dtypes for a NumPy dtype; upgrade ml_dtypes or pass " \
+               "dtype=np.float32 to upcast"
+    return f"{tdt} has no NumPy dtype"

@@ -1,0 +1,302 @@
+"""Machinery every file format shares: atomic writes, streamed data, mappings, progress.
+
+* :func:`atomic_write` — a temporary file in the target directory, fsync, rename:
+  an interrupted save leaves the previous file or nothing, never a truncated file
+  under the final name.
+* :func:`iter_bytes` — a tensor's or array's values as bytes in C order, at most
+  about one chunk at a time, cast on the way when asked (torch's kernel into one
+  reused buffer), releasing the pages of a read-only memory-mapped source once they
+  are written, so peak memory stays near one chunk whatever the size.
+* :func:`map_file` / :func:`array_at` — zero-copy views of a file's bytes:
+  read-only (a write raises) or copy-on-write (writes stay in private pages).
+* :func:`progress_bar` — tqdm on stderr when it is a terminal, or when asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import torch
+
+from ..convert import _as_tensor, _reader, to_numpy, to_torch
+from ..dtypes import BY_NUMPY, DTypeRow, explain_numpy, resolve_dtype
+from ..errors import FormatError, UnsupportedDtypeError
+
+DEFAULT_CHUNK = 64 << 20
+_PAGE = mmap.PAGESIZE
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """Open a temporary file beside ``path``; on success fsync it and rename it into place.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> with atomic_write(os.path.join(d, "x.bin")) as f:
+    ...     _ = f.write(b"abc")
+    >>> os.listdir(d)
+    ['x.bin']
+    """
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(target.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def row_of(x: Any) -> DTypeRow:
+    """The table row of a tensor's or array's dtype (byte-swapped arrays: their native row)."""
+    if isinstance(x, torch.Tensor):
+        return resolve_dtype(x.dtype)
+    dt = x.dtype
+    row = BY_NUMPY.get(dt) or BY_NUMPY.get(dt.newbyteorder("="))
+    if row is None:
+        raise UnsupportedDtypeError(explain_numpy(dt))
+    return row
+
+
+def cast_target(src: DTypeRow, float_dtype: Any) -> DTypeRow:
+    """``float_dtype`` applies to floating-point values only; everything else keeps its dtype."""
+    if float_dtype is None or not src.is_floating:
+        return src
+    return resolve_dtype(float_dtype)
+
+
+def iter_bytes(
+    x: Any, dst: DTypeRow | None = None, chunk_bytes: int = DEFAULT_CHUNK
+) -> Iterator[memoryview]:
+    """Yield ``x``'s values as ``dst`` bytes in C order, about ``chunk_bytes`` at a time.
+
+    ``x`` is a tensor (any device) or an array (memory-mapped ones included). A
+    yielded view is only valid until the next one is requested: the cast buffer is
+    reused.
+    """
+    src = row_of(x)
+    dst = dst or src
+    if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+        yield from _iter_device(x, src, dst, chunk_bytes)
+        return
+    a = to_numpy(x) if isinstance(x, torch.Tensor) else np.asarray(x)
+    if a.size == 0:
+        return
+    per_elem = max(src.itemsize, dst.itemsize)
+    step = max(1, chunk_bytes // per_elem)
+    release = _releaser(a)
+    buf: np.ndarray | None = None
+    if a.flags.c_contiguous:
+        flat = a.reshape(-1)
+        pieces: Iterator[np.ndarray] = (flat[i : i + step] for i in range(0, flat.size, step))
+    else:
+        rows = max(1, step // max(1, a[0].size if a.ndim else 1))
+        pieces = (a[i : i + rows] for i in range(0, a.shape[0], rows))
+    for piece in pieces:
+        if dst is src and piece.flags.c_contiguous and piece.dtype.isnative:
+            yield piece.view(src.carrier_numpy).reshape(-1).view(np.uint8).data
+        else:
+            if buf is None:
+                buf = np.empty(step if a.flags.c_contiguous else piece.size, dst.numpy)
+            out = buf[: piece.size].reshape(piece.shape)
+            if dst is src:
+                np.copyto(out, piece)
+            else:
+                native = piece if piece.dtype.isnative else piece.astype(src.numpy)
+                _as_tensor(out, dst).copy_(_reader(native, src))
+            yield out.reshape(-1).view(dst.carrier_numpy).view(np.uint8).data
+        release(piece)
+
+
+def _iter_device(
+    t: torch.Tensor, src: DTypeRow, dst: DTypeRow, chunk_bytes: int
+) -> Iterator[memoryview]:
+    flat = t.reshape(-1)
+    step = max(1, chunk_bytes // max(src.itemsize, dst.itemsize))
+    for i in range(0, flat.numel(), step):
+        piece = flat[i : i + step].to(dst.torch).cpu()
+        yield to_numpy(piece).view(dst.carrier_numpy).view(np.uint8).data
+
+
+def _releaser(a: np.ndarray) -> Any:
+    """For a shared (not copy-on-write) memory map, drop pages from RSS once written."""
+    mm = None
+    base: Any = a
+    while base is not None:
+        cand = getattr(base, "_mmap", None)
+        if isinstance(cand, mmap.mmap) and getattr(base, "mode", "c") in ("r", "r+", "w+"):
+            mm = cand
+            break
+        base = getattr(base, "base", None)
+    if mm is None:
+        return lambda piece: None
+    start = np.frombuffer(mm, np.uint8).__array_interface__["data"][0]
+    size = len(mm)
+
+    def release(piece: np.ndarray) -> None:
+        addr = piece.__array_interface__["data"][0] - start
+        lo = max(0, addr // _PAGE * _PAGE)
+        hi = min(size, addr + piece.nbytes)
+        if 0 <= lo < hi:
+            with contextlib.suppress(OSError, ValueError):
+                mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+    return release
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def map_file(path: str | os.PathLike[str], *, copy_on_write: bool = False) -> mmap.mmap | bytes:
+    """Map a whole file read-only (or copy-on-write); empty files give ``b""``."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return b""
+        access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
+        return mmap.mmap(f.fileno(), 0, access=access)
+
+
+def array_at(
+    buf: Any, offset: int, shape: tuple[int, ...], row: DTypeRow, *, name: str = "?"
+) -> np.ndarray:
+    """A zero-copy array of ``shape`` and ``row``'s dtype at ``offset`` of ``buf``."""
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    nbytes = count * row.itemsize
+    if offset < 0 or offset + nbytes > len(buf):
+        raise FormatError(
+            f"tensor {name!r}: bytes {offset}..{offset + nbytes} lie outside the file's "
+            f"{len(buf)} bytes; the file is truncated or corrupt"
+        )
+    if count == 0:
+        return np.empty(shape, row.numpy)
+    return np.frombuffer(buf, dtype=row.carrier_numpy, count=count, offset=offset).view(
+        row.numpy
+    ).reshape(shape)
+
+
+# --- progress ---------------------------------------------------------------------------------
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str, progress: bool | None) -> Any:
+    """A byte-counting bar on stderr: shown when ``progress`` is True, or None and a terminal."""
+    show = progress if progress is not None else (sys.stderr.isatty() and total >= DEFAULT_CHUNK)
+    if not show:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return _NoBar()
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
+                file=sys.stderr, leave=False)
+
+
+# --- the reader every format returns from open() ---------------------------------------------
+
+
+class TensorFile:
+    """A lazily read tensor file: ``keys()``, ``[name]``, ``metadata``; nothing read until asked.
+
+    Formats subclass it and implement :meth:`keys`, :meth:`info` and :meth:`_array`
+    (the stored array: a zero-copy view where the format allows it, read-only, or
+    copy-on-write when asked). ``[name]`` returns that NumPy array; :meth:`get`
+    converts it the way ``tb.load`` does.
+    """
+
+    metadata: dict[str, str]
+
+    def __init__(self) -> None:
+        self.metadata = {}
+
+    def keys(self) -> list[str]:
+        raise NotImplementedError  # each format implements it
+
+    def info(self, name: str) -> tuple[DTypeRow, tuple[int, ...]]:
+        """The stored dtype row and shape of ``name``, without reading its data."""
+        raise NotImplementedError  # each format implements it
+
+    def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
+        raise NotImplementedError  # each format implements it
+
+    def __getitem__(self, name: str) -> Any:
+        return self.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.keys()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def get(
+        self,
+        name: str,
+        *,
+        framework: str = "numpy",
+        mmap: bool = True,
+        device: Any = None,
+        float_dtype: Any = None,
+    ) -> Any:
+        """One entry as a NumPy array (a read-only view when ``mmap``) or a torch tensor.
+
+        Torch results of a mapped file are copy-on-write: writable, and a write never
+        reaches the file. ``mmap=False`` gives ordinary owned memory.
+        """
+        if name not in self.keys():
+            raise KeyError(f"{name!r} is not in this file; its keys are {self.keys()[:10]}")
+        if framework not in ("numpy", "torch"):
+            raise ValueError(f"framework={framework!r} is not supported; pass 'numpy' or 'torch'")
+        as_torch = framework == "torch"
+        a = self._array(name, copy_on_write=as_torch)
+        dst = cast_target(row_of(a), float_dtype)
+        copy = None if mmap else True
+        if as_torch:
+            return to_torch(a, dtype=dst, device=device, copy=copy)
+        return to_numpy(a, dtype=dst, copy=copy)
+
+    def close(self) -> None:
+        """Release the file; arrays already handed out stay valid."""
+
+    def __enter__(self) -> TensorFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
