@@ -1,0 +1,8 @@
+"""``python -m tensorbridge``: the command line (see :mod:`tensorbridge.cli`)."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
