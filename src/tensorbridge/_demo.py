@@ -22,26 +22,35 @@ def run(out: TextIO) -> int:
     model = _model()
     state = model.state_dict()
     nbytes = sum(t.nbytes for t in state.values())
-    out.write(f"model: TransformerEncoderLayer(d_model=256) in bfloat16, {len(state)} tensors, "
-              f"{nbytes / 2**20:.2f} MiB\n")
+    out.write(
+        f"model: TransformerEncoderLayer(d_model=256) in bfloat16, {len(state)} tensors, "
+        f"{nbytes / 2**20:.2f} MiB\n"
+    )
 
     start = time.perf_counter()
     arrays = {k: to_numpy(v) for k, v in state.items()}
     took = time.perf_counter() - start
     shared = all(np.shares_memory(arrays[k], to_numpy(v)) for k, v in state.items())
     dtypes = sorted({str(a.dtype) for a in arrays.values()})
-    out.write(f"to_numpy: {len(arrays)} arrays in {took * 1e3:.2f} ms, dtypes {dtypes}, "
-              f"zero-copy: {shared}\n")
+    out.write(
+        f"to_numpy: {len(arrays)} arrays in {took * 1e3:.2f} ms, dtypes {dtypes}, "
+        f"zero-copy: {shared}\n"
+    )
     f32 = sum(v.float().numpy().nbytes for v in state.values())
-    out.write(f"  bytes: {sum(a.nbytes for a in arrays.values()):,} "
-              f"(the .float().numpy() route needs {f32:,})\n")
+    out.write(
+        f"  bytes: {sum(a.nbytes for a in arrays.values()):,} "
+        f"(the .float().numpy() route needs {f32:,})\n"
+    )
 
     back = {k: to_torch(a) for k, a in arrays.items()}
     exact = all(
         torch.equal(back[k].view(torch.int16), v.view(torch.int16))
-        if v.dtype is torch.bfloat16 else torch.equal(back[k], v)
+        if v.dtype is torch.bfloat16
+        else torch.equal(back[k], v)
         for k, v in state.items()
     )
-    out.write(f"to_torch: dtypes {sorted({str(t.dtype) for t in back.values()})}, "
-              f"bit-exact round trip: {exact}\n")
+    out.write(
+        f"to_torch: dtypes {sorted({str(t.dtype) for t in back.values()})}, "
+        f"bit-exact round trip: {exact}\n"
+    )
     return 0 if exact and shared else 1

@@ -1,33 +1,538 @@
-"""The ``tensorbridge`` command line: a thin argparse shell over the public API."""
+"""The ``tensorbridge`` command line: a thin argparse shell over the public API.
+
+Commands: ``inspect``, ``convert``, ``compare``, ``cast-report``, ``demo``. Each calls
+the library and formats what it returns: aligned tables (colour only on a terminal)
+or ``--json``. A user error is one line on stderr and exit status 1 (2 for usage
+errors); ``--debug`` shows the traceback instead.
+
+>>> main(["--help"])  # doctest: +SKIP
+"""
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import json
+import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TextIO
+
+import numpy as np
+
+from . import diagnostics
+from . import io as tbio
+from .convert import to_numpy
+from .dtypes import resolve_dtype
+from .errors import TensorBridgeError
+from .io._common import TensorFile, cast_target, row_of
+
+_EXAMPLES = {
+    "inspect": "examples:\n  tensorbridge inspect model.safetensors\n"
+    "  tensorbridge inspect ckpt/ --stats --json",
+    "convert": "examples:\n  tensorbridge convert pytorch_model.bin model.safetensors\n"
+    "  tensorbridge convert model.safetensors out/model.safetensors --float-dtype bf16 "
+    "--max-shard-size 5GB --verify\n"
+    "  tensorbridge convert model.safetensors emb.npy --include 'embed*'",
+    "compare": "examples:\n  tensorbridge compare a.safetensors b.safetensors\n"
+    "  tensorbridge compare ref.npz out.npz --rtol 1e-3 --plot errors.png",
+    "cast-report": "examples:\n  tensorbridge cast-report model.safetensors --dtype bf16\n"
+    "  tensorbridge cast-report model.safetensors --dtype float8_e4m3fn --plot ulps.png",
+    "demo": "example:\n  tensorbridge demo",
+}
+
+
+class _UsageError(Exception):
+    """A command line that makes no sense: exit status 2."""
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tensorbridge",
         description="Move tensors between PyTorch and NumPy without losing a bit.",
+        epilog="run 'tensorbridge COMMAND --help' for a command's options and examples",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser(
-        "demo",
-        help="convert a small bf16 model's weights both ways and report",
-        description="Offline, in seconds: a bf16 TransformerEncoderLayer's weights to NumPy "
-        "and back.\n\nexample:\n  tensorbridge demo",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name,
+            help=help,
+            description=help[0].upper() + help[1:] + ".",
+            epilog=_EXAMPLES[name],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    p = command("inspect", "list the tensors of .safetensors (sharded too), .npz, .npy, .pt files")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--stats", action="store_true", help="add min/max/mean/std and NaN/inf counts")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    p = command("convert", "convert a checkpoint between formats, streamed, atomically")
+    p.add_argument("src", metavar="SRC")
+    p.add_argument("dst", metavar="DST")
+    p.add_argument(
+        "--float-dtype",
+        metavar="DTYPE",
+        help="cast floating-point tensors (bf16, f16, f32, float8_e4m3fn, ...)",
     )
+    p.add_argument("--max-shard-size", metavar="SIZE", help="shard .safetensors output (5GB)")
+    p.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="keep only tensors whose name matches (glob; repeatable)",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="drop tensors whose name matches (glob; repeatable)",
+    )
+    p.add_argument(
+        "--verify", action="store_true", help="re-read the output and check it against the source"
+    )
+    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+
+    p = command("compare", "compare two files (or tensors) tensor by tensor")
+    p.add_argument("a", metavar="A", help="the reference")
+    p.add_argument("b", metavar="B")
+    p.add_argument("--rtol", type=float, help="relative tolerance (default: by dtype)")
+    p.add_argument("--atol", type=float, help="absolute tolerance (default: by dtype)")
+    p.add_argument("--plot", metavar="PNG", help="draw the error distributions (matplotlib)")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    p = command("cast-report", "what casting every tensor of a file to DTYPE would do")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--dtype", required=True, metavar="DTYPE", help="bf16, f16, float8_e4m3fn, ...")
+    p.add_argument("--plot", metavar="PNG", help="draw the ULP histograms (matplotlib)")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    command("demo", "convert a small bf16 model's weights both ways and report, offline")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 failure, 2 usage error)."""
-    args = _parser().parse_args(argv)
-    if args.command == "demo":
-        from ._demo import run
+    parser = _parser()
+    args = parser.parse_args(argv)
+    handler = {
+        "inspect": _inspect,
+        "convert": _convert,
+        "compare": _compare,
+        "cast-report": _cast_report,
+        "demo": _demo,
+    }[args.command]
+    try:
+        return handler(args, sys.stdout)
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, like the standard tools.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except _UsageError as e:
+        if args.debug:
+            raise
+        parser.print_usage(sys.stderr)
+        print(f"tensorbridge {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except (TensorBridgeError, OSError, ValueError, TypeError, KeyError) as e:
+        if args.debug:
+            raise
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"tensorbridge {args.command}: error: {msg}", file=sys.stderr)
+        return 1
 
-        return run(sys.stdout)
-    return 2  # pragma: no cover - argparse rejects unknown commands
+
+# --- formatting -------------------------------------------------------------------------------
+
+
+def _colour(text: str, ok: bool, out: TextIO) -> str:
+    if not (hasattr(out, "isatty") and out.isatty()) or os.environ.get("NO_COLOR"):
+        return text
+    return f"\033[{32 if ok else 31}m{text}\033[0m"
+
+
+def _table(rows: list[list[str]], headers: list[str], out: TextIO) -> None:
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
+    numeric = [all(_is_number(r[i]) for r in rows) and bool(rows) for i in range(len(headers))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            str(c).rjust(w) if num else str(c).ljust(w)
+            for c, w, num in zip(cells, widths, numeric, strict=False)
+        ).rstrip()
+
+    out.write(line(headers) + "\n")
+    out.write("  ".join("-" * w for w in widths) + "\n")
+    for r in rows:
+        out.write(line(r) + "\n")
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s.replace(",", "").split()[0])
+    except (ValueError, IndexError):
+        return False
+    return True
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)  # pragma: no cover
+
+
+def _num(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, int | np.integer):
+        return f"{int(x):,}"
+    x = float(x)
+    if x != x or x in (float("inf"), float("-inf")):
+        return str(x)
+    return f"{x:.4g}"
+
+
+def _dump(obj: Any, out: TextIO) -> None:
+    json.dump(obj, out, indent=2, default=str)
+    out.write("\n")
+
+
+# --- files as mappings ------------------------------------------------------------------------
+
+
+class _Lazy(Mapping[str, Any]):
+    """Names of an open file, values read (mapped) only when asked: keeps convert streaming."""
+
+    def __init__(self, f: TensorFile, names: list[str]) -> None:
+        self._f, self._names = f, names
+
+    def __getitem__(self, name: str) -> Any:
+        return self._f[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def _select(names: list[str], include: list[str], exclude: list[str]) -> list[str]:
+    kept = [n for n in names if not include or any(fnmatch.fnmatchcase(n, p) for p in include)]
+    return [n for n in kept if not any(fnmatch.fnmatchcase(n, p) for p in exclude)]
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def _inspect(args: argparse.Namespace, out: TextIO) -> int:
+    report: list[dict[str, Any]] = []
+    for path in args.files:
+        with tbio.open(path) as f:
+            tensors = []
+            for name in f:
+                row, shape = f.info(name)
+                count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+                entry: dict[str, Any] = {
+                    "name": name,
+                    "dtype": row.name,
+                    "shape": list(shape),
+                    "nbytes": count * row.itemsize,
+                }
+                if args.stats:
+                    entry["stats"] = diagnostics.stats(f[name]).to_dict()
+                tensors.append(entry)
+            report.append({"file": str(path), "metadata": dict(f.metadata), "tensors": tensors})
+    if args.json:
+        _dump(report if len(report) > 1 else report[0], out)
+        return 0
+    for i, file in enumerate(report):
+        if i:
+            out.write("\n")
+        total = sum(t["nbytes"] for t in file["tensors"])
+        out.write(f"{file['file']}: {len(file['tensors'])} tensors, {_size(total)}\n")
+        if file["metadata"]:
+            out.write("metadata: " + json.dumps(file["metadata"]) + "\n")
+        headers = ["name", "dtype", "shape", "size"]
+        if args.stats:
+            headers += ["min", "max", "mean", "std", "nan", "inf"]
+        rows: list[list[str]] = []
+        for t in file["tensors"]:
+            cells = [t["name"], t["dtype"], str(tuple(t["shape"])), _size(t["nbytes"])]
+            if args.stats:
+                s = t["stats"]
+                cells += [_num(s.get(k)) for k in ("min", "max", "mean", "std", "nan_count")]
+                cells.append(_num(s.get("posinf_count", 0) + s.get("neginf_count", 0)))
+            rows.append(cells)
+        _table(rows, headers, out)
+    return 0
+
+
+def _convert(args: argparse.Namespace, out: TextIO) -> int:
+    if args.float_dtype is not None:
+        resolve_dtype(args.float_dtype)  # an unknown name fails before anything is written
+    start = time.perf_counter()
+    with tbio.open(args.src) as src:
+        names = _select(src.keys(), args.include, args.exclude)
+        if not names:
+            raise _UsageError(f"no tensor of {args.src} matches --include/--exclude")
+        progress = False if args.no_progress else None
+        if args.dst.lower().endswith(".npy"):
+            if len(names) != 1:
+                raise _UsageError(
+                    f"a .npy file holds one array but {len(names)} tensors were selected; pick "
+                    "one with --include NAME or write .npz / .safetensors"
+                )
+            tbio.save(src[names[0]], args.dst, float_dtype=args.float_dtype, progress=progress)
+        else:
+            tbio.save(
+                _Lazy(src, names),
+                args.dst,
+                float_dtype=args.float_dtype,
+                max_shard_size=args.max_shard_size,
+                progress=progress,
+            )
+        took = time.perf_counter() - start
+        in_bytes = sum(src[n].nbytes for n in names)
+        summary: dict[str, Any] = {
+            "src": args.src,
+            "dst": args.dst,
+            "tensors": len(names),
+            "bytes_in": in_bytes,
+            "seconds": round(took, 3),
+        }
+        ok = True
+        if args.verify:
+            problems = _verify(src, names, args.dst, args.float_dtype)
+            summary["verified"] = not problems
+            summary["problems"] = problems
+            ok = not problems
+    if args.json:
+        _dump(summary, out)
+    else:
+        out.write(
+            f"converted {len(names)} tensors ({_size(in_bytes)}) {args.src} -> {args.dst} "
+            f"in {took:.2f} s\n"
+        )
+        if args.verify:
+            verdict = "bit-exact" if ok else f"{len(summary['problems'])} mismatch(es)"
+            out.write("verify: " + _colour(verdict, ok, out) + "\n")
+            for p in summary["problems"]:
+                out.write(f"  {p}\n")
+    return 0 if ok else 1
+
+
+def _verify(src: TensorFile, names: list[str], dst_path: str, float_dtype: Any) -> list[str]:
+    """Every output tensor must equal the source, or its cast with the same kernel, bit for bit."""
+    problems = []
+    if dst_path.lower().endswith(".npy"):
+        outputs: Mapping[str, Any] = {names[0]: tbio.load(dst_path)}
+    else:
+        outputs = tbio.load(dst_path, keys=names)
+    for name in names:
+        if name not in outputs:
+            problems.append(f"{name}: missing from the output")
+            continue
+        a, b = src[name], outputs[name]
+        want = cast_target(row_of(a), float_dtype)
+        expected = to_numpy(a, dtype=want) if want.numpy != a.dtype else a
+        if expected.shape != b.shape or expected.dtype != b.dtype:
+            problems.append(f"{name}: {expected.dtype}{expected.shape} became {b.dtype}{b.shape}")
+        elif not np.array_equal(_bits(expected), _bits(b)):
+            problems.append(f"{name}: the bytes differ")
+    return problems
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def _as_mapping(path: str) -> dict[str, Any]:
+    if path.lower().endswith(".npy"):
+        return {os.path.basename(path)[:-4]: tbio.load(path)}
+    result: dict[str, Any] = tbio.load(path)
+    return result
+
+
+def _compare(args: argparse.Namespace, out: TextIO) -> int:
+    a, b = _as_mapping(args.a), _as_mapping(args.b)
+    if len(a) == 1 and len(b) == 1 and a.keys() != b.keys():
+        a, b = {"tensor": next(iter(a.values()))}, {"tensor": next(iter(b.values()))}
+    result = diagnostics.compare(a, b, rtol=args.rtol, atol=args.atol)
+    if args.plot:
+        _plot_errors(a, b, result, args.plot)
+    if args.json:
+        _dump(result.to_dict(), out)
+        return 0 if result.ok else 1
+    rows = []
+    for path, leaf in result.leaves.items():
+        verdict = "ok" if leaf.ok else "DIFF"
+        if leaf.problem:
+            verdict = f"DIFF ({leaf.problem})"
+        rows.append(
+            [
+                _display(path),
+                f"{leaf.dtype_a}/{leaf.dtype_b}" if leaf.dtype_mismatch else str(leaf.dtype_a),
+                _num(leaf.max_abs_err),
+                _num(leaf.max_rel_err),
+                _num(leaf.max_ulp),
+                _num(leaf.mismatches),
+                _colour(verdict, leaf.ok, out),
+            ]
+        )
+    _table(rows, ["tensor", "dtype", "max abs", "max rel", "max ulp", "mismatches", "verdict"], out)
+    for name in result.missing:
+        out.write(f"only in {args.a}: {name}\n")
+    for name in result.extra:
+        out.write(f"only in {args.b}: {name}\n")
+    bad = sum(not leaf.ok for leaf in result.leaves.values())
+    verdict = "within tolerance" if result.ok else f"{bad} tensor(s) differ"
+    out.write(f"verdict: {_colour(verdict, result.ok, out)} (max ulp {_num(result.max_ulp)})\n")
+    return 0 if result.ok else 1
+
+
+def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
+    target = resolve_dtype(args.dtype)
+    reports = {}
+    with tbio.open(args.file) as f:
+        for name in f:
+            row, _ = f.info(name)
+            if row.is_floating:
+                reports[name] = diagnostics.cast_report(f[name], target)
+    if not reports:
+        raise _UsageError(f"{args.file} has no floating-point tensors to cast")
+    if args.plot:
+        _plot_ulps(reports, args.plot, target.name)
+    safe = all(r.safe for r in reports.values())
+    if args.json:
+        _dump(
+            {
+                "dtype": target.name,
+                "safe": safe,
+                "tensors": {k: r.to_dict() for k, r in reports.items()},
+            },
+            out,
+        )
+        return 0 if safe else 1
+    rows = [
+        [
+            name,
+            r.source_dtype,
+            _num(r.overflow_inf),
+            _num(r.saturated),
+            _num(r.flushed_to_zero),
+            _num(r.subnormal),
+            _num(r.nan_changed),
+            _num(r.max_rel_err),
+            _num(r.mean_rel_err),
+            _colour("safe" if r.safe else "LOSSY", r.safe, out),
+        ]
+        for name, r in reports.items()
+    ]
+    _table(
+        rows,
+        [
+            "tensor",
+            "from",
+            "to inf",
+            "saturated",
+            "to zero",
+            "subnormal",
+            "NaN changed",
+            "max rel",
+            "mean rel",
+            "verdict",
+        ],
+        out,
+    )
+    first = next(iter(reports.values()))
+    out.write(f"kernel: {first.kernel} ({first.semantics})\n")
+    verdict = f"safe to store in {target.name}" if safe else f"lossy in {target.name}"
+    out.write("verdict: " + _colour(verdict, safe, out) + "\n")
+    return 0 if safe else 1
+
+
+def _demo(args: argparse.Namespace, out: TextIO) -> int:
+    from ._demo import run
+
+    return run(out)
+
+
+# --- plots ------------------------------------------------------------------------------------
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise _UsageError(
+            "--plot needs matplotlib; pip install 'tensorbridge[plot]' (or matplotlib)"
+        ) from None
+    return plt
+
+
+def _plot_errors(a: Mapping[str, Any], b: Mapping[str, Any], result: Any, path: str) -> None:
+    plt = _pyplot()
+    ranked = sorted(
+        (k for k, leaf in result.leaves.items() if leaf.max_abs_err is not None),
+        key=lambda k: -(result.leaves[k].max_ulp or 0),
+    )[:6]
+    names = {k: k for k in result.leaves}
+    fig, axes = plt.subplots(
+        max(1, len(ranked)), 1, figsize=(7, 2.2 * max(1, len(ranked))), squeeze=False
+    )
+    for ax, key in zip(axes[:, 0], ranked, strict=False):
+        name = _leaf_name(key, a)
+        x = to_numpy(a[name], dtype="f64").reshape(-1) if name in a else np.zeros(0)
+        y = to_numpy(b[name], dtype="f64").reshape(-1) if name in b else np.zeros(0)
+        err = np.abs(x - y) if x.shape == y.shape else np.zeros(0)
+        err = err[np.isfinite(err)]
+        ax.hist(err, bins=60, log=True)
+        ax.set_title(
+            f"{_display(names[key])}: |a - b| (max ulp {_num(result.leaves[key].max_ulp)})",
+            fontsize=9,
+        )
+    if not ranked:
+        axes[0, 0].text(0.5, 0.5, "no numeric tensors to plot", ha="center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _display(path: str) -> str:
+    """``['a.b']`` -> ``a.b`` for the flat names of a file; deeper paths stay as they are."""
+    if path.startswith("['") and path.endswith("']") and "']['" not in path:
+        return path[2:-2]
+    return path
+
+
+def _leaf_name(path: str, mapping: Mapping[str, Any]) -> str:
+    for name in mapping:
+        if path in (name, f"[{name!r}]"):
+            return name
+    return path
+
+
+def _plot_ulps(reports: Mapping[str, Any], path: str, target: str) -> None:
+    plt = _pyplot()
+    worst = sorted(reports, key=lambda k: -(reports[k].max_rel_err or 0))[:6]
+    fig, axes = plt.subplots(len(worst), 1, figsize=(7, 2.2 * len(worst)), squeeze=False)
+    for ax, name in zip(axes[:, 0], worst, strict=False):
+        hist = reports[name].ulp_histogram
+        ax.bar(list(hist.keys()), list(hist.values()))
+        ax.set_yscale("log")
+        ax.set_title(f"{name} -> {target}: error in target ULPs", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -117,7 +117,8 @@ def to_numpy(
         copy: ``None`` shares when possible, ``True`` always copies, ``False`` raises
             :class:`CopyRequiredError` when sharing is impossible.
         readonly: return an array that cannot be written through.
-        out: a preallocated array of the same shape to write into (cast as needed).
+        out: a preallocated array of the same shape to write into (cast as needed,
+            after the cast to ``dtype`` when both are given).
 
     Returns:
         An ``np.ndarray`` (its base keeps the tensor's memory alive); a
@@ -153,6 +154,8 @@ def _plain(tensor: Any) -> torch.Tensor:
     if isinstance(tensor, _PLAIN_SUBCLASSES):
         return tensor.detach()  # type: ignore[attr-defined,no-any-return]
     if isinstance(tensor, torch.Tensor):
+        if tensor.is_nested:  # torch's jagged NestedTensor: unbind() gives plain views
+            return tensor.detach() if tensor.requires_grad else tensor
         name = cls.__name__
         if name == "FakeTensor":
             raise NoDataError(
@@ -227,8 +230,12 @@ def _to_numpy(
         _check_out(out, tuple(t.shape), "to_numpy")
         if not out.flags.writeable:
             raise UnsupportedTensorError("out= is read-only; pass a writable array")
-        out_row = _numpy_row(out)
-        _as_tensor(out, out_row).copy_(t)
+        if dst is not src:
+            t = t.to(dst.torch)  # dtype= first, then the cast into out's dtype
+        if out.dtype.isnative and all(s >= 0 and s % out.itemsize == 0 for s in out.strides):
+            _as_tensor(out, _numpy_row(out)).copy_(t)
+        else:  # a layout torch cannot view: let NumPy write it
+            np.copyto(out, to_numpy(t), casting="unsafe")
         return out
     if reason is None:
         arr = _as_numpy(t, src)
@@ -298,6 +305,11 @@ def _unpack_fp4(t: torch.Tensor, dtype: Any) -> np.ndarray:
     """float4_e2m1fn_x2 (two a byte, element 2i in the low nibble) -> one value a byte."""
     if dtype is None or FLOAT4_UNPACKED is None:
         raise UnsupportedDtypeError(resolve_error_for(t.dtype))
+    if t.ndim == 0:
+        raise ShapeMismatchError(
+            "unpacking float4_e2m1fn_x2 doubles the last dimension, but the tensor is 0-d; "
+            "pass t.reshape(1)"
+        )
     want = np.dtype(dtype) if not isinstance(dtype, torch.dtype) else None
     packed = t.view(torch.uint8).cpu().numpy()
     unpacked = np.empty((*packed.shape[:-1], packed.shape[-1] * 2), np.uint8)
@@ -355,10 +367,12 @@ def _sparse_to_scipy(t: torch.Tensor, dtype: Any, copy: bool | None, readonly: b
         return to_numpy(x, dtype=dt, copy=copy, readonly=readonly)  # type: ignore[no-any-return]
 
     values_dtype = dtype
-    if dtype is None and BY_TORCH.get(t.dtype) is not None and BY_TORCH[t.dtype].carrier:
+    row = BY_TORCH.get(t.dtype)
+    if dtype is None and row is not None and row.carrier:
+        wide = "np.complex64" if row.category == "complex" else "np.float32"
         raise UnsupportedDtypeError(
-            f"scipy.sparse cannot hold {t.dtype} values; pass dtype=np.float32 (lossless "
-            "for bfloat16 and float8)"
+            f"scipy.sparse cannot hold {t.dtype} values; pass dtype={wide} (lossless "
+            f"for {row.name})"
         )
     layout = t.layout
     if layout is torch.sparse_coo:
@@ -403,7 +417,9 @@ def to_torch(
             :class:`CopyRequiredError` when sharing is impossible (read-only memory,
             negative strides, byte-swapped data, a cast, a device transfer).
         requires_grad: make the result a leaf tensor that requires grad.
-        out: a preallocated tensor of the same shape to write into (cast as needed).
+        out: a preallocated tensor of the same shape to write into (cast as needed,
+            after the cast to ``dtype`` when both are given); it is returned itself, and
+            ``requires_grad=True`` sets it on ``out``.
 
     >>> import numpy as np, ml_dtypes, tensorbridge as tb
     >>> a = np.array([1.0, 2.5], dtype=ml_dtypes.bfloat16)
@@ -469,6 +485,8 @@ def _to_torch(
     if reason is None:
         if any(s < 0 for s in a.strides):
             reason = "has negative strides (torch has none)"
+        elif any(s % a.itemsize for s in a.strides):
+            reason = f"has strides {a.strides} that are not a multiple of its item size"
         elif dst is not src:
             reason = f"is {src.name} and a cast to {dst.name} makes new values"
         elif target is not None and target.type != "cpu":
@@ -480,9 +498,8 @@ def _to_torch(
             )
 
     if out is not None:
-        _check_out(out, a.shape, "to_torch")
-        out.copy_(_host_tensor(a, src))
-        return _finish_tensor(out, requires_grad, None)
+        host = _host_tensor(a, src)
+        return _finish_tensor(host if dst is src else host.to(dst.torch), requires_grad, out)
     if reason is None:
         t = _as_tensor(a, src)
         if copy:
@@ -506,7 +523,7 @@ def _host_tensor(a: np.ndarray, row: DTypeRow) -> torch.Tensor:
     """A CPU tensor with ``a``'s values, to copy from: a view where torch can see the memory."""
     if not a.dtype.isnative:
         a = a.astype(row.numpy)
-    elif any(s < 0 for s in a.strides):
+    elif any(s < 0 or s % a.itemsize for s in a.strides):
         a = a.copy(order="K")
     return _reader(a, row)
 
@@ -526,13 +543,16 @@ def _place(t: torch.Tensor, device: Any) -> torch.Tensor:
 def _finish_tensor(t: torch.Tensor, requires_grad: bool, out: torch.Tensor | None) -> torch.Tensor:
     if out is not None:
         _check_out(out, tuple(t.shape), "to_torch")
-        return out.copy_(t)
+        with torch.no_grad():  # filling a caller's buffer is not an op to differentiate
+            out.copy_(t)
+        t = out
     if requires_grad:
         if not (t.is_floating_point() or t.is_complex()):
             raise UnsupportedDtypeError(
                 f"a {t.dtype} tensor cannot require grad; pass dtype=torch.float32 as well"
             )
-        t = t.detach().requires_grad_(True)
+        # out= is returned itself; anything else becomes a leaf of its own
+        t = t.requires_grad_(True) if t is out else t.detach().requires_grad_(True)
     return t
 
 

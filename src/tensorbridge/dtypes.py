@@ -181,6 +181,8 @@ def resolve_dtype(spec: Any) -> DTypeRow:
         if row is not None:
             return row
     try:
+        if spec is None:  # np.dtype(None) would silently mean float64
+            raise TypeError
         ndt = np.dtype(spec)
     except TypeError:
         raise UnsupportedDtypeError(

@@ -17,6 +17,7 @@ row in :data:`_SUFFIXES`.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -53,13 +54,7 @@ def _module(path: str | os.PathLike[str]) -> ModuleType:
                 f"{str(p)!r}: cannot tell the format from the suffix {p.suffix!r}; use one of "
                 f"{', '.join(sorted(_SUFFIXES))}"
             )
-    if name == "safetensors":
-        from . import safetensors as module
-    elif name == "npy":
-        from . import npy as module
-    else:
-        from . import pt as module
-    return module
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 def flatten_state(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -114,8 +109,12 @@ def save(
     suffix = Path(path).suffix.lower()
     if module.__name__.endswith(".safetensors"):
         module.save(
-            flatten_state(obj), path, float_dtype=float_dtype, metadata=metadata,
-            max_shard_size=max_shard_size, progress=progress,
+            flatten_state(obj),
+            path,
+            float_dtype=float_dtype,
+            metadata=metadata,
+            max_shard_size=max_shard_size,
+            progress=progress,
         )
         return
     if metadata is not None or max_shard_size is not None:
@@ -149,7 +148,7 @@ def load(
     )
 
 
-def open(path: str | os.PathLike[str]) -> TensorFile:  # noqa: A001 - tb.open mirrors safe_open
+def open(path: str | os.PathLike[str]) -> TensorFile:
     """Open a file lazily: ``.keys()``, ``[name]``, ``.metadata``; nothing is read until asked.
 
     >>> import tempfile, os, numpy as np, tensorbridge as tb

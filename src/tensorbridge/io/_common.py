@@ -198,9 +198,11 @@ def array_at(
         )
     if count == 0:
         return np.empty(shape, row.numpy)
-    return np.frombuffer(buf, dtype=row.carrier_numpy, count=count, offset=offset).view(
-        row.numpy
-    ).reshape(shape)
+    return (
+        np.frombuffer(buf, dtype=row.carrier_numpy, count=count, offset=offset)
+        .view(row.numpy)
+        .reshape(shape)
+    )
 
 
 # --- progress ---------------------------------------------------------------------------------
@@ -223,8 +225,15 @@ def progress_bar(total: int, desc: str, progress: bool | None) -> Any:
         from tqdm.auto import tqdm  # type: ignore[import-untyped]
     except ImportError:  # pragma: no cover - tqdm is a dependency
         return _NoBar()
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
-                file=sys.stderr, leave=False)
+    return tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=desc,
+        file=sys.stderr,
+        leave=False,
+    )
 
 
 # --- the reader every format returns from open() ---------------------------------------------
@@ -254,6 +263,10 @@ class TensorFile:
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
         raise NotImplementedError  # each format implements it
 
+    def _owned(self, name: str) -> np.ndarray:
+        """The stored array in new, writable memory; formats may read the file straight into it."""
+        return np.array(self._array(name, copy_on_write=False), copy=True)
+
     def __getitem__(self, name: str) -> Any:
         return self.get(name)
 
@@ -280,14 +293,20 @@ class TensorFile:
         Torch results of a mapped file are copy-on-write: writable, and a write never
         reaches the file. ``mmap=False`` gives ordinary owned memory.
         """
-        if name not in self.keys():
+        if name not in self:
             raise KeyError(f"{name!r} is not in this file; its keys are {self.keys()[:10]}")
         if framework not in ("numpy", "torch"):
             raise ValueError(f"framework={framework!r} is not supported; pass 'numpy' or 'torch'")
         as_torch = framework == "torch"
-        a = self._array(name, copy_on_write=as_torch)
+        copy: bool | None = None
+        if mmap:
+            a = self._array(name, copy_on_write=as_torch)
+        elif float_dtype is None or not self.info(name)[0].is_floating:
+            a = self._owned(name)  # one copy, straight from the file
+        else:
+            a = self._array(name, copy_on_write=False)  # the cast makes the only copy
+            copy = True
         dst = cast_target(row_of(a), float_dtype)
-        copy = None if mmap else True
         if as_torch:
             return to_torch(a, dtype=dst, device=device, copy=copy)
         return to_numpy(a, dtype=dst, copy=copy)

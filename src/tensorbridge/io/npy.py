@@ -1,0 +1,647 @@
+"""``.npy`` and ``.npz``: NumPy's own files, with bfloat16, float8 and complex32 kept.
+
+The format is NumPy's (``numpy.lib.format``): magic, a header that is a Python dict
+literal ``{'descr', 'fortran_order', 'shape'}``, then the raw bytes. ``.npz`` is a zip
+of ``.npy`` members named ``<key>.npy``.
+
+**The bit-carrier convention.** NumPy has no descr for the ml_dtypes types (``np.save``
+writes bfloat16 as raw ``'<V2'`` and float8_e5m2 as ``'<f1'``, which ``np.load``
+refuses), and ``np.load`` rejects any header key beyond the three above, so the true
+dtype cannot ride in an extra key. tensorbridge writes every row of the dtype table that
+has a carrier as a *one-field structured dtype named after the dtype, whose field is the
+same-width little-endian unsigned integer*: bfloat16 -> ``[('bfloat16', '<u2')]``, each
+float8 -> ``[('float8_e4m3fn', '|u1')]``, complex32 -> ``[('complex32', '<u4')]``. Plain
+``np.load`` opens such a file without error (``a['bfloat16']`` is the raw bits,
+``a.view(ml_dtypes.bfloat16)`` the values), every reader that knows structured dtypes can
+too, and tensorbridge reads it back as the real dtype. Exactly that descr is recognised,
+nothing looser. Native dtypes get the standard header: for them the file is
+byte-identical to ``np.save`` (Fortran-ordered arrays included).
+
+**Reading** validates every header before mapping anything: magic and version, header
+length within ``MAX_HEADER_SIZE`` and the file, a literal-only parse (``ast.literal_eval``,
+never pickle), exactly the three keys, a shape of non-negative ints, and a data length
+equal to the shape times the item size, to the byte. Object arrays are refused. Any
+violation raises :class:`~tensorbridge.FormatError` naming the file (and member).
+With ``mmap=True`` NumPy results are read-only views of the file; torch results share one
+copy-on-write mapping per opened file (writes never reach the file).
+
+``.npz`` members stored uncompressed are mapped at their data offset (from the zip's
+local header) and their CRC is checked only by owned (``mmap=False``) reads; deflated
+members are read into memory after their declared size has been checked against the
+header and the compressed size. ``.npz`` files written here are deterministic (fixed
+timestamps) and pad each member's local header with a zipalign-style extra field so its
+data starts at a 64-byte file offset: mapped arrays are aligned.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import io
+import os
+import struct
+import zipfile
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
+from math import prod
+from pathlib import Path
+from typing import Any, BinaryIO, NamedTuple
+
+import numpy as np
+import torch
+from numpy.lib import format as npformat
+
+from ..dtypes import BY_NUMPY, DTypeRow, dtype_table, explain_numpy
+from ..errors import (
+    FormatError,
+    NoDataError,
+    TensorBridgeError,
+    UnsupportedDtypeError,
+    UnsupportedTensorError,
+)
+from ._common import (
+    DEFAULT_CHUNK,
+    TensorFile,
+    atomic_write,
+    cast_target,
+    iter_bytes,
+    map_file,
+    progress_bar,
+    row_of,
+)
+
+__all__ = ["MAX_HEADER_SIZE", "NpyFile", "NpzFile", "disk_dtype", "load", "open", "save"]
+
+MAGIC = b"\x93NUMPY"
+MAX_HEADER_SIZE = 10_000  # characters, numpy's own default for untrusted files
+_LENGTH_FORMAT = {1: "<H", 2: "<I", 3: "<I"}  # header-length field per major version
+_ENCODING = {1: "latin1", 2: "latin1", 3: "utf8"}
+_MAX_NDIM = 64  # NumPy's NPY_MAXDIMS
+_HEAD_LIMIT = len(MAGIC) + 2 + 4 + MAX_HEADER_SIZE * 4  # utf8: up to 4 bytes a character
+
+_ALIGN = 64  # data alignment of .npz members we write (NumPy's ARRAY_ALIGN)
+_ALIGN_EXTRA_ID = 0xD935  # the zip extra field Android's zipalign pads with
+_ZIP64_EXTRA = 20  # the zip64 extra zipfile adds to a local header when forced
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... name length, extra length
+_DEFLATE_MAX_RATIO = 1032  # deflate cannot expand data more than this
+# what zipfile and zlib raise for a garbled archive (NotImplementedError: a nonsense
+# version or compression field)
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OverflowError,
+               struct.error, NotImplementedError)  # fmt: skip
+
+
+# --- the convention, derived from the table --------------------------------------------------
+
+
+def disk_dtype(row: DTypeRow) -> np.dtype[Any]:
+    """The dtype a ``.npy`` header records for ``row`` (see the module docstring).
+
+    >>> import tensorbridge as tb
+    >>> disk_dtype(tb.resolve_dtype("bf16"))
+    dtype([('bfloat16', '<u2')])
+    >>> disk_dtype(tb.resolve_dtype("f32"))
+    dtype('float32')
+    """
+    return _DISK[row]
+
+
+_DISK: dict[DTypeRow, np.dtype[Any]] = {
+    r: r.numpy if r.carrier is None else np.dtype([(r.name, f"<u{r.itemsize}")])
+    for r in dtype_table()
+}
+_BY_DISK: dict[np.dtype[Any], DTypeRow] = {d: r for r, d in _DISK.items()}
+# what np.save writes for the ml_dtypes types whose dtype.str is void: the dtype is lost
+_VOID_ML_DTYPES = {np.dtype(f"V{r.itemsize}") for r in _DISK if r.carrier is not None}
+
+
+# --- headers ---------------------------------------------------------------------------------
+
+
+class Header(NamedTuple):
+    """A validated ``.npy`` header: what it holds and where its data starts."""
+
+    row: DTypeRow
+    stored: np.dtype[Any]  # the dtype as on disk (the carrier, or a byte-swapped one)
+    shape: tuple[int, ...]
+    fortran: bool
+    offset: int  # of the data, from the start of the .npy bytes
+    nbytes: int
+
+
+def header_bytes(row: DTypeRow, shape: tuple[int, ...], fortran: bool = False) -> bytes:
+    """The magic, version, length and header of a ``.npy`` holding ``row`` values of ``shape``.
+
+    NumPy's own header writer, so native dtypes get exactly ``np.save``'s bytes.
+    """
+    d = {"descr": npformat.dtype_to_descr(_DISK[row]), "fortran_order": fortran, "shape": shape}
+    buf = io.BytesIO()
+    try:
+        npformat.write_array_header_1_0(buf, d)
+    except ValueError:  # more than 64 KiB of header: format 2.0, as np.save does
+        buf = io.BytesIO()
+        npformat.write_array_header_2_0(buf, d)
+    return buf.getvalue()
+
+
+def parse_header(head: bytes, size: int, where: str) -> Header:
+    """Validate the start of a ``.npy`` (``head``: its first bytes) holding ``size`` bytes.
+
+    Raises:
+        FormatError: anything malformed; the message starts with ``where``.
+        UnsupportedDtypeError: a well-formed file of a dtype with no torch counterpart.
+    """
+
+    def bad(problem: str) -> FormatError:
+        return FormatError(f"{where}: {problem}")
+
+    if len(head) < len(MAGIC) + 2 or head[: len(MAGIC)] != MAGIC:
+        raise bad(
+            f"not a .npy file (it starts with {bytes(head[:8])!r}, not the .npy magic {MAGIC!r})"
+        )
+    major, minor = head[len(MAGIC)], head[len(MAGIC) + 1]
+    fmt = _LENGTH_FORMAT.get(major)
+    if fmt is None or minor != 0:
+        raise bad(f".npy format version {major}.{minor} is unknown (1.0, 2.0 and 3.0 exist)")
+    start = len(MAGIC) + 2 + struct.calcsize(fmt)
+    if len(head) < start:
+        raise bad(f"truncated: {size} bytes end inside the header length field")
+    (hlen,) = struct.unpack_from(fmt, head, len(MAGIC) + 2)
+    if hlen > MAX_HEADER_SIZE * (4 if major == 3 else 1):
+        raise bad(
+            f"the header claims {hlen} bytes, more than the {MAX_HEADER_SIZE} a .npy "
+            "header may have here; the file is corrupt or not a plain array"
+        )
+    if start + hlen > size:
+        raise bad(f"truncated: the header needs {start + hlen} bytes, the file has {size}")
+    try:
+        text = bytes(head[start : start + hlen]).decode(_ENCODING[major])
+    except UnicodeDecodeError:
+        raise bad("the header is not valid text") from None
+    if len(text) > MAX_HEADER_SIZE:
+        raise bad(f"the header has {len(text)} characters, more than {MAX_HEADER_SIZE}")
+    try:
+        d = ast.literal_eval(text)  # literals only: never calls, never pickles
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        raise bad(f"the header is not a Python literal: {text.strip()[:200]!r}") from None
+    if not isinstance(d, dict) or set(d) != {"descr", "fortran_order", "shape"}:
+        got = sorted(map(str, d)) if isinstance(d, dict) else type(d).__name__
+        raise bad(
+            f"the header must be a dict of exactly 'descr', 'fortran_order' and 'shape', got {got}"
+        )
+    shape, fortran, descr = d["shape"], d["fortran_order"], d["descr"]
+    if (
+        not isinstance(shape, tuple)
+        or len(shape) > _MAX_NDIM
+        or not all(type(n) is int and n >= 0 for n in shape)
+    ):
+        raise bad(f"shape {shape!r} is not a tuple of at most {_MAX_NDIM} non-negative ints")
+    if not isinstance(fortran, bool):
+        raise bad(f"fortran_order {fortran!r} is not a bool")
+    try:
+        stored = npformat.descr_to_dtype(descr)
+    except Exception:  # NumPy's descr parser raises anything from TypeError to SyntaxError
+        raise bad(f"descr {descr!r} is not a dtype NumPy knows{_hint(descr)}") from None
+    if stored.hasobject:
+        raise bad(
+            f"descr {descr!r} holds Python objects, which only pickle can read; "
+            "tensorbridge never unpickles (np.load(path, allow_pickle=True) if you "
+            "trust the file)"
+        )
+    row = _row_of_stored(stored, where)
+    count = prod(shape)
+    nbytes = count * stored.itemsize
+    offset = start + hlen
+    if offset + nbytes != size:
+        what = "truncated" if offset + nbytes > size else "trailing bytes"
+        raise bad(
+            f"{what}: shape {shape} of {row.name} needs {nbytes} data bytes after the "
+            f"{offset}-byte header, the file holds {size - offset}"
+        )
+    return Header(row, stored, shape, fortran, offset, nbytes)
+
+
+def _row_of_stored(stored: np.dtype[Any], where: str) -> DTypeRow:
+    row = _BY_DISK.get(stored)
+    if row is not None:
+        return row
+    if stored.names is None:
+        row = BY_NUMPY.get(stored.newbyteorder("="))
+        if row is not None and row.carrier is None:
+            return row  # byte-swapped: read as stored, converted on the way out
+    if stored in _VOID_ML_DTYPES:
+        raise UnsupportedDtypeError(
+            f"{where}: raw {stored.itemsize}-byte void data; np.save writes ml_dtypes arrays "
+            "(bfloat16, float8) this way and drops their dtype. If you know it, "
+            "np.load(path).view(ml_dtypes.bfloat16) (or the float8 type) reads it; tb.save "
+            "keeps the dtype"
+        )
+    raise UnsupportedDtypeError(f"{where}: {explain_numpy(stored)}")
+
+
+def _hint(descr: Any) -> str:
+    if descr in ("<f1", "|f1", "<c4"):
+        return (
+            " (np.save writes float8_e5m2 as '<f1' and complex32 as '<c4', which np.load "
+            "cannot read either; re-save the array with tb.save)"
+        )
+    return ""
+
+
+def _view(buf: Any, start: int, h: Header) -> np.ndarray:
+    """A zero-copy array of ``h``'s data at ``start`` of ``buf`` (a mapping or bytes)."""
+    flat = np.frombuffer(buf, h.stored, count=prod(h.shape), offset=start)
+    if h.stored.names is not None:
+        flat = flat.view(h.row.numpy)  # the bit-carrier convention
+    shaped: np.ndarray = flat.reshape(h.shape[::-1]).T if h.fortran else flat.reshape(h.shape)
+    return shaped
+
+
+def _read_into(f: BinaryIO, h: Header, where: str) -> np.ndarray:
+    """Read ``h``'s data from the stream ``f`` (positioned at it) into new memory."""
+    out = np.empty(h.nbytes, np.uint8)
+    view, got = out.data, 0
+    while got < h.nbytes:
+        n = f.readinto(view[got:])  # type: ignore[attr-defined]
+        if not n:
+            raise FormatError(f"{where}: truncated: {h.nbytes - got} data bytes are missing")
+        got += n
+    if f.read(1):  # reading to the end also makes zipfile check the member's CRC
+        raise FormatError(f"{where}: more data than shape {h.shape} holds")
+    return _view(out, 0, h)
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+class _Entry(NamedTuple):
+    data: Any  # tensor or array, streamed in C order
+    dst: DTypeRow
+    header: bytes
+    nbytes: int
+
+
+def _prepare(x: Any, float_dtype: Any) -> _Entry:
+    """Everything a header needs, worked out before a byte is written."""
+    if isinstance(x, torch.Tensor):
+        if x.layout is not torch.strided or x.is_nested:
+            raise UnsupportedTensorError(
+                f"a {x.layout}{' nested' if x.is_nested else ''} tensor has no .npy layout; "
+                "pass x.to_dense() (or save its parts)"
+            )
+        if x.device.type == "meta":
+            raise NoDataError(f"a meta tensor (shape {tuple(x.shape)}) holds no data to save")
+        shape = tuple(int(n) for n in x.shape)
+        reverse = x.permute(*range(x.ndim)[::-1]) if x.ndim > 1 else x
+        fortran = not x.is_contiguous() and reverse.is_contiguous()  # as np.save decides
+        data: Any = reverse if fortran else x
+    else:
+        a = x if isinstance(x, np.ndarray) else np.asarray(x)
+        shape = a.shape
+        fortran = a.flags.f_contiguous and not a.flags.c_contiguous  # as np.save decides
+        data = a.T if fortran else a
+    dst = cast_target(row_of(data), float_dtype)
+    return _Entry(data, dst, header_bytes(dst, shape, fortran), prod(shape) * dst.itemsize)
+
+
+def _write(f: Any, e: _Entry, chunk_bytes: int, bar: Any) -> None:
+    f.write(e.header)
+    bar.update(len(e.header))
+    for chunk in iter_bytes(e.data, e.dst, chunk_bytes):
+        f.write(chunk)
+        bar.update(len(chunk))
+
+
+def save(
+    obj: Any,
+    path: str | os.PathLike[str],
+    *,
+    float_dtype: Any = None,
+    progress: bool | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK,
+) -> None:
+    """Write one tensor/array to ``.npy``, or a mapping of them to ``.npz``, streamed and atomic.
+
+    The header is worked out first, then the data is written about ``chunk_bytes`` at
+    a time (cast on the way when ``float_dtype`` asks), so a memory-mapped input larger
+    than RAM needs about one chunk of memory.
+
+    >>> import os, tempfile, ml_dtypes, numpy as np
+    >>> p = os.path.join(tempfile.mkdtemp(), "w.npy")
+    >>> save(np.ones(3, ml_dtypes.bfloat16), p)
+    >>> np.load(p).dtype, load(p).dtype
+    (dtype([('bfloat16', '<u2')]), dtype(bfloat16))
+
+    Args:
+        obj: for ``.npy`` a tensor or array; for ``.npz`` a mapping of names to them.
+        path: the file; its suffix (``.npz`` or anything else) picks the layout.
+        float_dtype: cast floating-point values (only) to this dtype.
+        progress: show a progress bar (``None``: when stderr is a terminal).
+        chunk_bytes: about how many bytes are converted at a time.
+
+    Raises:
+        UnsupportedDtypeError: a dtype with no row in the dtype table.
+        UnsupportedTensorError: a sparse/nested tensor, or ``.npz`` without a mapping.
+    """
+    path = Path(path)
+    if not _is_npz(path):
+        if isinstance(obj, Mapping):
+            raise UnsupportedTensorError(
+                f"{str(path)!r}: a .npy file holds one array, got a mapping of {len(obj)}; "
+                "save to a .npz path, or pass one tensor"
+            )
+        e = _prepare(obj, float_dtype)
+        bar = progress_bar(len(e.header) + e.nbytes, f"saving {path.name}", progress)
+        try:
+            with atomic_write(path) as f:
+                _write(f, e, chunk_bytes, bar)
+        finally:
+            bar.close()
+        return
+    if not isinstance(obj, Mapping):
+        raise UnsupportedTensorError(
+            f"{str(path)!r}: a .npz file holds named arrays; pass a mapping such as "
+            f"{{'x': array}}, not a {type(obj).__qualname__}"
+        )
+    entries = []
+    for name, x in obj.items():
+        if not isinstance(name, str) or not name:
+            raise UnsupportedTensorError(
+                f"{str(path)!r}: .npz keys are non-empty strings, got {name!r}"
+            )
+        try:
+            entries.append((name, _prepare(x, float_dtype)))
+        except TensorBridgeError as err:
+            raise type(err)(f"at {name!r}: {err}") from None
+    total = sum(len(e.header) + e.nbytes for _, e in entries)
+    bar = progress_bar(total, f"saving {path.name}", progress)
+    try:
+        with atomic_write(path) as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as zf:
+            for name, e in entries:
+                info = _member_info(f"{name}.npy", f.tell(), len(e.header) + e.nbytes)
+                with zf.open(info, "w", force_zip64=True) as member:  # as np.savez does
+                    _write(member, e, chunk_bytes, bar)
+    finally:
+        bar.close()
+
+
+def _member_info(name: str, offset: int, size: int) -> zipfile.ZipInfo:
+    """A stored member whose local-header extra pads its data to a 64-byte file offset."""
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))  # reproducible files
+    info.compress_type = zipfile.ZIP_STORED
+    info.file_size = size
+    encoded = name.encode("ascii" if name.isascii() else "utf-8")
+    pad = -(offset + _LOCAL_HEADER.size + len(encoded) + _ZIP64_EXTRA) % _ALIGN
+    if pad:
+        pad += _ALIGN if pad < 6 else 0  # the field itself takes 6 bytes
+        info.extra = struct.pack("<HHH", _ALIGN_EXTRA_ID, pad - 4, _ALIGN) + bytes(pad - 6)
+    return info
+
+
+def _is_npz(path: Path) -> bool:
+    return path.suffix.lower() == ".npz"
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+class _Mapped(TensorFile):
+    """The mapping cache both readers share: one read-only and one copy-on-write map."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        super().__init__()
+        self._path = path
+        self._size = size
+        self._maps: dict[bool, Any] = {}
+
+    def _map(self, copy_on_write: bool) -> Any:
+        mm = self._maps.get(copy_on_write)
+        if mm is None:
+            mm = map_file(self._path, copy_on_write=copy_on_write)
+            if len(mm) != self._size:
+                raise FormatError(
+                    f"{str(self._path)!r}: the file changed size since it was "
+                    f"opened ({self._size} -> {len(mm)} bytes); open it again"
+                )
+            self._maps[copy_on_write] = mm
+        return mm
+
+    def close(self) -> None:
+        self._maps.clear()  # handed-out arrays keep their mapping alive
+
+
+class NpyFile(_Mapped):
+    """One ``.npy`` file; its single key is the file's stem."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        p = Path(path)
+        with builtins.open(p, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(min(size, _HEAD_LIMIT))
+        super().__init__(p, size)
+        self.header = parse_header(head, size, repr(str(p)))
+        self.name = p.stem
+
+    def keys(self) -> list[str]:
+        return [self.name]
+
+    def info(self, name: str) -> tuple[DTypeRow, tuple[int, ...]]:
+        self._check(name)
+        return self.header.row, self.header.shape
+
+    def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
+        self._check(name)
+        return _view(self._map(copy_on_write), self.header.offset, self.header)
+
+    def _owned(self, name: str) -> np.ndarray:
+        self._check(name)
+        with builtins.open(self._path, "rb") as f:
+            f.seek(self.header.offset)
+            return _read_into(f, self.header, repr(str(self._path)))
+
+    def _check(self, name: str) -> None:
+        if name != self.name:
+            raise KeyError(f"{name!r} is not in this file; its one key is {self.name!r}")
+
+
+class NpzFile(_Mapped):
+    """A ``.npz`` archive: keys are the member names without ``.npy``; nothing read until asked."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        p = Path(path)
+        where = repr(str(p))
+        try:
+            with zipfile.ZipFile(p) as zf:
+                infos = zf.infolist()
+        except _ZIP_ERRORS as err:
+            raise FormatError(f"{where}: not a readable .npz (zip) archive: {err}") from None
+        super().__init__(p, os.stat(p).st_size)
+        self._members: dict[str, zipfile.ZipInfo] = {}
+        for info in infos:
+            if not info.filename:
+                raise FormatError(f"{where}: a member has an empty name; the archive is corrupt")
+            if info.filename.endswith("/"):
+                continue  # a directory entry
+            key = info.filename.removesuffix(".npy")
+            if key in self._members:
+                raise FormatError(f"{where}: two members are both named {key!r}")
+            if not 0 <= info.header_offset <= self._size - _LOCAL_HEADER.size:
+                raise FormatError(
+                    f"{where}: member {info.filename!r} starts at {info.header_offset}, outside "
+                    f"the file's {self._size} bytes; the archive is corrupt"
+                )
+            if info.flag_bits & 0x1:
+                raise FormatError(f"{where}: member {info.filename!r} is encrypted")
+            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                raise FormatError(
+                    f"{where}: member {info.filename!r} uses zip compression "
+                    f"method {info.compress_type}; only stored and deflated "
+                    "members (np.savez / np.savez_compressed) are read"
+                )
+            self._members[key] = info
+        self._headers: dict[str, tuple[Header, int]] = {}
+
+    def keys(self) -> list[str]:
+        return list(self._members)
+
+    def info(self, name: str) -> tuple[DTypeRow, tuple[int, ...]]:
+        h, _ = self._header(name)
+        return h.row, h.shape
+
+    def _where(self, name: str) -> str:
+        return f"{str(self._path)!r}, member {self._members[name].filename!r}"
+
+    def _header(self, name: str) -> tuple[Header, int]:
+        """The member's validated header, and its data offset in the file (-1: compressed)."""
+        cached = self._headers.get(name)
+        if cached is not None:
+            return cached
+        if name not in self._members:
+            raise KeyError(f"{name!r} is not in this file; its keys are {self.keys()[:10]}")
+        info, where = self._members[name], self._where(name)
+        if info.compress_type == zipfile.ZIP_STORED:
+            start = self._stored_start(info, where)
+            mm = self._map(False)
+            head = mm[start : start + min(info.file_size, _HEAD_LIMIT)]
+            h = parse_header(head, info.file_size, where)
+            result = (h, start + h.offset)
+        else:
+            limit = info.compress_size * _DEFLATE_MAX_RATIO + 1024
+            if info.file_size > limit:
+                raise FormatError(
+                    f"{where}: declares {info.file_size} bytes from "
+                    f"{info.compress_size} deflated ones, more than deflate "
+                    "can produce; the archive is corrupt"
+                )
+            with _member(self._path, info, where) as f:
+                head = f.read(min(info.file_size, _HEAD_LIMIT))
+            result = (parse_header(head, info.file_size, where), -1)
+        self._headers[name] = result
+        return result
+
+    def _stored_start(self, info: zipfile.ZipInfo, where: str) -> int:
+        """Where a stored member's bytes begin, from its local header (checked in bounds)."""
+        mm = self._map(False)
+        off = info.header_offset  # in bounds: checked when the archive was opened
+        sig, name_len, extra_len = _LOCAL_HEADER.unpack_from(mm, off)
+        if sig != b"PK\x03\x04":
+            raise FormatError(f"{where}: no local file header at offset {off}")
+        start: int = off + _LOCAL_HEADER.size + name_len + extra_len
+        if info.compress_size != info.file_size or start + info.file_size > len(mm):
+            raise FormatError(
+                f"{where}: its {info.file_size} stored bytes at {start} do not "
+                f"fit the file's {len(mm)} bytes; the archive is truncated"
+            )
+        return start
+
+    def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
+        h, start = self._header(name)
+        if start >= 0:
+            return _view(self._map(copy_on_write), start, h)
+        return self._owned(name)
+
+    def _owned(self, name: str) -> np.ndarray:
+        h, start = self._header(name)
+        info, where = self._members[name], self._where(name)
+        if start < 0:
+            with _member(self._path, info, where) as f:
+                f.read(h.offset)
+                return _read_into(f, h, where)
+        mm = self._map(False)
+        first = start - h.offset
+        with memoryview(mm) as whole, whole[first : first + info.file_size] as member:
+            if zlib.crc32(member) != info.CRC:  # a mapped read skips this: it reads nothing
+                raise FormatError(f"{where}: the data does not match its CRC; the file is corrupt")
+        return np.array(_view(mm, start, h), copy=True)
+
+
+@contextlib.contextmanager
+def _member(path: Path, info: zipfile.ZipInfo, where: str) -> Iterator[BinaryIO]:
+    """A deflated member as a stream; zip and zlib failures become :class:`FormatError`."""
+    try:
+        with zipfile.ZipFile(path) as zf, zf.open(info) as f:
+            yield f  # type: ignore[misc]
+    except _ZIP_ERRORS as err:
+        raise FormatError(f"{where}: corrupt member data: {err}") from None
+
+
+def open(path: str | os.PathLike[str]) -> TensorFile:  # the verb every format has
+    """Open a ``.npy`` (one key: the file's stem) or ``.npz`` lazily; headers are validated.
+
+    >>> import os, tempfile, numpy as np
+    >>> p = os.path.join(tempfile.mkdtemp(), "a.npz")
+    >>> save({"x": np.arange(3), "y": np.zeros((2, 2))}, p)
+    >>> with open(p) as f:
+    ...     f.keys(), f.info("y")[1], f["x"].flags.writeable
+    (['x', 'y'], (2, 2), False)
+
+    Raises:
+        FormatError: the file is not a valid ``.npy`` / ``.npz``.
+    """
+    p = Path(path)
+    return NpzFile(p) if _is_npz(p) else NpyFile(p)
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    framework: str = "numpy",
+    mmap: bool = True,
+    device: Any = None,
+    float_dtype: Any = None,
+    keys: Iterable[str] | None = None,
+) -> Any:
+    """Read a ``.npy`` (the one array or tensor) or ``.npz`` (a dict of them).
+
+    With ``mmap=True`` NumPy results are read-only views of the mapped file and torch
+    results copy-on-write mappings (writable; writes never reach the file); deflated
+    ``.npz`` members are read into memory either way.
+
+    >>> import os, tempfile, torch
+    >>> p = os.path.join(tempfile.mkdtemp(), "t.npy")
+    >>> save(torch.tensor([1.5, 2.0], dtype=torch.bfloat16), p)
+    >>> load(p, framework="torch")
+    tensor([1.5000, 2.0000], dtype=torch.bfloat16)
+
+    Args:
+        framework: ``"numpy"`` or ``"torch"``.
+        mmap: map the file (zero-copy) rather than read it into owned memory.
+        device: where torch results go.
+        float_dtype: cast floating-point values (only) to this dtype.
+        keys: the names to read (``.npz``); for ``.npy`` it must name the one key.
+    """
+    with open(path) as f:
+        if isinstance(f, NpyFile):
+            if keys is not None and list(keys) != [f.name]:
+                raise KeyError(
+                    f"{str(path)!r} holds one array, {f.name!r}; pass keys=None or "
+                    f"keys=[{f.name!r}]"
+                )
+            names = [f.name]
+        else:
+            names = f.keys() if keys is None else list(keys)
+        out = {
+            n: f.get(n, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
+            for n in names
+        }
+    return out[names[0]] if isinstance(f, NpyFile) else out

@@ -1,0 +1,271 @@
+"""``.pt`` / ``.pth`` / ``.bin``: torch.save archives, read without running their pickle.
+
+**Reading** goes through ``torch.load(path, weights_only=True, mmap=True,
+map_location="cpu")`` and nothing else: torch's restricted unpickler builds tensors,
+containers and plain values and refuses every other global, so a file can never make
+tensorbridge import or call anything. A refusal becomes :class:`~tensorbridge.FormatError`.
+Storages are memory-mapped copy-on-write by torch; NumPy results are read-only views of
+them, torch results writable tensors whose writes never reach the file (the entries of
+one opened file share that private mapping, so tied weights stay tied).
+
+**Keys.** A state dict's nesting is flattened with ``.`` (``{"model": {"w": t}}`` ->
+``"model.w"``, the ``state_dict`` convention ``tb.save`` also flattens by); list and
+tuple items are keyed by their index (``"layers.0"``). Non-tensor leaves (an epoch
+number, a learning rate, a ``torch.Size``) go to ``.metadata`` under the same dotted key
+as ``str(value)``; they are never tensors. A file holding a single tensor has one key,
+the file's stem, and ``load`` returns that tensor/array itself (like ``.npy``).
+
+**Writing** converts every value with :func:`tensorbridge.to_torch` (bfloat16 arrays
+become bfloat16 tensors), casts floating values when ``float_dtype`` asks, moves them to
+the CPU, and hands them to ``torch.save`` inside an atomic write. ``torch.save`` needs
+every tensor in memory at once, so unlike ``.npy`` and ``.safetensors`` a cast save holds
+the whole cast model. Tensors passed as they are keep their shared storage (tied weights
+stay tied), and a view saves its whole storage, as ``torch.save`` always does.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any, cast
+
+import numpy as np
+import torch
+
+from ..convert import to_numpy, to_torch
+from ..dtypes import DTypeRow, resolve_dtype
+from ..errors import FormatError, TensorBridgeError, UnsupportedTensorError
+from ._common import TensorFile, atomic_write, cast_target, progress_bar, row_of
+
+__all__ = ["PtFile", "load", "open", "save"]
+
+
+def _torch_load(path: Path) -> Any:
+    where = repr(str(path))
+    try:
+        return torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+    except pickle.UnpicklingError as err:
+        reason = str(err).strip().splitlines()[-3:]
+        detail = next((line for line in reason if "GLOBAL" in line or "global" in line), "")
+        raise FormatError(
+            f"{where} contains non-tensor objects that only a full unpickle could build"
+            f"{f' ({detail.strip()})' if detail else ''}; tensorbridge never unpickles "
+            "arbitrary data. If you trust the file, load it with torch.load(path, "
+            "weights_only=False) and pass the tensors to tb.save"
+        ) from None
+    except RuntimeError as err:
+        msg = str(err)
+        if "mmap can only be used" in msg:
+            problem = (
+                "is not a zip-format torch.save archive (a legacy torch.save file, or not "
+                "a torch file at all); re-save it with torch.save(obj, path) from torch "
+                ">= 1.6"
+            )
+        else:
+            problem = f"is not a readable torch.save archive: {msg.splitlines()[0]}"
+        raise FormatError(f"{where} {problem}") from None
+    except (EOFError, ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
+        raise FormatError(f"{where} is a corrupt torch.save archive: {err}") from None
+
+
+def _flatten(obj: Any, key: str, tensors: dict[str, Any], meta: dict[str, str], where: str) -> None:
+    """Tensors into ``tensors``, other leaves into ``meta`` as ``str()``, by dotted key."""
+    if isinstance(obj, Mapping) or type(obj) in (list, tuple):
+        items = obj.items() if isinstance(obj, Mapping) else enumerate(obj)
+        for k, v in items:
+            _flatten(v, f"{key}.{k}" if key else str(k), tensors, meta, where)
+        return
+    if key in tensors or key in meta:
+        raise FormatError(f"{where}: two entries flatten to the key {key!r}")
+    if isinstance(obj, torch.Tensor):
+        tensors[key] = obj
+    else:
+        meta[key] = str(obj)
+
+
+def _entries(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str], bool]:
+    """The archive's tensors and plain values by dotted key, and whether it is one tensor."""
+    obj = _torch_load(path)
+    tensors: dict[str, torch.Tensor] = {}
+    meta: dict[str, str] = {}
+    nested = isinstance(obj, Mapping) or type(obj) in (list, tuple)
+    _flatten(obj, "" if nested else path.stem, tensors, meta, repr(str(path)))
+    return tensors, meta, isinstance(obj, torch.Tensor)
+
+
+class PtFile(TensorFile):
+    """A torch.save archive: its tensors by dotted key, its other values in ``metadata``."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__()
+        self._path = Path(path)
+        self._where = repr(str(self._path))
+        self._tensors, self.metadata, self.single = _entries(self._path)
+        self._writable: dict[str, torch.Tensor] | None = None
+
+    def keys(self) -> list[str]:
+        return list(self._tensors)
+
+    def info(self, name: str) -> tuple[DTypeRow, tuple[int, ...]]:
+        t = self._tensor(name, self._tensors)
+        return resolve_dtype(t.dtype), tuple(t.shape)
+
+    def _tensor(self, name: str, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        if name not in tensors:
+            raise KeyError(f"{name!r} is not in this file; its keys are {self.keys()[:10]}")
+        t = tensors[name]
+        if t.layout is not torch.strided or t.is_nested:
+            raise UnsupportedTensorError(
+                f"{self._where}: {name!r} is a {t.layout} tensor; tensorbridge's file readers "
+                "give dense arrays (torch.load(path, weights_only=True) returns it as it is)"
+            )
+        return t
+
+    def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
+        if not copy_on_write:
+            view: np.ndarray = to_numpy(self._tensor(name, self._tensors), readonly=True)
+            return view
+        if self._writable is None:  # a second private mapping that only torch results use
+            self._writable = _entries(self._path)[0]
+        writable: np.ndarray = to_numpy(self._tensor(name, self._writable))
+        return writable
+
+    def close(self) -> None:
+        self._writable = None  # handed-out arrays keep their mapping alive
+
+
+def open(path: str | os.PathLike[str]) -> PtFile:  # the verb every format has
+    """Open a torch.save archive with ``weights_only=True`` and ``mmap=True``.
+
+    >>> import os, tempfile, torch
+    >>> p = os.path.join(tempfile.mkdtemp(), "m.pt")
+    >>> torch.save({"model": {"w": torch.ones(2)}, "epoch": 3}, p)
+    >>> with open(p) as f:
+    ...     f.keys(), f.metadata, f["model.w"].flags.writeable
+    (['model.w'], {'epoch': '3'}, False)
+
+    Raises:
+        FormatError: not a zip-format torch.save archive, or one holding objects that
+            only a full unpickle could build.
+    """
+    return PtFile(path)
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    framework: str = "numpy",
+    mmap: bool = True,
+    device: Any = None,
+    float_dtype: Any = None,
+    keys: Iterable[str] | None = None,
+) -> Any:
+    """A dict of the archive's tensors by dotted key (the tensor itself for a single-tensor file).
+
+    >>> import os, tempfile, torch
+    >>> p = os.path.join(tempfile.mkdtemp(), "w.pt")
+    >>> torch.save({"w": torch.ones(2, dtype=torch.bfloat16)}, p)
+    >>> load(p)["w"].dtype
+    dtype(bfloat16)
+
+    Args:
+        framework: ``"numpy"`` (read-only views with ``mmap``) or ``"torch"``.
+        mmap: ``False`` copies into owned memory.
+        device: where torch results go.
+        float_dtype: cast floating-point values (only) to this dtype.
+        keys: the dotted keys to read.
+    """
+    f = open(path)
+    with f:
+        names = f.keys() if keys is None else list(keys)
+        if f.single and names != f.keys():
+            raise KeyError(
+                f"{str(path)!r} holds one tensor, {f.keys()[0]!r}; pass keys=None "
+                f"or keys={f.keys()}"
+            )
+        out = {
+            n: f.get(n, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
+            for n in names
+        }
+    return out[names[0]] if f.single else out
+
+
+def save(
+    obj: Any,
+    path: str | os.PathLike[str],
+    *,
+    float_dtype: Any = None,
+    progress: bool | None = None,
+) -> None:
+    """Write a tensor, or a mapping of names to tensors/arrays, with ``torch.save``, atomically.
+
+    >>> import os, tempfile, ml_dtypes, numpy as np, torch
+    >>> p = os.path.join(tempfile.mkdtemp(), "w.pt")
+    >>> save({"w": np.ones(2, ml_dtypes.bfloat16)}, p)
+    >>> torch.load(p, weights_only=True)["w"].dtype
+    torch.bfloat16
+
+    Args:
+        obj: a tensor or array, or a flat mapping of string keys to them.
+        float_dtype: cast floating-point values (only) to this dtype.
+        progress: show a progress bar (``None``: when stderr is a terminal).
+
+    Raises:
+        UnsupportedDtypeError / UnsupportedTensorError: a value with no torch counterpart
+            (the message names its key).
+    """
+    path = Path(path)
+    if isinstance(obj, Mapping):
+        data: Any = {}
+        for key, value in obj.items():
+            if not isinstance(key, str):
+                raise UnsupportedTensorError(f"{str(path)!r}: keys are strings, got {key!r}")
+            try:
+                data[key] = _as_saved(value, float_dtype)
+            except TensorBridgeError as err:
+                raise type(err)(f"at {key!r}: {err}") from None
+        tensors = list(data.values())
+    else:
+        data = _as_saved(obj, float_dtype)
+        tensors = [data]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    bar = progress_bar(sum(storages.values()), f"saving {path.name}", progress)
+    try:
+        with atomic_write(path) as f:
+            torch.save(data, cast("IO[bytes]", _Counted(f, bar)))
+    finally:
+        bar.close()
+
+
+def _as_saved(x: Any, float_dtype: Any) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        if not isinstance(x, (np.ndarray, np.generic)):
+            raise UnsupportedTensorError(
+                f"{type(x).__qualname__} is not a tensor or array; .pt files written by "
+                "tensorbridge hold tensors only"
+            )
+        dst = cast_target(row_of(np.asarray(x)), float_dtype)
+        return to_torch(x, dtype=dst)
+    if x.layout is not torch.strided or x.is_nested:
+        raise UnsupportedTensorError(
+            f"a {x.layout} tensor is not saved by tensorbridge; pass x.to_dense()"
+        )
+    dst = cast_target(row_of(x), float_dtype)
+    return x.detach().to(device="cpu", dtype=dst.torch)
+
+
+class _Counted:
+    """A write-only file that advances a progress bar by the bytes written."""
+
+    def __init__(self, f: Any, bar: Any) -> None:
+        self._f, self._bar = f, bar
+
+    def write(self, b: Any) -> int:
+        n: int = self._f.write(b)
+        self._bar.update(n)
+        return n
+
+    def flush(self) -> None:
+        self._f.flush()

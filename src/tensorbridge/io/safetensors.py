@@ -1,0 +1,821 @@
+"""Safetensors files, single and sharded: written like the official library, read without trust.
+
+The format: an unsigned little-endian 64-bit header length ``N``, ``N`` bytes of
+UTF-8 JSON (padded with spaces so the data starts 8-byte aligned), then the raw
+little-endian tensor bytes. The header maps each name to its ``dtype`` code,
+``shape`` and ``data_offsets`` ``[begin, end)`` relative to the data; the optional
+``"__metadata__"`` maps strings to strings.
+
+Writing matches the official writer byte for byte for the same tensors and
+metadata: tensors laid out by dtype (its order, widest first) then by name, the
+compact JSON, the padding. ``{"format": "pt"}`` is added to the metadata, as
+Hugging Face writers do, and metadata keys are sorted (the official writer's
+order is a hash map's). Unlike the official writer, :func:`save` streams: the
+header comes from names, dtypes and shapes, then each tensor's bytes go to the
+file a chunk at a time straight from its memory (cast on the way for
+``float_dtype``), inside an atomic write. It also takes NumPy arrays,
+non-contiguous tensors and tied tensors (each name gets its own copy of the
+bytes; the official ``save_file`` refuses shared memory).
+
+``F4`` (two float4_e2m1fn values a byte, element ``2i`` in the low nibble) is
+stored from and loaded as torch ``float4_e2m1fn_x2`` (packed, the last dimension
+halved) or ml_dtypes ``float4_e2m1fn`` (one value a byte; unpacking makes new
+memory); the header shape counts values, like the official writer's.
+
+Reading validates the whole header before anything else is touched; every
+malformed file raises :class:`~tensorbridge.errors.FormatError` naming the file,
+the tensor and the fault. Sharded checkpoints follow the Hugging Face layout
+(``model-00001-of-00002.safetensors`` plus ``model.safetensors.index.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap as _mmap
+import os
+import re
+import weakref
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..convert import to_numpy, to_torch
+from ..dtypes import BY_SAFETENSORS, FLOAT4_PACKED, FLOAT4_UNPACKED, DTypeRow
+from ..errors import FormatError, NoDataError, UnsupportedDtypeError, UnsupportedTensorError
+from ._common import (
+    DEFAULT_CHUNK,
+    TensorFile,
+    array_at,
+    atomic_write,
+    cast_target,
+    iter_bytes,
+    progress_bar,
+    row_of,
+)
+
+__all__ = ["SafetensorsFile", "load", "open", "save"]
+
+MAX_HEADER = 100_000_000  # the official reader's limit on the JSON header
+_INDEX_SUFFIX = ".index.json"
+
+# The official writer orders tensors by its dtype enum, largest first, then by name. A new
+# code goes here at its place in that order (safetensors' src/tensor.rs, enum Dtype).
+_LAYOUT_ORDER = (
+    "U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16",
+    "F8_E5M2FNUZ", "F8_E4M3FNUZ", "F8_E8M0", "F8_E4M3", "F8_E5M2", "I8", "U8", "F4", "BOOL",
+)  # fmt: skip
+_RANK = {code: i for i, code in enumerate(_LAYOUT_ORDER)}
+
+# F4 is not a table row: its torch side packs two values a byte and its NumPy side holds
+# one, so it is no bit-cast. This row only names it for headers, info() and float_dtype.
+_F4: DTypeRow | None = (
+    DTypeRow("float4_e2m1fn", FLOAT4_PACKED, FLOAT4_UNPACKED, torch.uint8, "F4", "float")
+    if FLOAT4_PACKED is not None and FLOAT4_UNPACKED is not None
+    else None
+)
+_BY_CODE: dict[str, DTypeRow] = {**BY_SAFETENSORS, **({"F4": _F4} if _F4 else {})}
+
+
+def _bits(row: DTypeRow) -> int:
+    return 4 if row is _F4 else 8 * row.itemsize
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One tensor to write: where its bytes come from and what the header says."""
+
+    name: str
+    value: Any  # the tensor or array as given
+    src: DTypeRow
+    row: DTypeRow  # as stored, after float_dtype
+    shape: tuple[int, ...]  # as in the header (F4: values, not bytes)
+    nbytes: int
+
+
+def save(
+    tensors: Mapping[str, torch.Tensor | np.ndarray],
+    path: str | os.PathLike[str],
+    *,
+    float_dtype: Any = None,
+    metadata: Mapping[str, str] | None = None,
+    max_shard_size: int | str | None = None,
+    progress: bool | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK,
+) -> None:
+    """Write tensors or arrays to a safetensors file (or shards), streamed and atomic.
+
+    >>> import os, tempfile, torch
+    >>> path = os.path.join(tempfile.mkdtemp(), "model.safetensors")
+    >>> save({"w": torch.ones(2, dtype=torch.bfloat16)}, path, metadata={"step": "7"})
+    >>> with open(path) as f:
+    ...     f.metadata, f["w"].dtype
+    ({'format': 'pt', 'step': '7'}, dtype(bfloat16))
+
+    Args:
+        tensors: names to CPU or device tensors, or NumPy arrays (memory maps
+            included), of any dtype with a safetensors code, or packed fp4.
+        path: the file to write; a directory means ``path / "model.safetensors"``.
+        float_dtype: store floating-point values as this dtype (cast chunk by chunk);
+            integers and bools keep theirs.
+        metadata: strings to strings for the header's ``__metadata__``, after
+            ``{"format": "pt"}`` (a ``"format"`` key given here wins).
+        max_shard_size: bytes (int) or a string like ``"5GB"`` (10**9), ``"2GiB"``
+            (2**30), ``"500MB"``. When the data exceeds it, tensors fill shards
+            ``model-00001-of-0000N.safetensors`` greedily in the mapping's order (one
+            larger than the limit gets a shard of its own), and
+            ``model.safetensors.index.json`` maps each name to its shard.
+        progress: show a progress bar (``None``: when stderr is a terminal).
+        chunk_bytes: about how many bytes to hold at once when casting or copying.
+
+    Each file is written to a temporary file, fsynced and renamed, so an interrupted
+    save leaves the previous file or none. A sharded save writes the index last;
+    afterwards it removes the previous save's files of the same name that the new one
+    does not use (old shards, or the single file / the index it replaces).
+
+    Raises:
+        UnsupportedDtypeError: a dtype safetensors cannot store (complex128, complex32).
+        UnsupportedTensorError: a value that is not a dense tensor or array.
+        TypeError / ValueError: malformed names, metadata or ``max_shard_size``.
+    """
+    target = Path(path)
+    if target.is_dir():
+        target = target / "model.safetensors"
+    items = _plan(tensors, float_dtype, target)
+    meta = _file_metadata(metadata)
+    limit = _parse_size(max_shard_size)
+    shards = _split(items, limit) if limit is not None else [items]
+    bar = progress_bar(sum(it.nbytes for it in items), f"saving {target.name}", progress)
+    try:
+        if len(shards) <= 1:
+            _write_file(target, items, meta, chunk_bytes, bar)
+            _remove_stale(target, keep=set())
+            return
+        stem, n = target.name.removesuffix(".safetensors"), len(shards)
+        weight_map: dict[str, str] = {}
+        for i, shard in enumerate(shards, 1):
+            name = f"{stem}-{i:05d}-of-{n:05d}.safetensors"
+            _write_file(target.parent / name, shard, meta, chunk_bytes, bar)
+            weight_map.update((it.name, name) for it in shard)
+        total = sum(it.nbytes for it in items)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        with atomic_write(target.parent / (target.name + _INDEX_SUFFIX)) as f:
+            f.write((json.dumps(index, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+        _remove_stale(target, keep=set(weight_map.values()))
+    finally:
+        bar.close()
+
+
+def _plan(tensors: Mapping[str, Any], float_dtype: Any, target: Path) -> list[_Item]:
+    """Check every value and work out its header entry before a byte is written."""
+    if not isinstance(tensors, Mapping):
+        raise TypeError(
+            f"save expects a mapping of names to tensors, got {type(tensors).__qualname__}; "
+            "pass a dict such as model.state_dict()"
+        )
+    items = []
+    for name, value in tensors.items():
+        try:
+            items.append(_item(name, value, float_dtype))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"cannot save tensor {name!r} to {target}: {e}") from e
+    return items
+
+
+def _item(name: Any, value: Any, float_dtype: Any) -> _Item:
+    if not isinstance(name, str):
+        raise TypeError(f"tensor names must be str, got {type(name).__qualname__}; pass str(name)")
+    if name == "__metadata__":
+        raise ValueError("'__metadata__' is reserved for the header's metadata; rename the tensor")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the name is not valid Unicode (a lone surrogate); fix the name") from None
+    if isinstance(value, torch.Tensor):
+        if value.layout is not torch.strided:
+            raise UnsupportedTensorError(
+                f"a {value.layout} tensor has no dense bytes to store; pass x.to_dense()"
+            )
+        if value.device.type == "meta":
+            raise NoDataError("a meta tensor holds no data; materialise it first")
+        if _F4 is not None and value.dtype is FLOAT4_PACKED:
+            if value.ndim == 0:
+                raise UnsupportedTensorError(
+                    "a 0-d float4_e2m1fn_x2 tensor has no last dimension to count its two "
+                    "values in; pass x.reshape(1)"
+                )
+            src, shape = _F4, (*value.shape[:-1], 2 * value.shape[-1])
+        else:
+            src, shape = row_of(value), tuple(value.shape)
+    elif isinstance(value, np.ndarray):
+        if isinstance(value, np.ma.MaskedArray):
+            raise UnsupportedTensorError("a masked array's mask would be lost; pass a.filled()")
+        src = _F4 if _F4 is not None and value.dtype == FLOAT4_UNPACKED else row_of(value)
+        shape = value.shape
+    else:
+        raise UnsupportedTensorError(
+            f"the value is a {type(value).__qualname__}; safetensors stores torch.Tensor or "
+            "np.ndarray values (pass torch.as_tensor(x))"
+        )
+    row = cast_target(src, float_dtype)
+    if row.safetensors is None:
+        fix = (
+            "pass torch.view_as_real(x) (NumPy: a[..., None].view(a.real.dtype)) to store the "
+            "real and imaginary parts losslessly"
+            if row.category == "complex"
+            else "pass float_dtype= or convert it to a dtype safetensors has"
+        )
+        raise UnsupportedDtypeError(f"{row.name} has no safetensors dtype code; {fix}")
+    count = math.prod(shape)
+    if count * _bits(row) % 8:
+        raise UnsupportedTensorError(
+            f"{count} float4 values do not fill whole bytes; pad to an even number of values"
+        )
+    return _Item(name, value, src, row, tuple(int(d) for d in shape), count * _bits(row) // 8)
+
+
+def _file_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    meta = {"format": "pt"}
+    if metadata is not None:
+        if not isinstance(metadata, Mapping):
+            raise TypeError(
+                f"metadata must be a mapping of str to str, got {type(metadata).__qualname__}"
+            )
+        for k, v in metadata.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise TypeError(
+                    f"metadata must map str to str; metadata[{k!r}] = {v!r} "
+                    f"({type(k).__qualname__} -> {type(v).__qualname__}); pass str() of both"
+                )
+        meta.update(metadata)
+    return dict(sorted(meta.items()))
+
+
+_UNITS = {
+    "": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+}  # fmt: skip
+
+
+def _parse_size(size: int | str | None) -> int | None:
+    """``max_shard_size`` in bytes: an int, or "5GB" (10**9, as Hugging Face) / "2GiB" (2**30)."""
+    if size is None:
+        return None
+    value: int | None = None
+    if isinstance(size, int) and not isinstance(size, bool):
+        value = size
+    elif isinstance(size, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([A-Za-z]*)\s*", size)
+        if m and m.group(2).upper() in _UNITS:
+            value = int(Fraction(m.group(1)) * _UNITS[m.group(2).upper()])
+    if value is None or value <= 0:
+        raise ValueError(
+            f"max_shard_size={size!r} is not a positive size; pass bytes (an int) or a string "
+            "such as '5GB' (10**9 bytes), '500MB' or '2GiB' (2**30 bytes)"
+        )
+    return value
+
+
+def _split(items: list[_Item], limit: int) -> list[list[_Item]]:
+    """Greedy in the mapping's order; a tensor larger than ``limit`` gets a shard of its own."""
+    shards: list[list[_Item]] = []
+    size = 0
+    for it in items:
+        if not shards or size + it.nbytes > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(it)
+        size += it.nbytes
+    return shards
+
+
+def _header(items: list[_Item], metadata: dict[str, str]) -> bytes:
+    """The 8-byte length, the compact JSON and the padding, exactly as the official writer."""
+    obj: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for it in items:
+        obj[it.name] = {
+            "dtype": it.row.safetensors,
+            "shape": list(it.shape),
+            "data_offsets": [offset, offset + it.nbytes],
+        }
+        offset += it.nbytes
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text
+
+
+def _write_file(
+    path: Path, items: list[_Item], metadata: dict[str, str], chunk_bytes: int, bar: Any
+) -> None:
+    ordered = sorted(items, key=lambda it: (_RANK.get(it.row.safetensors or "", 0), it.name))
+    with atomic_write(path) as f:
+        f.write(_header(ordered, metadata))
+        for it in ordered:
+            written = 0
+            for chunk in _chunks(it, chunk_bytes):
+                f.write(chunk)
+                written += len(chunk)
+                bar.update(len(chunk))
+            if written != it.nbytes:  # the tensor changed size while being saved
+                raise RuntimeError(
+                    f"tensor {it.name!r} yielded {written} bytes where its header says "
+                    f"{it.nbytes}; do not resize tensors while they are being saved"
+                )
+
+
+def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
+    """``it``'s bytes as stored, a chunk at a time: zero-copy views where the memory allows."""
+    if it.src is not _F4:
+        yield from iter_bytes(it.value, it.row, chunk_bytes)
+        return
+    v = it.value
+    if isinstance(v, torch.Tensor) and it.row is _F4:
+        yield from iter_bytes(v.view(torch.uint8), None, chunk_bytes)  # already packed
+        return
+    step = max(2, chunk_bytes // 8 * 2)  # values a piece: even, and their float32 fit a chunk
+    if isinstance(v, torch.Tensor):
+        packed = to_numpy(v.view(torch.uint8).cpu()).reshape(-1)
+        pieces = (_unpack_f4(packed[i : i + step // 2]) for i in range(0, packed.size, step // 2))
+    else:
+        flat = np.ravel(v)
+        pieces = (flat[i : i + step] for i in range(0, flat.size, step))
+    for piece in pieces:
+        if it.row is _F4:
+            yield _pack_f4(piece).data
+        else:  # float_dtype: float4 values are exact in float32, then torch's cast
+            yield from iter_bytes(piece.astype(np.float32), it.row, chunk_bytes)
+
+
+def _unpack_f4(packed: np.ndarray) -> np.ndarray:
+    """Bytes -> one float4_e2m1fn a byte; value ``2i`` is the low nibble of byte ``i``."""
+    assert FLOAT4_UNPACKED is not None  # F4 entries exist only when it does
+    out = np.empty(packed.size * 2, np.uint8)
+    np.bitwise_and(packed, 0x0F, out=out[0::2])
+    np.right_shift(packed, 4, out=out[1::2])
+    return out.view(FLOAT4_UNPACKED)
+
+
+def _pack_f4(values: np.ndarray) -> np.ndarray:
+    u = values.view(np.uint8)
+    packed: np.ndarray = (u[0::2] & 0x0F) | (u[1::2] << 4)
+    return packed
+
+
+def _remove_stale(target: Path, keep: set[str]) -> None:
+    """Drop the previous save's files of this name that the new save does not use."""
+    stem = re.escape(target.name.removesuffix(".safetensors"))
+    shard = re.compile(stem + r"-\d{5}-of-\d{5}\.safetensors")
+    stale = [p for p in target.parent.iterdir() if shard.fullmatch(p.name) and p.name not in keep]
+    stale.append(target if keep else target.parent / (target.name + _INDEX_SUFFIX))
+    for p in stale:
+        p.unlink(missing_ok=True)
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Entry:
+    row: DTypeRow
+    shape: tuple[int, ...]
+    begin: int  # absolute offset in the file
+    nbytes: int
+
+
+class _Shard:
+    """One validated safetensors file, held open so that its header and data stay one file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        # a plain descriptor closed on collection: dropping an unclosed file stays quiet
+        self._close = weakref.finalize(self, os.close, self.fd)
+        try:
+            self.size = os.fstat(self.fd).st_size
+            self.entries, self.metadata = _parse(path, self, self.size)
+        except BaseException:
+            self._close()
+            raise
+        self._maps: dict[bool, _mmap.mmap] = {}
+
+    def buffer(self, copy_on_write: bool) -> _mmap.mmap:
+        mm = self._maps.get(copy_on_write)
+        if mm is None:
+            self._check_open()
+            access = _mmap.ACCESS_COPY if copy_on_write else _mmap.ACCESS_READ
+            mm = _mmap.mmap(self.fd, 0, access=access)
+            if len(mm) != self.size:
+                raise FormatError(f"{self.path} changed size since it was opened; open it again")
+            self._maps[copy_on_write] = mm
+        return mm
+
+    def read_into(self, out: memoryview, offset: int) -> None:
+        """Fill ``out`` from ``offset``, without moving a shared file position."""
+        self._check_open()
+        done = 0
+        while done < len(out):
+            if hasattr(os, "preadv"):
+                n = os.preadv(self.fd, [out[done:]], offset + done)
+            else:  # pragma: no cover - Windows
+                os.lseek(self.fd, offset + done, os.SEEK_SET)
+                data = os.read(self.fd, len(out) - done)
+                out[done : done + len(data)] = data
+                n = len(data)
+            if n == 0:
+                raise FormatError(f"{self.path} ended early: it shrank since it was opened")
+            done += n
+
+    def read(self, n: int, offset: int) -> bytes:
+        out = bytearray(n)
+        self.read_into(memoryview(out), offset)
+        return bytes(out)
+
+    def _check_open(self) -> None:
+        if not self._close.alive:
+            raise ValueError(f"{self.path} is closed; open it again")
+
+    def close(self) -> None:
+        self._maps.clear()  # arrays handed out keep their own reference to a map
+        self._close()
+
+
+def _short(x: Any, limit: int = 60) -> str:
+    r = repr(x)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def _parse(path: Path, f: _Shard, size: int) -> tuple[dict[str, _Entry], dict[str, str]]:
+    """Read and check the header; the entries in file order, and the metadata."""
+    if size < 8:
+        raise FormatError(
+            f"{path}: the file is {size} bytes, shorter than the 8-byte header length that "
+            "starts a safetensors file; it is truncated or not safetensors"
+        )
+    n = int.from_bytes(f.read(8, 0), "little")
+    if n > MAX_HEADER:
+        raise FormatError(
+            f"{path}: the header claims {n:,} bytes, over the {MAX_HEADER:,}-byte limit; the "
+            "file is corrupt or not safetensors"
+        )
+    if n > size - 8:
+        raise FormatError(
+            f"{path}: the header claims {n:,} bytes but only {size - 8:,} follow the length; "
+            "the file is truncated or not safetensors"
+        )
+    raw = f.read(n, 8)
+    try:
+        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique, parse_constant=_no_nan)
+    except UnicodeDecodeError as e:
+        raise FormatError(f"{path}: the header is not UTF-8 (byte {e.start}); corrupt") from None
+    except (ValueError, RecursionError) as e:
+        raise FormatError(f"{path}: the header is not valid JSON ({_short(str(e), 120)})") from None
+    if not isinstance(obj, dict):
+        raise FormatError(f"{path}: the header is a JSON {type(obj).__name__}, not an object")
+    metadata = _check_metadata(path, obj.pop("__metadata__", None))
+    data_len = size - 8 - n
+    entries = sorted(
+        ((name, *_check_entry(path, name, spec, data_len)) for name, spec in obj.items()),
+        key=lambda e: (e[2], e[3]),
+    )
+    cursor, prev = 0, None
+    for name, _, begin, end, _ in entries:
+        if begin != cursor:
+            what = (
+                f"overlaps tensor {_short(prev)} (which ends at {cursor})"
+                if begin < cursor
+                else f"leaves bytes {cursor}..{begin} unused"
+            )
+            raise FormatError(
+                f"{path}: tensor {_short(name)}: data_offsets [{begin}, {end}] {what}; "
+                "tensors must tile the data section exactly"
+            )
+        cursor, prev = end, name
+    if cursor != data_len:
+        raise FormatError(
+            f"{path}: {data_len - cursor} bytes after the last tensor belong to no tensor "
+            f"(data section {data_len} bytes, tensors end at {cursor}); corrupt file"
+        )
+    start = 8 + n
+    return {
+        name: _Entry(row, shape, start + begin, end - begin)
+        for name, row, begin, end, shape in entries
+    }, metadata
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {_short(key)}")
+            seen.add(key)
+    return out
+
+
+def _no_nan(word: str) -> Any:
+    raise ValueError(f"{word} is not JSON")
+
+
+def _check_metadata(path: Path, meta: Any) -> dict[str, str]:
+    if meta is None:  # the official reader accepts null
+        return {}
+    if not isinstance(meta, dict):
+        raise FormatError(f"{path}: __metadata__ is a JSON {type(meta).__name__}, not an object")
+    for k, v in meta.items():
+        if not isinstance(v, str):
+            raise FormatError(
+                f"{path}: __metadata__[{_short(k)}] is {_short(v)}; metadata values must be strings"
+            )
+    return meta
+
+
+def _check_entry(
+    path: Path, name: str, spec: Any, data_len: int
+) -> tuple[DTypeRow, int, int, tuple[int, ...]]:
+    where = f"{path}: tensor {_short(name)}"
+    if not isinstance(spec, dict):
+        raise FormatError(f"{where}: the entry is {_short(spec)}, not an object")
+    code = spec.get("dtype")
+    row = _BY_CODE.get(code) if isinstance(code, str) else None
+    if row is None:
+        raise FormatError(
+            f"{where}: unknown dtype {_short(code)}; tensorbridge reads {', '.join(_BY_CODE)}"
+        )
+    shape = spec.get("shape")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise FormatError(f"{where}: shape {_short(shape)} is not a list of non-negative integers")
+    offsets = spec.get("data_offsets")
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(o) is int for o in offsets)
+        and 0 <= offsets[0] <= offsets[1]
+    ):
+        raise FormatError(
+            f"{where}: data_offsets {_short(offsets)} is not [begin, end] with 0 <= begin <= end"
+        )
+    begin, end = offsets
+    if end > data_len:
+        raise FormatError(
+            f"{where}: data_offsets [{begin}, {end}] run past the {data_len}-byte data section; "
+            "the file is truncated or corrupt"
+        )
+    bits = _bits(row)
+    count = _count(shape, cap=1 << 64)
+    if count is not None and count * bits % 8:
+        raise FormatError(
+            f"{where}: {code} shape {_short(shape)} has an odd number of 4-bit "
+            "values, which do not fill whole bytes"
+        )
+    if count is None or count * bits // 8 != end - begin:
+        need = "more bytes than the file holds" if count is None else f"{count * bits // 8} bytes"
+        raise FormatError(
+            f"{where}: {code} with shape {_short(shape)} needs {need}, but data_offsets "
+            f"[{begin}, {end}] hold {end - begin}"
+        )
+    return row, begin, end, tuple(shape)
+
+
+def _count(shape: list[int], cap: int) -> int | None:
+    """The number of elements, or None past ``cap`` (never builds a huge integer)."""
+    if 0 in shape:
+        return 0
+    count = 1
+    for d in shape:
+        count *= d
+        if count > cap:
+            return None
+    return count
+
+
+def _resolve(path: Path) -> Path:
+    """A file, an index, or a directory holding one index (or exactly one file)."""
+    if not path.is_dir():
+        return path
+    for pattern in ("*.safetensors" + _INDEX_SUFFIX, "*.safetensors"):
+        found = sorted(path.glob(pattern))
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise FormatError(
+                f"{path} holds {len(found)} files matching {pattern} "
+                f"({', '.join(p.name for p in found[:5])}); pass the one to open"
+            )
+    raise FileNotFoundError(f"{path} holds no .safetensors file or index")
+
+
+def _read_index(path: Path) -> dict[str, str]:
+    with path.open("rb") as f:
+        raw = f.read(MAX_HEADER + 1)
+    if len(raw) > MAX_HEADER:
+        raise FormatError(f"{path}: the index is over {MAX_HEADER:,} bytes; not a shard index")
+    try:
+        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique, parse_constant=_no_nan)
+    except (ValueError, RecursionError) as e:
+        raise FormatError(f"{path}: the index is not valid JSON ({_short(str(e), 120)})") from None
+    weight_map = obj.get("weight_map") if isinstance(obj, dict) else None
+    if not isinstance(weight_map, dict):
+        raise FormatError(f'{path}: the index has no "weight_map" object of names to files')
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
+            raise FormatError(
+                f"{path}: weight_map[{_short(name)}] = {_short(file)} is not a file name in the "
+                "index's directory"
+            )
+    return weight_map
+
+
+class SafetensorsFile(TensorFile):
+    """A validated safetensors file or sharded checkpoint; tensors are read when asked for.
+
+    ``[name]`` is a read-only NumPy view of the memory-mapped file (writing raises);
+    ``.get(name, framework="torch")`` is a copy-on-write tensor over it;
+    ``mmap=False`` reads into new memory. ``keys()`` come in file order (shard by
+    shard); ``metadata`` is the (first) file's ``__metadata__``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__()
+        self.path = _resolve(Path(path))
+        self._shards: list[_Shard] = []
+        self._where: dict[str, tuple[_Shard, _Entry]] = {}
+        try:
+            if self.path.name.endswith(_INDEX_SUFFIX):
+                self._open_index()
+            else:
+                shard = _Shard(self.path)
+                self._shards.append(shard)
+                self._where = {k: (shard, e) for k, e in shard.entries.items()}
+        except BaseException:
+            self.close()
+            raise
+        self.metadata = dict(self._shards[0].metadata) if self._shards else {}
+
+    def _open_index(self) -> None:
+        weight_map = _read_index(self.path)
+        for file in sorted(set(weight_map.values())):
+            shard = _Shard(self.path.parent / file)
+            self._shards.append(shard)
+            for name, entry in shard.entries.items():
+                if weight_map.get(name) == file:
+                    self._where[name] = (shard, entry)
+        missing = [name for name in weight_map if name not in self._where]
+        if missing:
+            raise FormatError(
+                f"{self.path}: tensor {_short(missing[0])} is not in {weight_map[missing[0]]}, "
+                f"the shard the index names ({len(missing)} such tensors)"
+            )
+
+    def keys(self) -> list[str]:
+        return list(self._where)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._where
+
+    def _lookup(self, name: str) -> tuple[_Shard, _Entry]:
+        try:
+            return self._where[name]
+        except KeyError:
+            keys = self.keys()[:10]
+            raise KeyError(f"{name!r} is not in {self.path}; its keys are {keys}") from None
+
+    def info(self, name: str) -> tuple[DTypeRow, tuple[int, ...]]:
+        """The stored dtype row (F4: ``float4_e2m1fn``) and the header's shape of ``name``."""
+        _, e = self._lookup(name)
+        return e.row, e.shape
+
+    def _bytes(self, name: str, *, copy_on_write: bool | None) -> np.ndarray:
+        """``name``'s raw bytes: a view of a map, or new memory when ``copy_on_write`` is None."""
+        shard, e = self._lookup(name)
+        if copy_on_write is None:
+            out = np.empty(e.nbytes, np.uint8)
+            shard.read_into(out.data, e.begin)
+            return out
+        if e.nbytes == 0:
+            return np.empty(0, np.uint8)
+        return np.frombuffer(shard.buffer(copy_on_write), np.uint8, e.nbytes, e.begin)
+
+    def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
+        shard, e = self._lookup(name)
+        if e.row is _F4:
+            return _unpack_f4(self._bytes(name, copy_on_write=False)).reshape(e.shape)
+        return array_at(shard.buffer(copy_on_write), e.begin, e.shape, e.row, name=name)
+
+    def _owned(self, name: str) -> np.ndarray:
+        _, e = self._lookup(name)
+        raw = self._bytes(name, copy_on_write=None)
+        if e.row is _F4:
+            return _unpack_f4(raw).reshape(e.shape)
+        return raw.view(e.row.carrier_numpy).view(e.row.numpy).reshape(e.shape)
+
+    def get(
+        self,
+        name: str,
+        *,
+        framework: str = "numpy",
+        mmap: bool = True,
+        device: Any = None,
+        float_dtype: Any = None,
+    ) -> Any:
+        """One tensor: a NumPy array (read-only view when ``mmap``) or a torch tensor (COW).
+
+        F4 tensors come as ml_dtypes ``float4_e2m1fn`` arrays (one value a byte, new
+        memory) or torch ``float4_e2m1fn_x2`` tensors (packed, zero-copy).
+        """
+        _, e = self._lookup(name)
+        if e.row is not _F4:
+            return super().get(
+                name, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype
+            )
+        if framework not in ("numpy", "torch"):
+            raise ValueError(f"framework={framework!r} is not supported; pass 'numpy' or 'torch'")
+        as_torch = framework == "torch"
+        dst = cast_target(e.row, float_dtype)
+        if dst is not e.row:  # float4 values are exact in float32; torch's kernel does the rest
+            values = self._array(name, copy_on_write=False).astype(np.float32)
+            if as_torch:
+                return to_torch(values, dtype=dst, device=device)
+            return to_numpy(values, dtype=dst)
+        if not as_torch:
+            return self._owned(name) if not mmap else self._array(name, copy_on_write=False)
+        if not e.shape or e.shape[-1] % 2:
+            raise UnsupportedDtypeError(
+                f"{self.path}: tensor {name!r} is F4 with shape {list(e.shape)}; torch's "
+                "float4_e2m1fn_x2 pairs values along an even last dimension; pass "
+                "framework='numpy' for ml_dtypes.float4_e2m1fn values"
+            )
+        raw = self._bytes(name, copy_on_write=True if mmap else None)
+        packed = torch.from_numpy(raw).view(FLOAT4_PACKED)  # type: ignore[arg-type]
+        t = packed.reshape(*e.shape[:-1], e.shape[-1] // 2)
+        return t if device is None else to_torch(t, device=device)
+
+    def close(self) -> None:
+        """Close the files; arrays and tensors already handed out stay valid."""
+        for shard in self._shards:
+            shard.close()
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __repr__(self) -> str:
+        return f"<SafetensorsFile {str(self.path)!r}: {len(self._where)} tensors>"
+
+
+def open(path: str | os.PathLike[str]) -> SafetensorsFile:
+    """Open a safetensors file, a ``*.safetensors.index.json`` or a directory holding one.
+
+    Only the header is read (and checked); tensors are mapped when asked for.
+
+    >>> import os, tempfile, numpy as np
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.safetensors")
+    >>> save({"x": np.arange(3, dtype=np.int16)}, path)
+    >>> with open(path) as f:
+    ...     f.keys(), f["x"], f.info("x")[1]
+    (['x'], array([0, 1, 2], dtype=int16), (3,))
+
+    Raises:
+        FormatError: the file or index is malformed; the message names the file, the
+            tensor and what is wrong.
+        FileNotFoundError: no such file, or a directory without one.
+    """
+    return SafetensorsFile(path)
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    framework: str = "numpy",
+    mmap: bool = True,
+    device: Any = None,
+    float_dtype: Any = None,
+    keys: Any = None,
+) -> dict[str, Any]:
+    """Load every tensor (or ``keys``) of a safetensors file, index or directory.
+
+    With ``mmap=True`` NumPy arrays are read-only views of the file and tensors are
+    copy-on-write; ``mmap=False`` reads into new memory.
+
+    >>> import os, tempfile, torch
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.safetensors")
+    >>> save({"x": torch.arange(3)}, path)
+    >>> load(path, framework="torch")
+    {'x': tensor([0, 1, 2])}
+    """
+    with open(path) as f:
+        names = f.keys() if keys is None else [keys] if isinstance(keys, str) else list(keys)
+        for name in names:
+            f._lookup(name)  # every key checked before any is read
+        return {
+            k: f.get(k, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
+            for k in names
+        }

@@ -1,0 +1,211 @@
+"""The dtype table: one row per pairing, every lookup derived from it, clear refusals.
+
+Rows are looked up by identity, never by ``dtype.kind``: ml_dtypes reports bfloat16
+as ``'V'`` (like a raw void dtype), float8_e5m2 as ``'f'`` and complex32 as ``'c'``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import tensorbridge as tb
+from conftest import ROWS
+from tensorbridge import dtypes
+
+# The issue's table, in the table's order; a row needs both libraries to know the dtype.
+EXPECTED = [
+    "bool", "uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128",
+    "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    "float8_e8m0fnu", "complex32",
+]  # fmt: skip
+NATIVE = EXPECTED[:14]
+
+
+def test_table_holds_every_dtype_both_libraries_know() -> None:
+    available = [
+        n for n in EXPECTED if hasattr(torch, n) and (n in NATIVE or hasattr(ml_dtypes, n))
+    ]
+
+    assert [r.name for r in tb.dtype_table()] == available
+    assert isinstance(tb.dtype_table(), tuple)
+
+
+def test_row_is_frozen(row: tb.DTypeRow) -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.name = "other"  # type: ignore[misc]
+    assert repr(row) == f"DTypeRow({row.name})"
+
+
+def test_both_sides_of_a_row_have_the_same_width(row: tb.DTypeRow) -> None:
+    assert torch.empty(0, dtype=row.torch).element_size() == row.numpy.itemsize == row.itemsize
+    if row.carrier is not None:
+        assert torch.empty(0, dtype=row.carrier).element_size() == row.itemsize
+        assert row.carrier_numpy.itemsize == row.itemsize
+        assert row.carrier_numpy == np.dtype(str(row.carrier).removeprefix("torch."))
+    else:
+        assert row.carrier_numpy == row.numpy
+
+
+def test_numpy_side_is_numpys_own_or_the_ml_dtypes_type_of_the_same_name(
+    row: tb.DTypeRow,
+) -> None:
+    if row.name in NATIVE:
+        assert row.numpy == np.dtype(row.name)
+        assert row.carrier is None
+    else:
+        assert row.numpy == np.dtype(getattr(ml_dtypes, row.name))
+        assert row.carrier is not None
+    assert row.torch is getattr(torch, row.name)
+
+
+def test_lookups_agree_both_ways(row: tb.DTypeRow) -> None:
+    assert tb.numpy_dtype(row.torch) == row.numpy
+    assert tb.torch_dtype(row.numpy) is row.torch
+    assert tb.torch_dtype(row.numpy.type) is row.torch  # the scalar type works too
+    assert tb.numpy_dtype(row.numpy) == row.numpy
+    assert tb.torch_dtype(row.torch) is row.torch
+    for spec in (row, row.name, row.name.upper(), str(row.torch), *row.aliases):
+        assert tb.resolve_dtype(spec) is row, spec
+
+
+def test_every_name_and_alias_means_one_row() -> None:
+    seen: dict[str, str] = {}
+    for r in ROWS:
+        for key in (r.name, str(r.torch), *r.aliases):
+            assert key not in seen, f"{key!r} names both {seen[key]} and {r.name}"
+            seen[key] = r.name
+
+
+@pytest.mark.parametrize(
+    ("alias", "name"),
+    [("bf16", "bfloat16"), ("f16", "float16"), ("f32", "float32"), ("f64", "float64")],
+)
+def test_command_line_aliases(alias: str, name: str) -> None:
+    assert tb.resolve_dtype(alias).name == name
+    assert tb.torch_dtype(alias) is getattr(torch, name)
+
+
+def test_safetensors_codes_are_unique() -> None:
+    codes = [r.safetensors for r in ROWS if r.safetensors]
+    assert len(codes) == len(set(codes))
+    assert tb.resolve_dtype("bf16").safetensors == "BF16"
+
+
+def test_identity_not_kind() -> None:
+    # ml_dtypes' kinds are inconsistent; the table must not care.
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    assert (bf16.kind, np.dtype(ml_dtypes.float8_e5m2).kind) == ("V", "f")
+    assert tb.torch_dtype(bf16) is torch.bfloat16
+    assert tb.torch_dtype(ml_dtypes.float8_e5m2) is torch.float8_e5m2
+
+    # a raw void dtype of bfloat16's kind and width is not bfloat16
+    with pytest.raises(tb.UnsupportedDtypeError, match=r"raw void dtype \|V2 has no torch dtype"):
+        tb.torch_dtype(np.dtype("V2"))
+    # nor is a structured dtype of the same width
+    with pytest.raises(tb.UnsupportedDtypeError, match=r"structured dtype .* has no torch dtype"):
+        tb.torch_dtype(np.dtype([("a", "u1"), ("b", "u1")]))
+
+
+def test_complex32_kind_c_maps_by_identity() -> None:
+    if not hasattr(ml_dtypes, "complex32"):
+        pytest.skip(reason="this ml_dtypes has no complex32 (needs >= 0.7)")
+    c32 = np.dtype(ml_dtypes.complex32)
+    assert c32.kind == "c"
+    assert tb.torch_dtype(c32) is torch.complex32
+    assert tb.numpy_dtype(torch.complex32) == c32
+
+
+# --- refusals ----------------------------------------------------------------------------------
+
+TORCH_UNSUPPORTED = [
+    ("qint8", "pass dtype=np.float32 to dequantize, or convert tensor.int_repr()"),
+    ("quint8", "pass dtype=np.float32 to dequantize"),
+    ("qint32", "pass dtype=np.float32 to dequantize"),
+    ("quint4x2", "pass dtype=np.float32 to dequantize"),
+    ("quint2x4", "pass dtype=np.float32 to dequantize"),
+    ("bits8", "pass tensor.view(torch.uint8) for its raw bytes"),
+    ("bits16", "pass tensor.view(torch.uint8) for its raw bytes"),
+    ("bits1x8", "pass tensor.view(torch.uint8) for its raw bytes"),
+    ("bits2x4", "pass tensor.view(torch.uint8) for its raw bytes"),
+    ("bits4x2", "pass tensor.view(torch.uint8) for its raw bytes"),
+    *[(f"uint{n}", "unpack it to torch.int8 / torch.uint8 first") for n in range(1, 8)],
+    *[(f"int{n}", "unpack it to torch.int8 / torch.uint8 first") for n in range(1, 8)],
+    ("float4_e2m1fn_x2", "pass dtype=ml_dtypes.float4_e2m1fn to unpack"),
+]
+
+
+@pytest.mark.parametrize(("name", "fix"), TORCH_UNSUPPORTED, ids=[n for n, _ in TORCH_UNSUPPORTED])
+def test_torch_dtypes_without_a_numpy_dtype(name: str, fix: str) -> None:
+    tdt = getattr(torch, name, None)
+    if tdt is None:
+        pytest.skip(reason=f"this torch has no torch.{name}")
+
+    with pytest.raises(tb.UnsupportedDtypeError) as info:
+        tb.numpy_dtype(tdt)
+
+    msg = str(info.value)
+    assert isinstance(info.value, TypeError)
+    assert f"torch.{name}" in msg and "has no NumPy dtype" in msg
+    assert fix in msg
+    with pytest.raises(tb.UnsupportedDtypeError, match="has no NumPy dtype"):
+        tb.resolve_dtype(tdt)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("datetime64[ns]", "datetime64[ns] has no torch dtype; pass a.view(np.int64)"),
+        (np.timedelta64, "timedelta64 has no torch dtype; pass a.view(np.int64)"),
+        (object, "object arrays have no torch dtype"),
+        (str, "string dtype <U0 has no torch dtype"),
+        (">f4", ">f4 is byte-swapped; pass a.astype(a.dtype.newbyteorder('='))"),
+        ("float8_e4m3", "ml_dtypes float8_e4m3 has no torch dtype; pass a.astype(np.float32)"),
+        ("int4", "ml_dtypes int4 has no torch dtype; pass a.astype(np.int8) (lossless)"),
+    ],
+    ids=str,
+)
+def test_numpy_dtypes_without_a_torch_dtype(spec: object, message: str) -> None:
+    with pytest.raises(tb.UnsupportedDtypeError) as info:
+        tb.torch_dtype(spec)
+
+    assert isinstance(info.value, TypeError)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("spec", ["bfloat17", "nope", 3.5, None, object()], ids=repr)
+def test_what_is_not_a_dtype(spec: object) -> None:
+    with pytest.raises(tb.UnsupportedDtypeError) as info:
+        tb.resolve_dtype(spec)
+
+    msg = str(info.value)
+    assert msg.startswith(f"{spec!r} is not a dtype; pass a torch dtype, a NumPy dtype or a name")
+    assert "known names: bfloat16, bool," in msg
+
+
+@pytest.mark.parametrize(
+    ("cls", "builtin"),
+    [
+        (tb.UnsupportedDtypeError, TypeError),
+        (tb.UnsupportedTensorError, TypeError),
+        (tb.NoDataError, TypeError),
+        (tb.CopyRequiredError, ValueError),
+        (tb.ShapeMismatchError, ValueError),
+    ],
+    ids=lambda c: c.__name__,
+)
+def test_errors_inherit_the_builtin_a_caller_expects(cls: type, builtin: type) -> None:
+    assert issubclass(cls, tb.TensorBridgeError)
+    assert issubclass(cls, builtin)
+    assert issubclass(tb.NoDataError, tb.UnsupportedTensorError)
+
+
+def test_lookup_dicts_are_derived_from_the_table() -> None:
+    assert list(dtypes.BY_TORCH.values()) == list(ROWS)
+    assert list(dtypes.BY_NUMPY.values()) == list(ROWS)
+    assert set(dtypes.BY_SAFETENSORS.values()) == {r for r in ROWS if r.safetensors}

@@ -1,0 +1,202 @@
+"""``.pt`` / ``.pth`` / ``.bin``: weights_only + mmap reads, flattened keys, safe refusals."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import tensorbridge as tb
+from tensorbridge.errors import FormatError, UnsupportedTensorError
+from tensorbridge.io import pt
+
+
+def bits(x: Any) -> bytes:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return bytes(np.ascontiguousarray(x).reshape(-1).view(np.uint8).tobytes())
+
+
+# --- round trips ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+@pytest.mark.parametrize("suffix", [".pt", ".bin"])
+def test_round_trip_every_dtype(
+    tmp_path: Path, row: tb.DTypeRow, patterns: np.ndarray, framework: str, suffix: str
+) -> None:
+    p = tmp_path / f"m{suffix}"
+    pt.save({"array": patterns, "tensor": tb.to_torch(patterns)[1:]}, p)
+    got = pt.load(p, framework=framework)
+    assert list(got) == ["array", "tensor"]
+    for k, want in (("array", patterns), ("tensor", patterns[1:])):
+        assert got[k].dtype == (row.numpy if framework == "numpy" else row.torch)
+        assert bits(got[k]) == bits(want)
+    plain = torch.load(p, weights_only=True)  # torch reads our file on its own
+    assert plain["array"].dtype == row.torch and bits(plain["array"]) == bits(patterns)
+
+
+def test_torch_save_files_flatten_to_dotted_keys(tmp_path: Path) -> None:
+    w = torch.randn(3, 2).to(torch.bfloat16)
+    ckpt = {
+        "model": {"encoder": {"w": w}, "head.b": torch.zeros(2)},
+        "layers": [torch.ones(1), {"scale": torch.tensor(2.0)}],
+        "epoch": 3, "lr": 1e-3, "name": "run-1", "best": None, "size": torch.Size([2, 3]),
+    }  # fmt: skip
+    torch.save(ckpt, tmp_path / "ckpt.pth")
+    with pt.open(tmp_path / "ckpt.pth") as f:
+        assert f.keys() == ["model.encoder.w", "model.head.b", "layers.0", "layers.1.scale"]
+        assert f.metadata == {
+            "epoch": "3",
+            "lr": "0.001",
+            "name": "run-1",
+            "best": "None",
+            "size": "torch.Size([2, 3])",
+        }
+        assert f.info("model.encoder.w") == (tb.resolve_dtype("bfloat16"), (3, 2))
+        assert bits(f["model.encoder.w"]) == bits(w)
+    got = pt.load(tmp_path / "ckpt.pth", keys=["layers.1.scale"], framework="torch")
+    assert list(got) == ["layers.1.scale"] and got["layers.1.scale"].item() == 2.0
+
+
+def test_a_single_tensor_file(tmp_path: Path) -> None:
+    t = torch.arange(6, dtype=torch.int16).reshape(2, 3)
+    torch.save(t, tmp_path / "emb.pt")
+    got = pt.load(tmp_path / "emb.pt")
+    assert isinstance(got, np.ndarray) and np.array_equal(got, t.numpy())
+    with pt.open(tmp_path / "emb.pt") as f:
+        assert f.keys() == ["emb"]
+    pt.save(np.ones(3, ml_dtypes.bfloat16), tmp_path / "one.pt")
+    assert torch.load(tmp_path / "one.pt", weights_only=True).dtype == torch.bfloat16
+    with pytest.raises(KeyError, match=r"holds one tensor"):
+        pt.load(tmp_path / "one.pt", keys=["x"])
+
+
+def test_colliding_flattened_keys_are_refused(tmp_path: Path) -> None:
+    torch.save({"a.b": torch.ones(1), "a": {"b": torch.zeros(1)}}, tmp_path / "c.pt")
+    with pytest.raises(FormatError, match=r"two entries flatten to the key 'a.b'"):
+        pt.open(tmp_path / "c.pt")
+
+
+# --- memory semantics -------------------------------------------------------------------------
+
+
+def test_numpy_views_are_read_only_and_zero_copy(tmp_path: Path) -> None:
+    base = torch.arange(16, dtype=torch.float32)
+    torch.save({"w": base, "tied": base, "half": base[8:]}, tmp_path / "m.pt")
+    before = (tmp_path / "m.pt").read_bytes()
+    with pt.open(tmp_path / "m.pt") as f:
+        w, tied, half = f["w"], f["tied"], f["half"]
+        assert not w.flags.writeable
+        with pytest.raises(ValueError, match=r"read-only"):
+            w[0] = 1
+        assert np.shares_memory(w, tied) and np.shares_memory(w, half)  # one mapped storage
+        t = f.get("w", framework="torch")
+        t_tied = f.get("tied", framework="torch")
+        t[0] = 42  # copy-on-write: the tie holds, the file and the NumPy views do not change
+        assert t_tied[0] == 42 and w[0] == 0
+        owned = f.get("w", mmap=False)
+        assert owned.flags.writeable and not np.shares_memory(owned, w)
+    assert (tmp_path / "m.pt").read_bytes() == before
+
+
+def test_float_dtype(tmp_path: Path) -> None:
+    sd = {"w": torch.tensor([1.5, float("nan")], dtype=torch.bfloat16),
+          "steps": torch.tensor([7])}  # fmt: skip
+    pt.save(sd, tmp_path / "m.pt", float_dtype="float32")
+    plain = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert plain["w"].dtype == torch.float32 and plain["steps"].dtype == torch.int64
+    got = pt.load(tmp_path / "m.pt", framework="torch", float_dtype="bf16")
+    assert got["w"].dtype == torch.bfloat16 and got["steps"].dtype == torch.int64
+    assert got["w"][0] == 1.5 and got["w"][1].isnan()  # torch narrows every NaN to 0xFFFF
+
+
+# --- refusing what only a full unpickle could build -------------------------------------------
+
+
+class _Payload:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        return (os.system, (f"touch {self.marker}",))
+
+
+class Custom:
+    def __init__(self) -> None:
+        self.x = 1
+
+
+def test_pickled_code_is_refused_and_never_run(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    torch.save({"w": torch.ones(2), "evil": _Payload(str(marker))}, tmp_path / "evil.pt")
+    with pytest.raises(FormatError, match=r"never unpickles arbitrary data") as info:
+        pt.load(tmp_path / "evil.pt")
+    assert "evil.pt" in str(info.value) and "system" in str(info.value)
+    with pytest.raises(FormatError, match=r"non-tensor objects"):
+        pt.open(tmp_path / "evil.pt")
+    assert not marker.exists()
+    torch.save({"w": torch.ones(2), "obj": Custom()}, tmp_path / "custom.pt")
+    with pytest.raises(FormatError, match=r"never unpickles"):
+        pt.load(tmp_path / "custom.pt")
+
+
+def test_a_raw_pickle_payload_inside_the_archive_is_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    torch.save({"w": torch.ones(2)}, tmp_path / "m.pt")
+    src = zipfile.ZipFile(tmp_path / "m.pt")
+    with src, zipfile.ZipFile(tmp_path / "swap.pt", "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("data.pkl"):
+                data = pickle.dumps(_Payload(str(marker)), protocol=2)
+            dst.writestr(info, data)
+    with pytest.raises(FormatError, match=r"never unpickles"):
+        pt.load(tmp_path / "swap.pt")
+    assert not marker.exists()
+
+
+def test_not_a_torch_archive(tmp_path: Path) -> None:
+    torch.save({"w": torch.ones(2)}, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    with pytest.raises(FormatError, match=r"legacy.pt' is not a zip-format torch.save archive"):
+        pt.load(tmp_path / "legacy.pt")
+    (tmp_path / "junk.bin").write_bytes(b"not a checkpoint" * 8)
+    with pytest.raises(FormatError, match=r"junk.bin"):
+        pt.load(tmp_path / "junk.bin")
+    torch.save({"w": torch.arange(1000.0)}, tmp_path / "ok.pt")
+    good = (tmp_path / "ok.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(good[: len(good) // 2])
+    with pytest.raises(FormatError, match=r"cut.pt"):
+        pt.load(tmp_path / "cut.pt")
+
+
+def test_save_refusals_name_the_key(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedTensorError, match=r"at 'meta': .*str is not a tensor"):
+        pt.save({"w": torch.ones(1), "meta": "hello"}, tmp_path / "m.pt")
+    with pytest.raises(tb.UnsupportedDtypeError, match=r"at 's'"):
+        pt.save({"s": np.array(["a"])}, tmp_path / "m.pt")
+    with pytest.raises(UnsupportedTensorError, match=r"to_dense"):
+        pt.save({"sp": torch.eye(2).to_sparse()}, tmp_path / "m.pt")
+    assert os.listdir(tmp_path) == []
+
+
+def test_sparse_entries_in_a_foreign_file(tmp_path: Path) -> None:
+    torch.save({"sp": torch.eye(2).to_sparse(), "w": torch.ones(2)}, tmp_path / "s.pt")
+    with pt.open(tmp_path / "s.pt") as f:
+        assert f.keys() == ["sp", "w"]
+        with pytest.raises(UnsupportedTensorError, match=r"'sp' is a torch.sparse_coo tensor"):
+            f["sp"]
+        assert f["w"].tolist() == [1.0, 1.0]
+
+
+def test_progress_counts_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pt.save({"w": torch.ones(1000)}, tmp_path / "m.pt", progress=True)
+    assert "saving m.pt" in capsys.readouterr().err
+    assert torch.load(tmp_path / "m.pt", weights_only=True)["w"].sum() == 1000

@@ -1,0 +1,101 @@
+"""The public surface: pinned names, a quiet import that changes nothing, runnable examples."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import tensorbridge as tb
+
+# Pinned on purpose: a change to the public names must change this list too.
+PUBLIC = [
+    "CopyRequiredError",
+    "DTypeRow",
+    "NoDataError",
+    "ShapeMismatchError",
+    "TensorBridgeError",
+    "UnsupportedDtypeError",
+    "UnsupportedTensorError",
+    "__version__",
+    "dtype_table",
+    "numpy_dtype",
+    "resolve_dtype",
+    "to_numpy",
+    "to_torch",
+    "torch_dtype",
+]
+
+
+def test_all_is_pinned() -> None:
+    assert sorted(tb.__all__) == PUBLIC
+    assert len(tb.__all__) == len(set(tb.__all__))
+
+
+def test_every_public_name_exists() -> None:
+    for name in tb.__all__:
+        assert getattr(tb, name) is not None, name
+    assert isinstance(tb.__version__, str) and tb.__version__.count(".") == 2
+
+
+_IMPORT_CHECK = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import torch
+
+    def surface(obj):
+        return {k: v for k, v in vars(obj).items()}
+
+    tensor_before = surface(torch.Tensor)
+    ndarray_attrs = set(dir(np.ndarray))
+    torch_before, numpy_before = surface(torch), surface(np)
+    numpy_method = torch.Tensor.numpy
+    from_numpy = torch.from_numpy
+
+    import tensorbridge
+
+    problems = []
+    if "scipy" in sys.modules:
+        problems.append("import tensorbridge imported scipy")
+    if torch.Tensor.numpy is not numpy_method or torch.from_numpy is not from_numpy:
+        problems.append("torch.Tensor.numpy or torch.from_numpy was replaced")
+    if surface(torch.Tensor) != tensor_before:
+        problems.append("torch.Tensor changed")
+    if set(dir(np.ndarray)) != ndarray_attrs:
+        problems.append("numpy.ndarray changed")
+    changed = [k for k, v in torch_before.items() if vars(torch).get(k) is not v]
+    changed += [k for k, v in numpy_before.items() if vars(np).get(k) is not v]
+    if changed:
+        problems.append(f"torch / numpy attributes replaced: {changed}")
+    print("; ".join(problems) or "ok")
+    """
+)
+
+
+def test_import_is_quiet_lazy_and_changes_nothing() -> None:
+    # -W error turns any warning raised while importing into a failure.
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", _IMPORT_CHECK],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize(
+    "module", ["tensorbridge", "tensorbridge.convert", "tensorbridge.dtypes", "tensorbridge.errors"]
+)
+def test_docstring_examples_run(module: str) -> None:
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+
+    assert result.attempted > 0
+    assert result.failed == 0
