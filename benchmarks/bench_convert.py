@@ -47,6 +47,8 @@ warnings.filterwarnings("ignore", "ComplexHalf support is experimental")
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 MIB = 1 << 20
+NOISY = 1.5  # a median this many times the minimum means other load disturbed the timing
+SPREADS: list[float] = []  # median / min of every timing, for the closing note on noise
 
 
 # --- measuring --------------------------------------------------------------------------------
@@ -122,7 +124,9 @@ def measure(
                 samples[name].append(elapsed)
     finally:
         gc.enable()
-    return {name: Stats(samples[name]) for name in names}
+    stats = {name: Stats(samples[name]) for name in names}
+    SPREADS.extend(st.median / st.min for st in stats.values())
+    return stats
 
 
 # --- formatting -------------------------------------------------------------------------------
@@ -666,7 +670,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{len(report.results) - len(failed)} of {len(report.results)} targets pass.")
     for what in failed:
         print(f"- FAIL: {what}")
-    print(f"\n(run took {time.perf_counter() - started:.0f} s)")
+    noisy = sum(spread > NOISY for spread in SPREADS)
+    print(
+        f"\n{noisy} of {len(SPREADS)} timings had a median over {NOISY}x their minimum (other "
+        f"load on the machine; load average now {load()} on {os.cpu_count()} CPUs). PASS/FAIL "
+        f"uses the minima. Run took {time.perf_counter() - started:.0f} s."
+    )
     return 0
 
 

@@ -14,6 +14,7 @@ import argparse
 import fnmatch
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -24,7 +25,7 @@ import numpy as np
 from . import diagnostics
 from . import io as tbio
 from .convert import to_numpy
-from .dtypes import resolve_dtype
+from .dtypes import dtype_table, resolve_dtype
 from .errors import TensorBridgeError
 from .io._common import TensorFile, cast_target, row_of
 
@@ -43,6 +44,9 @@ _EXAMPLES = {
 }
 
 
+_ANSI = re.compile(r"\033\[[0-9;]*m")
+
+
 class _UsageError(Exception):
     """A command line that makes no sense: exit status 2."""
 
@@ -51,7 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tensorbridge",
         description="Move tensors between PyTorch and NumPy without losing a bit.",
-        epilog="run 'tensorbridge COMMAND --help' for a command's options and examples",
+        epilog="example:\n  tensorbridge demo\n\n"
+        "run 'tensorbridge COMMAND --help' for a command's options and examples",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -138,7 +144,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as e:
         if args.debug:
             raise
-        parser.print_usage(sys.stderr)
         print(f"tensorbridge {args.command}: error: {e}", file=sys.stderr)
         return 2
     except (TensorBridgeError, OSError, ValueError, TypeError, KeyError) as e:
@@ -158,15 +163,20 @@ def _colour(text: str, ok: bool, out: TextIO) -> str:
     return f"\033[{32 if ok else 31}m{text}\033[0m"
 
 
+def _visible(cell: str) -> int:
+    return len(_ANSI.sub("", cell))
+
+
 def _table(rows: list[list[str]], headers: list[str], out: TextIO) -> None:
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
+    widths = [max(_visible(str(c)) for c in col) for col in zip(headers, *rows, strict=False)]
     numeric = [all(_is_number(r[i]) for r in rows) and bool(rows) for i in range(len(headers))]
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(
-            str(c).rjust(w) if num else str(c).ljust(w)
-            for c, w, num in zip(cells, widths, numeric, strict=False)
-        ).rstrip()
+        padded = []
+        for c, w, num in zip(cells, widths, numeric, strict=False):
+            pad = " " * (w - _visible(str(c)))
+            padded.append(pad + str(c) if num else str(c) + pad)
+        return "  ".join(padded).rstrip()
 
     out.write(line(headers) + "\n")
     out.write("  ".join("-" * w for w in widths) + "\n")
@@ -233,6 +243,20 @@ def _select(names: list[str], include: list[str], exclude: list[str]) -> list[st
 # --- commands ---------------------------------------------------------------------------------
 
 
+def _nbytes(f: TensorFile, name: str) -> int:
+    """A tensor's size from the file's header, without reading its values."""
+    row, shape = f.info(name)
+    return int(np.prod(shape, dtype=np.int64)) * row.itemsize
+
+
+def _written(dst: str) -> str:
+    """What ``save`` wrote for ``dst``: the shard index when a sharded save replaced the file."""
+    index = dst + ".index.json"
+    if dst.lower().endswith(".safetensors") and not os.path.exists(dst) and os.path.exists(index):
+        return index
+    return dst
+
+
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     report: list[dict[str, Any]] = []
     for path in args.files:
@@ -240,12 +264,11 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
             tensors = []
             for name in f:
                 row, shape = f.info(name)
-                count = int(np.prod(shape, dtype=np.int64)) if shape else 1
                 entry: dict[str, Any] = {
                     "name": name,
                     "dtype": row.name,
                     "shape": list(shape),
-                    "nbytes": count * row.itemsize,
+                    "nbytes": _nbytes(f, name),
                 }
                 if args.stats:
                     entry["stats"] = diagnostics.stats(f[name]).to_dict()
@@ -278,7 +301,18 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 def _convert(args: argparse.Namespace, out: TextIO) -> int:
     if args.float_dtype is not None:
-        resolve_dtype(args.float_dtype)  # an unknown name fails before anything is written
+        # an unknown name fails before anything is written; a non-float one would truncate
+        if not resolve_dtype(args.float_dtype).is_floating:
+            floats = ", ".join(r.name for r in dtype_table() if r.is_floating)
+            raise _UsageError(
+                f"--float-dtype {args.float_dtype} is not a floating-point dtype; pass one of "
+                f"{floats} (or bf16, f16, f32, f64)"
+            )
+    sharded_dst = args.dst.lower().endswith(".safetensors") or os.path.isdir(args.dst)
+    if args.max_shard_size is not None and not sharded_dst:
+        raise _UsageError(
+            f"--max-shard-size needs a .safetensors destination (or a directory), not {args.dst}"
+        )
     start = time.perf_counter()
     with tbio.open(args.src) as src:
         names = _select(src.keys(), args.include, args.exclude)
@@ -301,17 +335,18 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 progress=progress,
             )
         took = time.perf_counter() - start
-        in_bytes = sum(src[n].nbytes for n in names)
+        in_bytes = sum(_nbytes(src, n) for n in names)
+        written = _written(args.dst)
         summary: dict[str, Any] = {
             "src": args.src,
-            "dst": args.dst,
+            "dst": written,
             "tensors": len(names),
             "bytes_in": in_bytes,
             "seconds": round(took, 3),
         }
         ok = True
         if args.verify:
-            problems = _verify(src, names, args.dst, args.float_dtype)
+            problems = _verify(src, names, written, args.float_dtype)
             summary["verified"] = not problems
             summary["problems"] = problems
             ok = not problems
@@ -319,7 +354,7 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         _dump(summary, out)
     else:
         out.write(
-            f"converted {len(names)} tensors ({_size(in_bytes)}) {args.src} -> {args.dst} "
+            f"converted {len(names)} tensor(s) ({_size(in_bytes)}) {args.src} -> {written} "
             f"in {took:.2f} s\n"
         )
         if args.verify:
@@ -333,21 +368,26 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
 def _verify(src: TensorFile, names: list[str], dst_path: str, float_dtype: Any) -> list[str]:
     """Every output tensor must equal the source, or its cast with the same kernel, bit for bit."""
     problems = []
-    if dst_path.lower().endswith(".npy"):
-        outputs: Mapping[str, Any] = {names[0]: tbio.load(dst_path)}
-    else:
-        outputs = tbio.load(dst_path, keys=names)
-    for name in names:
-        if name not in outputs:
-            problems.append(f"{name}: missing from the output")
-            continue
-        a, b = src[name], outputs[name]
-        want = cast_target(row_of(a), float_dtype)
-        expected = to_numpy(a, dtype=want) if want.numpy != a.dtype else a
-        if expected.shape != b.shape or expected.dtype != b.dtype:
-            problems.append(f"{name}: {expected.dtype}{expected.shape} became {b.dtype}{b.shape}")
-        elif not np.array_equal(_bits(expected), _bits(b)):
-            problems.append(f"{name}: the bytes differ")
+    with tbio.open(dst_path) as written:
+        keys = written.keys()
+        if dst_path.lower().endswith(".npy"):  # one array, named after the file
+            where = {names[0]: keys[0]} if keys else {}
+        else:
+            stored = set(keys)
+            where = {n: n for n in names if n in stored}
+        for name in names:
+            if name not in where:
+                problems.append(f"{name}: missing from the output")
+                continue
+            a, b = src[name], written[where[name]]
+            want = cast_target(row_of(a), float_dtype)
+            expected = to_numpy(a, dtype=want) if want.numpy != a.dtype else a
+            if expected.shape != b.shape or expected.dtype != b.dtype:
+                problems.append(
+                    f"{name}: {expected.dtype}{expected.shape} became {b.dtype}{b.shape}"
+                )
+            elif not np.array_equal(_bits(expected), _bits(b)):
+                problems.append(f"{name}: the bytes differ")
     return problems
 
 
@@ -390,11 +430,14 @@ def _compare(args: argparse.Namespace, out: TextIO) -> int:
         )
     _table(rows, ["tensor", "dtype", "max abs", "max rel", "max ulp", "mismatches", "verdict"], out)
     for name in result.missing:
-        out.write(f"only in {args.a}: {name}\n")
+        out.write(f"only in {args.a}: {_display(name)}\n")
     for name in result.extra:
-        out.write(f"only in {args.b}: {name}\n")
+        out.write(f"only in {args.b}: {_display(name)}\n")
     bad = sum(not leaf.ok for leaf in result.leaves.values())
-    verdict = "within tolerance" if result.ok else f"{bad} tensor(s) differ"
+    unmatched = len(result.missing) + len(result.extra)
+    problems = [f"{bad} tensor(s) differ"] if bad else []
+    problems += [f"{unmatched} tensor(s) in only one file"] if unmatched else []
+    verdict = "within tolerance" if result.ok else ", ".join(problems) or "differ"
     out.write(f"verdict: {_colour(verdict, result.ok, out)} (max ulp {_num(result.max_ulp)})\n")
     return 0 if result.ok else 1
 
@@ -405,10 +448,10 @@ def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
     with tbio.open(args.file) as f:
         for name in f:
             row, _ = f.info(name)
-            if row.is_floating:
+            if row.category in ("float", "complex"):
                 reports[name] = diagnostics.cast_report(f[name], target)
     if not reports:
-        raise _UsageError(f"{args.file} has no floating-point tensors to cast")
+        raise _UsageError(f"{args.file} has no floating-point or complex tensors to cast")
     if args.plot:
         _plot_ulps(reports, args.plot, target.name)
     safe = all(r.safe for r in reports.values())
@@ -494,8 +537,8 @@ def _plot_errors(a: Mapping[str, Any], b: Mapping[str, Any], result: Any, path: 
     )
     for ax, key in zip(axes[:, 0], ranked, strict=False):
         name = _leaf_name(key, a)
-        x = to_numpy(a[name], dtype="f64").reshape(-1) if name in a else np.zeros(0)
-        y = to_numpy(b[name], dtype="f64").reshape(-1) if name in b else np.zeros(0)
+        x = _wide(a[name]) if name in a else np.zeros(0)
+        y = _wide(b[name]) if name in b else np.zeros(0)
         err = np.abs(x - y) if x.shape == y.shape else np.zeros(0)
         err = err[np.isfinite(err)]
         ax.hist(err, bins=60, log=True)
@@ -508,6 +551,13 @@ def _plot_errors(a: Mapping[str, Any], b: Mapping[str, Any], result: Any, path: 
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _wide(x: Any) -> np.ndarray:
+    """Values as float64 (complex128 for complex), flat, for plotting differences."""
+    wide = "complex128" if row_of(x).category == "complex" else "float64"
+    result: np.ndarray = to_numpy(x, dtype=wide).reshape(-1)
+    return result
 
 
 def _display(path: str) -> str:

@@ -17,7 +17,6 @@ row in :data:`_SUFFIXES`.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import FormatError
+from . import npy, pt, safetensors
 from ._common import TensorFile
 
 __all__ = ["load", "open", "save"]
@@ -54,7 +54,7 @@ def _module(path: str | os.PathLike[str]) -> ModuleType:
                 f"{str(p)!r}: cannot tell the format from the suffix {p.suffix!r}; use one of "
                 f"{', '.join(sorted(_SUFFIXES))}"
             )
-    return importlib.import_module(f"{__name__}.{name}")
+    return {"safetensors": safetensors, "npy": npy, "pt": pt}[name]
 
 
 def flatten_state(obj: Any, prefix: str = "") -> dict[str, Any]:

@@ -1,0 +1,889 @@
+"""``tree_to_numpy`` / ``tree_to_torch``: convert every tensor or array in a nested structure.
+
+They map ``to_numpy`` / ``to_torch`` over a pytree's leaves and promise four more things:
+
+* **Structure.** dict, OrderedDict, defaultdict, list, tuple, namedtuple, deque and
+  dataclasses keep their types, keys, order and fields; other leaves (ints, strings,
+  ``None``, ...) come back as the very same objects. Flattening is optree's (the C++
+  pytree library behind ``torch.utils._cxx_pytree``); each dataclass type met is
+  registered in optree's ``"tensorbridge"`` namespace, invisible to other optree users.
+* **Ties.** Leaves that are one object, or views overlapping one memory, come back as
+  views of one converted buffer with the same offsets and strides, also after a copy,
+  a cast or a device transfer; one input object becomes one output object.
+* **Key paths.** An error keeps its class and is prefixed with the failing leaf's path,
+  ``at ['encoder']['layers'][3]['weight']: ...`` (mapping keys repr'd, sequence
+  indices as ints, namedtuple and dataclass fields as ``.name``).
+* **Batched transfers.** Device leaves reach the host through one pinned staging
+  buffer, every copy ``non_blocking``, one wait per device for the whole tree; host
+  leaves bound for a device are staged likewise, and nothing waits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy as _copy
+import dataclasses
+import threading
+from collections import defaultdict
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import optree
+import torch
+
+from .convert import to_numpy, to_torch
+from .dtypes import BY_NUMPY, BY_TORCH, FLOAT4_PACKED, FLOAT4_UNPACKED, DTypeRow, resolve_dtype
+from .errors import UnsupportedDtypeError
+
+__all__ = ["tree_to_numpy", "tree_to_torch"]
+
+_NAMESPACE = "tensorbridge"
+_HOST = "host"  # the `where` of CPU memory: one address space shared by tensors and arrays
+_ALIGN = 64  # staging slots start on cache-line boundaries (and so suit every dtype)
+_CPU = torch.device("cpu")
+_PLAIN_TYPES: tuple[type, ...] = tuple(
+    cls for cls in (torch.nn.Parameter, getattr(torch.nn, "Buffer", None)) if cls is not None
+)
+_NEVER_DATACLASS = frozenset({torch.Tensor, np.ndarray, int, float, str, bytes, bool})
+
+
+# --- public API -------------------------------------------------------------------------------
+
+
+def tree_to_numpy(
+    tree: Any,
+    *,
+    dtype: Any = None,
+    float_dtype: Any = None,
+    copy: bool | None = None,
+    readonly: bool = False,
+) -> Any:
+    """Convert every tensor in a nested structure to a NumPy array, keeping the structure.
+
+    Args:
+        tree: any nesting of dict / OrderedDict / defaultdict / list / tuple / namedtuple /
+            deque / dataclass. ``torch.Tensor`` leaves are converted; ``np.ndarray``
+            leaves follow the same ``dtype`` / ``copy`` / ``readonly`` contract; every
+            other leaf is returned as is.
+        dtype: cast every array leaf (a NumPy dtype, torch dtype or name).
+        float_dtype: cast only the floating-point leaves (bfloat16, float16, float8, ...),
+            leaving integer, bool and complex leaves alone.
+        copy: as in :func:`~tensorbridge.to_numpy`: ``None`` shares memory when possible,
+            ``True`` always copies, ``False`` raises when a leaf needs a copy.
+        readonly: return arrays that cannot be written through.
+
+    Returns:
+        The same structure with arrays in place of tensors. Tied leaves (one object, or
+        views overlapping one memory) stay tied. Arrays that came from a device are
+        views of one pinned host buffer, released with the last of them.
+
+    Raises:
+        TypeError: both ``dtype`` and ``float_dtype`` were given.
+        TensorBridgeError: a leaf cannot be converted; the message starts with its key
+            path (``at ['encoder']['layers'][3]['weight']: ...``).
+
+    >>> import torch, tensorbridge as tb
+    >>> sd = {"w": torch.ones(2, dtype=torch.bfloat16), "steps": torch.tensor(3)}
+    >>> out = tb.tree_to_numpy(sd, float_dtype="float32")
+    >>> out["w"].dtype, out["steps"].dtype
+    (dtype('float32'), dtype('int64'))
+    """
+    cast = _Cast.of(dtype, float_dtype)
+    leaves, spec = _flatten(tree)
+    cursor = _Cursor()
+    try:
+        if cast.none and copy is None:
+            out, rest = _numpy_fast(leaves, readonly, cursor)
+        else:
+            out, rest = list(leaves), list(range(len(leaves)))
+        if rest:
+            _numpy_rest(leaves, out, rest, cast, copy, readonly, cursor)
+    except Exception as error:
+        located = _with_path(error, spec, cursor.index)
+        if located is error:
+            raise
+        raise located from error.__cause__
+    return optree.tree_unflatten(spec, out)
+
+
+def tree_to_torch(
+    tree: Any,
+    *,
+    dtype: Any = None,
+    float_dtype: Any = None,
+    device: Any = None,
+    copy: bool | None = None,
+) -> Any:
+    """Convert every NumPy array in a nested structure to a tensor, keeping the structure.
+
+    Args:
+        tree: any nesting of dict / OrderedDict / defaultdict / list / tuple / namedtuple /
+            deque / dataclass. ``np.ndarray`` and NumPy scalar leaves are converted;
+            ``torch.Tensor`` leaves follow the same ``dtype`` / ``device`` / ``copy``
+            contract; every other leaf is returned as is.
+        dtype: cast every array leaf (a torch dtype, NumPy dtype or name).
+        float_dtype: cast only the floating-point leaves.
+        device: where the tensors should live (``None``: arrays on the CPU, tensors where
+            they are). Host leaves bound for an accelerator are staged through pinned
+            memory and copied ``non_blocking``.
+        copy: as in :func:`~tensorbridge.to_torch`.
+
+    Returns:
+        The same structure with tensors in place of arrays; tied leaves stay tied.
+
+    Raises:
+        TypeError: both ``dtype`` and ``float_dtype`` were given.
+        TensorBridgeError: a leaf cannot be converted; the message starts with its key
+            path.
+
+    >>> import numpy as np, tensorbridge as tb
+    >>> w = np.arange(4.0)
+    >>> out = tb.tree_to_torch({"w": w, "head": w[2:]}, float_dtype="float32", copy=True)
+    >>> out["head"].dtype, out["head"].data_ptr() == out["w"].data_ptr() + 8
+    (torch.float32, True)
+    """
+    cast = _Cast.of(dtype, float_dtype)
+    target = None if device is None else torch.device(device)
+    leaves, spec = _flatten(tree)
+    cursor = _Cursor()
+    try:
+        if cast.none and copy is None and target is None:
+            out, rest = _torch_fast(leaves, cursor)
+        else:
+            out, rest = list(leaves), list(range(len(leaves)))
+        if rest:
+            _torch_rest(leaves, out, rest, cast, target, copy, cursor)
+    except Exception as error:
+        located = _with_path(error, spec, cursor.index)
+        if located is error:
+            raise
+        raise located from error.__cause__
+    return optree.tree_unflatten(spec, out)
+
+
+# --- flattening, dataclasses and key paths ----------------------------------------------------
+
+_registered: set[type] = set()
+_register_lock = threading.Lock()
+
+
+def _flatten(tree: Any) -> tuple[list[Any], optree.PyTreeSpec]:
+    while True:
+        leaves, spec = optree.tree_flatten(tree, namespace=_NAMESPACE)
+        fresh = {
+            type(x)
+            for x in leaves
+            if type(x) not in _NEVER_DATACLASS
+            and dataclasses.is_dataclass(x)
+            and not isinstance(x, type)
+        }
+        if not fresh or fresh <= _registered:
+            return leaves, spec
+        for cls in fresh:
+            _register_dataclass(cls)
+
+
+class _Instance:
+    """A dataclass node's original object (optree wants hashable metadata: this is, by id)."""
+
+    __slots__ = ("names", "obj")
+
+    def __init__(self, obj: Any, names: tuple[str, ...]) -> None:
+        self.obj = obj
+        self.names = names
+
+
+def _flatten_dataclass(obj: Any) -> tuple[list[Any], _Instance, tuple[str, ...]]:
+    names = tuple(f.name for f in dataclasses.fields(obj) if hasattr(obj, f.name))
+    return [getattr(obj, n) for n in names], _Instance(obj, names), names
+
+
+def _unflatten_dataclass(meta: Hashable | None, children: Iterable[Any]) -> Any:
+    assert isinstance(meta, _Instance)
+    # A shallow copy with the fields replaced: no __init__ / __post_init__ runs again,
+    # init=False fields and frozen or slotted classes are handled alike.
+    new = _copy.copy(meta.obj)
+    for name, value in zip(meta.names, children, strict=True):
+        object.__setattr__(new, name, value)
+    return new
+
+
+def _register_dataclass(cls: type) -> None:
+    with _register_lock:
+        if cls in _registered:
+            return
+        # ValueError: registered in our namespace already (by an earlier import of this module)
+        with contextlib.suppress(ValueError):
+            optree.register_pytree_node(
+                cls,
+                _flatten_dataclass,
+                _unflatten_dataclass,
+                path_entry_type=optree.DataclassEntry,
+                namespace=_NAMESPACE,
+            )
+        _registered.add(cls)
+
+
+class _Cursor:
+    """The index of the leaf being converted, for the key path of an error."""
+
+    __slots__ = ("index",)
+
+    def __init__(self) -> None:
+        self.index: int | None = None
+
+
+def _key_path(spec: optree.PyTreeSpec, index: int) -> str:
+    return spec.accessors()[index].codify("")
+
+
+def _with_path(error: Exception, spec: optree.PyTreeSpec, index: int | None) -> Exception:
+    """The same kind of exception, its message prefixed with the failing leaf's key path."""
+    if index is None:
+        return error
+    path = _key_path(spec, index)
+    if not path:  # the tree is a single leaf
+        return error
+    try:
+        located = type(error)(f"at {path}: {error}")
+    except Exception:
+        return error  # an exception class that wants more than a message
+    return located.with_traceback(error.__traceback__)
+
+
+# --- dtype rules ------------------------------------------------------------------------------
+
+
+class _Cast(NamedTuple):
+    every: DTypeRow | None  # dtype=, resolved
+    floats: DTypeRow | None  # float_dtype=, resolved
+    given: Any  # dtype= as given: fp4 packing / unpacking has no row, so no ``every``
+
+    @staticmethod
+    def of(dtype: Any, float_dtype: Any) -> _Cast:
+        if dtype is not None and float_dtype is not None:
+            raise TypeError(
+                "dtype= casts every array leaf and float_dtype= only the floating-point ones; "
+                "pass one of them, not both"
+            )
+        floats = None if float_dtype is None else resolve_dtype(float_dtype)
+        if floats is not None and not floats.is_floating:
+            raise UnsupportedDtypeError(
+                f"float_dtype={floats.name} is not a floating-point dtype; pass a float dtype "
+                f"such as 'float32', or dtype={floats.name!r} to cast every leaf"
+            )
+        every = None
+        if dtype is not None and not _is_fp4(dtype):
+            every = resolve_dtype(dtype)
+        return _Cast(every, floats, dtype)
+
+    @property
+    def none(self) -> bool:
+        return self.given is None and self.floats is None
+
+    @property
+    def per_leaf(self) -> bool:
+        """Every array leaf goes through to_numpy / to_torch alone (fp4 packing, unpacking)."""
+        return self.given is not None and self.every is None
+
+    def dst(self, row: DTypeRow) -> DTypeRow:
+        """The row a leaf of ``row`` becomes."""
+        if self.every is not None:
+            return self.every
+        if self.floats is not None and row.is_floating:
+            return self.floats
+        return row
+
+    def spec(self, row: DTypeRow | None) -> Any:
+        """The ``dtype=`` to hand to ``to_numpy`` / ``to_torch`` for one leaf (``None``: keep)."""
+        if row is None or self.per_leaf:
+            return self.given
+        dst = self.dst(row)
+        return None if dst is row else dst.torch
+
+
+def _is_fp4(spec: Any) -> bool:
+    if FLOAT4_PACKED is not None and (spec is FLOAT4_PACKED or str(spec) == "float4_e2m1fn_x2"):
+        return True
+    try:
+        return FLOAT4_UNPACKED is not None and np.dtype(spec) == FLOAT4_UNPACKED
+    except TypeError:
+        return False
+
+
+def _numpy_row(dt: np.dtype[Any]) -> DTypeRow | None:
+    return BY_NUMPY.get(dt) or BY_NUMPY.get(dt.newbyteorder("="))
+
+
+# --- the per-leaf passes ----------------------------------------------------------------------
+
+
+def _numpy_fast(leaves: list[Any], readonly: bool, cursor: _Cursor) -> tuple[list[Any], list[int]]:
+    """No cast, no forced copy: CPU tensors become views in one lean loop; the rest waits."""
+    out: list[Any] = []
+    rest: list[int] = []
+    seen: dict[int, Any] = {}
+    try:
+        for x in leaves:
+            if type(x) is torch.Tensor and x.is_cpu:
+                arr = seen.get(id(x))
+                if arr is None:
+                    arr = seen[id(x)] = to_numpy(x, readonly=readonly)
+                out.append(arr)
+            elif isinstance(x, (torch.Tensor, np.ndarray)):
+                rest.append(len(out))
+                out.append(x)
+            else:
+                out.append(x)
+    except Exception:
+        cursor.index = len(out)  # the leaf being converted
+        raise
+    return out, rest
+
+
+def _torch_fast(leaves: list[Any], cursor: _Cursor) -> tuple[list[Any], list[int]]:
+    """No cast, copy or device: writable arrays become views; tensors pass through."""
+    out: list[Any] = []
+    rest: list[int] = []
+    seen: dict[int, Any] = {}
+    try:
+        for x in leaves:
+            if type(x) is np.ndarray and x.flags.writeable:
+                t = seen.get(id(x))
+                if t is None:
+                    t = seen[id(x)] = to_torch(x)
+                out.append(t)
+            elif isinstance(x, (np.ndarray, np.generic)):
+                rest.append(len(out))
+                out.append(x)
+            else:
+                out.append(x)
+    except Exception:
+        cursor.index = len(out)  # the leaf being converted
+        raise
+    return out, rest
+
+
+class _Leaf(NamedTuple):
+    """A leaf converted together with the leaves it shares memory with."""
+
+    at: int  # its position among the tree's leaves
+    value: Any  # a plain (detached) tensor or an ndarray
+    src: DTypeRow
+    dst: DTypeRow
+    layout: _Layout
+
+
+def _plain_tensor(x: torch.Tensor) -> torch.Tensor | None:
+    """``x`` as a plain strided tensor whose storage holds its values, or ``None``."""
+    if type(x) is torch.Tensor:
+        t = x.detach() if x.requires_grad else x
+    elif isinstance(x, _PLAIN_TYPES):
+        t = x.detach()
+    else:
+        return None  # a subclass: to_numpy / to_torch say what to do with it
+    if (
+        t.layout is not torch.strided
+        or t.is_nested
+        or t.is_quantized
+        or t.is_conj()
+        or t.is_neg()
+        or t.device.type == "meta"
+    ):
+        return None
+    return t
+
+
+def _plain_array(a: np.ndarray, row: DTypeRow) -> bool:
+    """Whether ``a``'s memory can be viewed from torch as it is (strides, alignment, order)."""
+    return (
+        type(a) in (np.ndarray, np.memmap)
+        and a.dtype.isnative
+        and a.flags.aligned
+        and all(s >= 0 and s % row.itemsize == 0 for s in a.strides)
+    )
+
+
+def _first_of(leaves: list[Any], rest: Iterable[int]) -> tuple[list[int], dict[int, int]]:
+    """Split ``rest`` into first occurrences and repeats (repeat index -> first index)."""
+    first: dict[int, int] = {}
+    unique: list[int] = []
+    repeats: dict[int, int] = {}
+    for i in rest:
+        j = first.setdefault(id(leaves[i]), i)
+        if j == i:
+            unique.append(i)
+        else:
+            repeats[i] = j
+    return unique, repeats
+
+
+def _numpy_rest(
+    leaves: list[Any],
+    out: list[Any],
+    rest: Iterable[int],
+    cast: _Cast,
+    copy: bool | None,
+    readonly: bool,
+    cursor: _Cursor,
+) -> None:
+    unique, repeats = _first_of(leaves, rest)
+    planned: list[_Leaf] = []
+    for i in unique:
+        x = leaves[i]
+        cursor.index = i
+        if isinstance(x, torch.Tensor):
+            t = _plain_tensor(x)
+            row = None if t is None else BY_TORCH.get(t.dtype)
+            if t is None or row is None or cast.per_leaf:
+                out[i] = to_numpy(x, dtype=cast.spec(row), copy=copy, readonly=readonly)
+                continue
+            dst = cast.dst(row)
+            on_host = t.device.type == "cpu"
+            if on_host and dst is row and not copy:
+                out[i] = to_numpy(t, readonly=readonly)
+            elif copy is False:
+                out[i] = to_numpy(t, dtype=cast.spec(row), copy=False)  # raises, saying why
+            else:
+                planned.append(_Leaf(i, t, row, dst, _tensor_layout(t, row, on_host)))
+        elif isinstance(x, np.ndarray):
+            row = _numpy_row(x.dtype)
+            if row is None or not _plain_array(x, row) or cast.per_leaf:
+                out[i] = to_numpy(x, dtype=cast.spec(row), copy=copy, readonly=readonly)
+                continue
+            dst = cast.dst(row)
+            if dst is row and not copy:
+                out[i] = to_numpy(x, readonly=readonly)
+            elif copy is False:
+                out[i] = to_numpy(x, dtype=dst.numpy, copy=False)  # raises, saying why
+            else:
+                planned.append(_Leaf(i, x, row, dst, _array_layout(x, row)))
+    if planned:
+        made = _convert_planned(planned, _CPU, cursor)
+        for leaf in planned:
+            arr = _as_array(made[leaf.at])
+            if readonly:
+                arr.flags.writeable = False
+            out[leaf.at] = arr
+    cursor.index = None
+    for i, j in repeats.items():
+        out[i] = out[j]
+
+
+def _torch_rest(
+    leaves: list[Any],
+    out: list[Any],
+    rest: Iterable[int],
+    cast: _Cast,
+    target: torch.device | None,
+    copy: bool | None,
+    cursor: _Cursor,
+) -> None:
+    unique, repeats = _first_of(leaves, rest)
+    planned: list[_Leaf] = []
+    device = None if target is None else str(target)
+    indexed: list[torch.device] = []  # the target with its index, found once when needed
+    for i in unique:
+        x = leaves[i]
+        cursor.index = i
+        if isinstance(x, np.ndarray):
+            row = _numpy_row(x.dtype)
+            dest = target if target is not None else _CPU
+            if row is None or not _plain_array(x, row) or not _stageable(dest) or cast.per_leaf:
+                out[i] = to_torch(x, dtype=cast.spec(row), device=device, copy=copy)
+                continue
+            dst = cast.dst(row)
+            if dst is row and dest.type == "cpu" and not copy and x.flags.writeable:
+                out[i] = to_torch(x)
+            elif copy is False:
+                out[i] = to_torch(x, dtype=dst.torch, device=device, copy=False)  # raises
+            else:
+                planned.append(_Leaf(i, x, row, dst, _array_layout(x, row)))
+        elif isinstance(x, np.generic):
+            out[i] = to_torch(x, dtype=cast.spec(_numpy_row(x.dtype)), device=device, copy=copy)
+        elif isinstance(x, torch.Tensor):
+            t = _plain_tensor(x)
+            row = None if t is None else BY_TORCH.get(t.dtype)
+            if t is None or row is None or cast.per_leaf:
+                out[i] = to_torch(x, dtype=cast.spec(row), device=device, copy=copy)
+                continue
+            dst = cast.dst(row)
+            if target is not None and not indexed:
+                indexed.append(_indexed(target))
+            dest = t.device if target is None else indexed[0]
+            on_host = t.device.type == "cpu"
+            if dest == t.device and dst is row and not copy:
+                out[i] = x
+            elif copy is False or not (
+                dest == t.device or (on_host and _stageable(dest)) or dest.type == "cpu"
+            ):
+                # a refusal to copy, or a move between two accelerators: torch's own path
+                out[i] = to_torch(x, dtype=cast.spec(row), device=device, copy=copy)
+            else:
+                planned.append(_Leaf(i, t, row, dst, _tensor_layout(t, row, on_host)))
+    if planned:
+        made = _convert_planned(planned, target, cursor)
+        for leaf in planned:
+            out[leaf.at] = made[leaf.at]
+    cursor.index = None
+    for i, j in repeats.items():
+        out[i] = out[j]
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """``cuda`` -> ``cuda:0`` (the current device), so devices compare as torch places them."""
+    if device.type == "cpu" or device.index is not None:
+        return device
+    return torch.empty(0, device=device).device
+
+
+def _stageable(device: torch.device) -> bool:
+    """Whether host memory can be staged for ``device`` (the CPU itself or an accelerator)."""
+    return device.type != "meta"
+
+
+# --- planning: which leaves share memory, and where staged bytes go ---------------------------
+
+
+class _Layout(NamedTuple):
+    """Where a leaf's bytes are: ``where`` names the memory, the rest are in bytes."""
+
+    where: Hashable  # _HOST (absolute addresses) or (device, storage address)
+    start: int  # the address of element 0 within ``where``
+    stop: int  # one past the last byte (``start`` for an empty leaf)
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # non-negative
+    itemsize: int
+    dtype: str  # two leaves are alike only if their dtypes are too
+
+    @staticmethod
+    def of(
+        where: Hashable, start: int, shape: tuple[int, ...], strides: tuple[int, ...], row: DTypeRow
+    ) -> _Layout:
+        stop = start
+        if 0 not in shape:
+            reach = sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
+            stop = start + reach + row.itemsize
+        return _Layout(where, start, stop, shape, strides, row.itemsize, row.name)
+
+
+class _Group(NamedTuple):
+    """Leaves converted as one: ``shared`` means views into one converted span [lo, hi)."""
+
+    members: tuple[int, ...]  # positions in the planned list, in tree order
+    lo: int
+    hi: int
+    shared: bool  # False: every member has the same layout; convert the first one itself
+
+
+def _tensor_layout(t: torch.Tensor, row: DTypeRow, by_address: bool) -> _Layout:
+    size = row.itemsize
+    strides = tuple(s * size for s in t.stride())
+    if by_address:  # host memory: comparable with arrays' addresses
+        return _Layout.of(_HOST, t.data_ptr(), tuple(t.shape), strides, row)
+    where = (t.device, t.untyped_storage().data_ptr())
+    return _Layout.of(where, int(t.storage_offset()) * size, tuple(t.shape), strides, row)
+
+
+def _array_layout(a: np.ndarray, row: DTypeRow) -> _Layout:
+    address = a.__array_interface__["data"][0]
+    return _Layout.of(_HOST, address, tuple(a.shape), tuple(a.strides), row)
+
+
+def _plan_groups(entries: Sequence[tuple[_Layout, Hashable]]) -> list[_Group]:
+    """Partition leaves into groups converted as one, so copies overlap as their sources did.
+
+    ``entries[k]`` is a leaf's layout and its transform (``None`` for a plain copy, or
+    what it is cast to). Leaves with the same memory and transform whose byte ranges
+    overlap (transitively) form one group; leaves that overlap nothing are groups of one.
+    A member whose offset in the span is not a whole number of its items is split off
+    (it cannot be a view there); it loses the tie but still converts correctly.
+    """
+    by_key: dict[Hashable, list[int]] = defaultdict(list)
+    groups: list[_Group] = []
+    for k, (layout, transform) in enumerate(entries):
+        if layout.stop == layout.start:  # empty: no memory to share
+            groups.append(_Group((k,), layout.start, layout.start, False))
+        else:
+            by_key[(layout.where, transform)].append(k)
+    for members in by_key.values():
+        members.sort(key=lambda k: entries[k][0].start)
+        component: list[int] = []
+        hi = 0
+        for k in members:
+            layout = entries[k][0]
+            if component and layout.start < hi:
+                component.append(k)
+                hi = max(hi, layout.stop)
+            else:
+                groups.extend(_close(component, entries))
+                component, hi = [k], layout.stop
+        groups.extend(_close(component, entries))
+    groups.sort(key=lambda g: g.members[0])
+    return groups
+
+
+def _close(component: list[int], entries: Sequence[tuple[_Layout, Hashable]]) -> list[_Group]:
+    if len(component) < 2:
+        return [_Group((k,), entries[k][0].start, entries[k][0].stop, False) for k in component]
+    layouts = [entries[k][0] for k in component]
+    members = tuple(sorted(component))
+    if all(layout == layouts[0] for layout in layouts):
+        return [_Group(members, layouts[0].start, layouts[0].stop, False)]
+    lo = min(layout.start for layout in layouts)
+    misaligned = [k for k in component if (entries[k][0].start - lo) % entries[k][0].itemsize]
+    if misaligned:
+        rest = [k for k in component if k not in misaligned]
+        return _close(rest, entries) + [g for k in misaligned for g in _close([k], entries)]
+    hi = max(layout.stop for layout in layouts)
+    return [_Group(members, lo, hi, True)]
+
+
+def _plan_staging(nbytes: Sequence[int], align: int = _ALIGN) -> tuple[list[int], int]:
+    """Offsets of consecutive slots in one staging buffer, each ``align``-ed, and its size."""
+    offsets = []
+    total = 0
+    for n in nbytes:
+        offsets.append(total)
+        total += -(-n // align) * align
+    return offsets, total
+
+
+# --- executing a plan -------------------------------------------------------------------------
+
+
+class _Job(NamedTuple):
+    """One group's conversion: ``source`` is a tensor over its bytes, ``cast`` its new dtype."""
+
+    group: _Group
+    source: torch.Tensor
+    cast: torch.dtype | None
+    at: int  # the tree position of the group's first leaf, for errors
+
+
+class _Window:
+    """Presents host memory to ``np.asarray`` as a (writable) array, to be *read* by torch.
+
+    Only ever the source of a copy tensorbridge runs itself, never handed to the caller;
+    writable so that torch does not warn about read-only arrays.
+    """
+
+    def __init__(
+        self, address: int, shape: tuple[int, ...], strides: Any, typestr: str, owner: Any
+    ) -> None:
+        self.__array_interface__ = {
+            "data": (address, False),
+            "shape": shape,
+            "strides": strides,
+            "typestr": typestr,
+            "version": 3,
+        }
+        self._owner = owner
+
+
+def _host_view(
+    address: int, shape: tuple[int, ...], strides: Any, row: DTypeRow, owner: Any
+) -> torch.Tensor:
+    typestr = row.carrier_numpy.str
+    t = torch.from_numpy(np.asarray(_Window(address, shape, strides, typestr, owner)))
+    return t if row.carrier is None else t.view(row.torch)
+
+
+def _array_tensor(a: np.ndarray, row: DTypeRow) -> torch.Tensor:
+    """A tensor over ``a``'s memory, to copy from (through a window if ``a`` is read-only)."""
+    if not a.flags.writeable:
+        return _host_view(_array_layout(a, row).start, a.shape, a.strides, row, a)
+    t = torch.from_numpy(a.view(np.ndarray) if row.carrier is None else a.view(row.carrier_numpy))
+    return t if row.carrier is None else t.view(row.torch)
+
+
+_BYTE = BY_TORCH[torch.uint8]
+
+
+def _job(group: _Group, planned: Sequence[_Leaf]) -> _Job:
+    first = planned[group.members[0]]
+    cast = None if first.dst is first.src else first.dst.torch
+    if not group.shared:
+        value = first.value
+        if isinstance(value, np.ndarray):
+            value = _array_tensor(value, first.src)
+        return _Job(group, value, cast, first.at)
+    n = group.hi - group.lo
+    if first.layout.where == _HOST:
+        owners = [planned[k].value for k in group.members]
+        span = _host_view(group.lo, (n,), None, _BYTE, owners)
+    else:
+        t = first.value
+        span = torch.empty(0, dtype=torch.uint8, device=t.device)
+        span.set_(t.untyped_storage(), group.lo, (n,), (1,))
+    return _Job(group, span if cast is None else span.view(first.src.torch), cast, first.at)
+
+
+def _jobs(planned: Sequence[_Leaf], cursor: _Cursor) -> list[_Job]:
+    """The plan for the planned leaves: one job for each group that shares memory."""
+    entries = [
+        (leaf.layout, None if leaf.dst is leaf.src else (leaf.src, leaf.dst)) for leaf in planned
+    ]
+    jobs = []
+    for group in _plan_groups(entries):
+        cursor.index = planned[group.members[0]].at
+        jobs.append(_job(group, planned))
+    return jobs
+
+
+def _convert_planned(
+    planned: Sequence[_Leaf], target: torch.device | None, cursor: _Cursor
+) -> dict[int, torch.Tensor]:
+    """Convert planned leaves group by group; leaf index -> tensor (on the host for NumPy)."""
+    cursor.index = None  # a target torch cannot reach is no one leaf's fault
+    dest_all = None if target is None else _indexed(target)
+    done: list[tuple[_Job, torch.Tensor]] = []
+    to_host: list[_Job] = []
+    to_device: list[_Job] = []
+    for job in _jobs(planned, cursor):
+        here = job.source.device
+        dest = here if dest_all is None else dest_all
+        if dest == here:
+            cursor.index = job.at
+            buf = job.source.to(job.cast) if job.cast is not None else job.source.clone()
+            done.append((job, buf))
+        elif dest.type == "cpu":
+            to_host.append(job)
+        else:
+            to_device.append(job)
+    if to_host:
+        done.extend(zip(to_host, _gather(to_host, cursor), strict=True))
+    if to_device:
+        assert dest_all is not None  # only a target can be another device
+        done.extend(zip(to_device, _scatter(to_device, dest_all, cursor), strict=True))
+    return _rebuild(done, planned)
+
+
+def _staging(nbytes: int, pin: bool) -> torch.Tensor:
+    if pin:
+        try:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        except RuntimeError:
+            pass  # no pinned-memory allocator here: the copies simply block
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def _slot(
+    staging: torch.Tensor, offset: int, dtype: torch.dtype, shape: torch.Size
+) -> torch.Tensor:
+    size = dtype.itemsize * shape.numel()
+    return staging[offset : offset + size].view(dtype).view(shape)
+
+
+def _gather(jobs: Sequence[_Job], cursor: _Cursor) -> list[torch.Tensor]:
+    """Device -> host for every job: one pinned buffer, non-blocking copies, one wait a device.
+
+    Casts that shrink the data run on the device before the copy; casts that widen it
+    run on the host after the wait, so the fewest bytes cross the bus.
+    """
+    sources = []
+    for job in jobs:
+        cursor.index = job.at
+        src = job.source
+        if job.cast is not None and job.cast.itemsize <= src.element_size():
+            src = src.to(job.cast)
+        sources.append(src)
+    offsets, total = _plan_staging([s.numel() * s.element_size() for s in sources])
+    staging = _staging(total, pin=True)
+    slots = []
+    for job, src, offset in zip(jobs, sources, offsets, strict=True):
+        cursor.index = job.at
+        slot = _slot(staging, offset, src.dtype, src.shape)
+        slot.copy_(src, non_blocking=True)
+        slots.append(slot)
+    cursor.index = None
+    for device in {s.device for s in sources}:
+        _wait(device)
+    bufs = []
+    for job, slot in zip(jobs, slots, strict=True):
+        cursor.index = job.at
+        bufs.append(slot if job.cast is None or slot.dtype is job.cast else slot.to(job.cast))
+    return bufs
+
+
+def _scatter(jobs: Sequence[_Job], device: torch.device, cursor: _Cursor) -> list[torch.Tensor]:
+    """Host -> device for every job through one pinned buffer, copies issued non-blocking.
+
+    Nothing waits: the copies are ordered on the current stream, and torch's pinned
+    allocator keeps the staging memory until they are done. Shrinking casts run on the
+    host into the staging buffer; widening ones on the device after the copy.
+    """
+    dtypes = [
+        j.cast
+        if j.cast is not None and j.cast.itemsize < j.source.element_size()
+        else j.source.dtype
+        for j in jobs
+    ]
+    sizes = [j.source.numel() * d.itemsize for j, d in zip(jobs, dtypes, strict=True)]
+    offsets, total = _plan_staging(sizes)
+    staging = _staging(total, pin=True)
+    bufs = []
+    for job, dtype, offset in zip(jobs, dtypes, offsets, strict=True):
+        cursor.index = job.at
+        slot = _slot(staging, offset, dtype, job.source.shape)
+        slot.copy_(job.source)
+        moved = slot.to(device, non_blocking=True)
+        bufs.append(moved if job.cast is None or moved.dtype is job.cast else moved.to(job.cast))
+    return bufs
+
+
+def _wait(device: torch.device) -> None:
+    """Wait for the copies queued on ``device``'s current stream."""
+    if device.type == "cpu":
+        return
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+        return
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None:
+        acc.synchronize(device)
+    else:  # pragma: no cover - torch < 2.6 with a non-CUDA accelerator
+        getattr(torch, device.type).synchronize()
+
+
+def _rebuild(
+    done: Iterable[tuple[_Job, torch.Tensor]], planned: Sequence[_Leaf]
+) -> dict[int, torch.Tensor]:
+    """Leaf position -> its converted tensor, from each job and its converted buffer."""
+    made: dict[int, torch.Tensor] = {}
+    for job, buf in done:
+        _members(job.group, buf, planned, made)
+    return made
+
+
+def _members(
+    group: _Group, buf: torch.Tensor, planned: Sequence[_Leaf], made: dict[int, torch.Tensor]
+) -> None:
+    """Each member of a converted group, as a view of ``buf`` laid out like its source."""
+    if not group.shared:
+        made[planned[group.members[0]].at] = buf
+        for k in group.members[1:]:  # alike but distinct objects: distinct views of one copy
+            made[planned[k].at] = buf.as_strided(buf.shape, buf.stride(), buf.storage_offset())
+        return
+    base = buf.storage_offset() * buf.element_size()  # bytes into buf's storage
+    storage = buf.untyped_storage()
+    for k in group.members:
+        leaf = planned[k]
+        layout = leaf.layout
+        if leaf.dst is leaf.src:  # buf holds the span's bytes as they were
+            row = leaf.src
+            offset = (base + layout.start - group.lo) // row.itemsize
+        else:  # buf holds the span cast element by element
+            row = leaf.dst
+            offset = base // row.itemsize + (layout.start - group.lo) // layout.itemsize
+        strides = [s // layout.itemsize for s in layout.strides]
+        view = torch.empty(0, dtype=row.torch, device=buf.device)
+        view.set_(storage, offset, layout.shape, strides)
+        made[leaf.at] = view
+
+
+def _as_array(t: torch.Tensor) -> np.ndarray:
+    """The NumPy view of a converted host tensor (zero-copy, like every plain to_numpy)."""
+    arr: np.ndarray = to_numpy(t)
+    return arr

@@ -1,0 +1,711 @@
+"""The ``tensorbridge`` command line: every command and error path, through ``main(argv)``.
+
+Most tests run :func:`tensorbridge.cli.main` in-process and assert what it prints and
+returns: the numbers in a table (checked against values worked out by hand on tiny
+files), the bytes of a converted file, the one stderr line of an error. A few run the
+installed console script and ``python -m tensorbridge`` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import io as pyio
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tensorbridge import diagnostics
+from tensorbridge import io as tbio
+from tensorbridge.cli import main
+from tensorbridge.dtypes import resolve_dtype
+from tensorbridge.errors import FormatError
+
+BF16 = resolve_dtype("bfloat16").numpy
+FP8 = resolve_dtype("float8_e4m3fn").numpy
+FORMATS = ["safetensors", "npz", "npy", "pt"]
+COMMANDS = ["inspect", "convert", "compare", "cast-report", "demo"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: Any) -> tuple[int, str, str]:
+    """``main(argv)`` with its exit status, stdout and stderr."""
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_error_line(err: str, command: str) -> str:
+    """The message of the single ``tensorbridge COMMAND: error: ...`` line on stderr."""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    prefix = f"tensorbridge {command}: error: "
+    assert lines[0].startswith(prefix), err
+    assert "Traceback" not in err
+    return lines[0][len(prefix) :]
+
+
+def table(out: str) -> dict[str, list[str]]:
+    """The rows of the (last) table in ``out``, split on whitespace, by their first cell."""
+    lines = out.splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("---")) + 1
+    rows = [line.split() for line in lines[start:]]
+    return {r[0]: r for r in rows if r and not r[0].startswith(("verdict:", "only", "kernel:"))}
+
+
+def bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8).tobytes()
+
+
+def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.dtype == want.dtype
+    assert got.shape == want.shape
+    assert bits(got) == bits(want)
+
+
+def bf16(values: Any) -> np.ndarray:
+    return torch.tensor(values, dtype=torch.bfloat16).view(torch.int16).numpy().view(BF16)
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> Path:
+    """A bf16 2x2 [[1, 2], [3, 4]] and an int64 [0, 1, 2], with metadata."""
+    path = tmp_path / "small.safetensors"
+    tensors = {"w": bf16([[1.0, 2.0], [3.0, 4.0]]), "i": np.arange(3, dtype=np.int64)}
+    tbio.save(tensors, path, metadata={"who": "test"})
+    return path
+
+
+# --- inspect ----------------------------------------------------------------------------------
+
+
+def test_inspect_safetensors_table(capsys: pytest.CaptureFixture[str], small: Path) -> None:
+    rc, out, err = run(capsys, "inspect", small)
+    assert (rc, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == f"{small}: 2 tensors, 32 B"
+    assert lines[1].startswith("metadata: ")
+    assert json.loads(lines[1].removeprefix("metadata: "))["who"] == "test"
+    assert lines[2].split() == ["name", "dtype", "shape", "size"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[4:]}
+    assert rows == {"w": ["bfloat16", "(2,", "2)", "8", "B"], "i": ["int64", "(3,)", "24", "B"]}
+
+
+def test_inspect_stats_hand_computed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "s.safetensors"
+    x = np.array([1.0, np.nan, np.inf, -np.inf, 3.0, 2.0], np.float32)
+    tbio.save({"x": x, "w": bf16([[1.0, 2.0], [3.0, 4.0]])}, path)
+
+    rc, out, err = run(capsys, "inspect", path, "--stats")
+    assert (rc, err) == (0, "")
+    rows = table(out)
+    # finite x values 1, 3, 2: mean 2, population std sqrt(2/3); one NaN, two infinities
+    assert rows["x"] == ["x", "float32", "(6,)", "24", "B", "1", "3", "2", "0.8165", "1", "2"]
+    # 1, 2, 3, 4: mean 2.5, std sqrt(1.25) = 1.118
+    assert rows["w"][-6:] == ["1", "4", "2.5", "1.118", "0", "0"]
+
+    rc, out, _ = run(capsys, "inspect", path, "--stats", "--json")
+    stats = {t["name"]: t["stats"] for t in json.loads(out)["tensors"]}
+    sx = stats["x"]
+    assert (sx["numel"], sx["finite"], sx["nan_count"]) == (6, 3, 1)
+    assert (sx["posinf_count"], sx["neginf_count"]) == (1, 1)
+    assert (sx["min"], sx["max"], sx["mean"], sx["sum"]) == (1.0, 3.0, 2.0, 6.0)
+    assert sx["std"] == pytest.approx(math.sqrt(2 / 3), rel=1e-12)
+    assert stats["w"]["std"] == pytest.approx(math.sqrt(1.25), rel=1e-12)
+
+
+def test_inspect_json(capsys: pytest.CaptureFixture[str], small: Path, tmp_path: Path) -> None:
+    rc, out, err = run(capsys, "inspect", small, "--json")
+    assert (rc, err) == (0, "")
+    report = json.loads(out)
+    assert report["file"] == str(small)
+    assert report["metadata"]["who"] == "test"
+    assert {t["name"]: t for t in report["tensors"]} == {
+        "w": {"name": "w", "dtype": "bfloat16", "shape": [2, 2], "nbytes": 8},
+        "i": {"name": "i", "dtype": "int64", "shape": [3], "nbytes": 24},
+    }
+
+    other = tmp_path / "other.npz"
+    tbio.save({"z": np.zeros((2, 3), np.float16)}, other)
+    rc, out, _ = run(capsys, "inspect", small, other, "--json")
+    both = json.loads(out)
+    assert [r["file"] for r in both] == [str(small), str(other)]
+    assert both[1]["tensors"] == [{"name": "z", "dtype": "float16", "shape": [2, 3], "nbytes": 12}]
+
+
+def test_inspect_sharded(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    tensors = {f"layer{i}.weight": np.full(300, i, np.float32) for i in range(3)}
+    tbio.save(tensors, ckpt / "model.safetensors", max_shard_size=2000)
+    assert len(list(ckpt.glob("model-0000?-of-00003.safetensors"))) == 3
+
+    for target in (ckpt, ckpt / "model.safetensors.index.json"):
+        rc, out, err = run(capsys, "inspect", target)
+        assert (rc, err) == (0, "")
+        assert out.splitlines()[0] == f"{target}: 3 tensors, 3.5 KiB"
+        assert sorted(table(out)) == sorted(tensors)
+
+    rc, out, _ = run(capsys, "inspect", ckpt, "--stats", "--json")
+    means = {t["name"]: t["stats"]["mean"] for t in json.loads(out)["tensors"]}
+    assert means == {f"layer{i}.weight": float(i) for i in range(3)}
+
+
+@pytest.mark.parametrize("fmt", ["npz", "npy", "pt"])
+def test_inspect_other_formats(capsys: pytest.CaptureFixture[str], tmp_path: Path, fmt: str) -> None:
+    path = tmp_path / f"t.{fmt}"
+    w = bf16([[1.0, -2.0, 3.0]])
+    tbio.save(w if fmt == "npy" else {"w": w}, path)
+    rc, out, err = run(capsys, "inspect", path, "--stats")
+    assert (rc, err) == (0, "")
+    name = "t" if fmt == "npy" else "w"
+    assert out.splitlines()[0] == f"{path}: 1 tensors, 6 B"
+    row = out.splitlines()[-1].split()
+    assert row == [name, "bfloat16", "(1,", "3)", "6", "B", "-2", "3", "0.6667", "2.055", "0", "0"]
+
+
+# --- convert ----------------------------------------------------------------------------------
+
+
+def _patterns() -> dict[str, np.ndarray]:
+    return {
+        "w_bf16": np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(BF16),
+        "w_fp8": np.arange(256, dtype=np.uint16).astype(np.uint8).view(FP8).reshape(16, 16),
+        "n": np.arange(-3, 3, dtype=np.int64),
+    }
+
+
+@pytest.mark.parametrize("dst_fmt", FORMATS)
+@pytest.mark.parametrize("src_fmt", FORMATS)
+def test_convert_every_pair_bit_exact(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, src_fmt: str, dst_fmt: str
+) -> None:
+    src, dst = tmp_path / f"src.{src_fmt}", tmp_path / f"dst.{dst_fmt}"
+    tensors = _patterns()
+    if src_fmt == "npy":  # one array: every float8_e4m3fn bit pattern, named after the file
+        tensors = {"src": tensors["w_fp8"]}
+        tbio.save(tensors["src"], src)
+    else:
+        tbio.save(tensors, src)
+    extra = ["--include", "w_bf16"] if dst_fmt == "npy" and src_fmt != "npy" else []
+
+    rc, out, err = run(capsys, "convert", src, dst, "--verify", "--no-progress", *extra)
+    assert (rc, err) == (0, "")
+    assert out.splitlines()[-1] == "verify: bit-exact"
+    expected = {"w_bf16": tensors["w_bf16"]} if extra else tensors
+    assert f"converted {len(expected)} tensor(s)" in out
+    got = tbio.load(dst)
+    if dst_fmt == "npy":
+        got = {next(iter(expected)): got}
+    assert sorted(got) == sorted(expected)
+    for name, want in expected.items():
+        assert_same_bits(np.asarray(got[name]), want)
+
+
+def test_convert_float_dtype_casts_floats_only(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    src, dst = tmp_path / "f32.safetensors", tmp_path / "bf16.npz"
+    w = np.array([1.0, 0.1, -3.3e38, np.inf, 1e-40], np.float32)
+    h = np.array([0.5, -65504.0], np.float16)
+    n = np.array([2**62, -1], np.int64)
+    tbio.save({"w": w, "h": h, "n": n}, src)
+
+    rc, out, err = run(capsys, "convert", src, dst, "--float-dtype", "bf16", "--verify")
+    assert (rc, err) == (0, "")
+    assert "verify: bit-exact" in out
+    got = tbio.load(dst)
+    want_w = torch.from_numpy(w).to(torch.bfloat16).view(torch.int16).numpy().view(BF16)
+    want_h = torch.from_numpy(h).to(torch.bfloat16).view(torch.int16).numpy().view(BF16)
+    assert_same_bits(got["w"], want_w)
+    assert_same_bits(got["h"], want_h)
+    assert_same_bits(got["n"], n)  # integers keep their dtype and values
+
+
+def test_convert_float_dtype_errors(capsys: pytest.CaptureFixture[str], small: Path) -> None:
+    dst = small.parent / "out.safetensors"
+    rc, _, err = run(capsys, "convert", small, dst, "--float-dtype", "bfloat17")
+    msg = one_error_line(err, "convert")
+    assert rc == 1
+    assert "'bfloat17' is not a dtype" in msg and "bfloat16" in msg and "float8_e4m3fn" in msg
+    assert not dst.exists()
+
+    rc, _, err = run(capsys, "convert", small, dst, "--float-dtype", "int8")
+    msg = one_error_line(err, "convert")
+    assert rc == 2
+    assert "--float-dtype int8 is not a floating-point dtype" in msg and "bfloat16" in msg
+    assert not dst.exists()
+
+
+def test_convert_max_shard_size(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    src, dst = tmp_path / "one.npz", tmp_path / "out" / "model.safetensors"
+    dst.parent.mkdir()
+    tensors = {f"t{i}": np.full(300, i, np.float32) for i in range(3)}  # 1200 B each
+    tbio.save(tensors, src)
+
+    rc, out, err = run(capsys, "convert", src, dst, "--max-shard-size", "2KB", "--verify")
+    assert (rc, err) == (0, "")
+    index = tmp_path / "out" / "model.safetensors.index.json"
+    assert f"-> {index} " in out
+    assert out.splitlines()[-1] == "verify: bit-exact"
+    shards = sorted(p.name for p in dst.parent.glob("*.safetensors"))
+    assert shards == [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    weight_map = json.loads(index.read_text())["weight_map"]
+    assert sorted(set(weight_map.values())) == shards
+    got = tbio.load(index)
+    for name, want in tensors.items():
+        assert_same_bits(got[name], want)
+
+    rc, _, err = run(capsys, "convert", src, tmp_path / "x.npz", "--max-shard-size", "2KB")
+    assert rc == 2
+    assert "--max-shard-size needs a .safetensors destination" in one_error_line(err, "convert")
+
+
+def test_convert_include_exclude(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    src, dst = tmp_path / "m.pt", tmp_path / "sel.safetensors"
+    names = ["enc.0.weight", "enc.0.bias", "enc.1.weight", "dec.weight", "embed"]
+    tbio.save({n: torch.full((2,), float(i)) for i, n in enumerate(names)}, src)
+
+    rc, out, err = run(
+        capsys, "convert", src, dst, "--include", "enc.*", "--include", "embed",
+        "--exclude", "*.bias", "--json",
+    )  # fmt: skip
+    assert (rc, err) == (0, "")
+    summary = json.loads(out)
+    assert summary["tensors"] == 3 and summary["dst"] == str(dst)
+    assert summary["bytes_in"] == 24
+    with tbio.open(dst) as f:
+        assert sorted(f.keys()) == ["embed", "enc.0.weight", "enc.1.weight"]
+
+    rc, _, err = run(capsys, "convert", src, dst, "--include", "nothing*")
+    assert rc == 2
+    assert "matches --include/--exclude" in one_error_line(err, "convert")
+
+
+def test_convert_json_verify(capsys: pytest.CaptureFixture[str], small: Path) -> None:
+    rc, out, err = run(capsys, "convert", small, small.parent / "o.pt", "--verify", "--json")
+    assert (rc, err) == (0, "")
+    summary = json.loads(out)
+    assert summary["verified"] is True and summary["problems"] == []
+    assert summary["tensors"] == 2 and summary["bytes_in"] == 32
+
+
+def test_convert_verify_reports_mismatch(
+    capsys: pytest.CaptureFixture[str], small: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_save = tbio.save
+
+    def wrong_save(obj: Any, path: Any, **kwargs: Any) -> None:  # writes other values
+        real_save({"w": bf16([[1.0, 2.0], [3.0, 5.0]])}, path, **kwargs)
+
+    monkeypatch.setattr(tbio, "save", wrong_save)
+    rc, out, err = run(capsys, "convert", small, small.parent / "o.safetensors", "--verify")
+    assert (rc, err) == (1, "")
+    assert "verify: 2 mismatch(es)" in out
+    assert "  w: the bytes differ" in out
+    assert "  i: missing from the output" in out
+
+
+def test_convert_npy_needs_one_tensor(capsys: pytest.CaptureFixture[str], small: Path) -> None:
+    dst = small.parent / "x.npy"
+    rc, out, err = run(capsys, "convert", small, dst)
+    assert (rc, out) == (2, "")
+    msg = one_error_line(err, "convert")
+    assert "2 tensors were selected" in msg and "--include" in msg
+    assert not dst.exists()
+
+
+# --- compare ----------------------------------------------------------------------------------
+
+
+def _perturbed(tmp_path: Path) -> tuple[Path, Path, int]:
+    """Two files whose 'x' differs at one element by 4 float32 ULPs beyond the tolerance."""
+    a = np.linspace(1000, 1001, 16, dtype=np.float32)
+    rtol, atol = diagnostics.default_tolerances("float32")
+    b = a.copy()
+    edge = np.float32(a[5] + (atol + rtol * abs(float(a[5]))))
+    for _ in range(4):
+        edge = np.nextafter(edge, np.float32(np.inf))
+    b[5] = edge
+    assert abs(float(b[5]) - float(a[5])) > atol + rtol * abs(float(a[5]))
+    ulps = int(b[5:6].view(np.int32)[0] - a[5:6].view(np.int32)[0])
+    same = np.arange(4, dtype=np.int32)
+    pa, pb = tmp_path / "ref.safetensors", tmp_path / "out.safetensors"
+    tbio.save({"x": a, "k": same}, pa)
+    tbio.save({"x": b, "k": same}, pb)
+    return pa, pb, ulps
+
+
+def test_compare_identical(capsys: pytest.CaptureFixture[str], small: Path) -> None:
+    copy = small.parent / "copy.npz"
+    tbio.save(tbio.load(small), copy)
+    rc, out, err = run(capsys, "compare", small, copy)
+    assert (rc, err) == (0, "")
+    rows = table(out)
+    assert rows["w"] == ["w", "bfloat16", "0", "0", "0", "0", "ok"]
+    assert rows["i"] == ["i", "int64", "0", "0", "0", "0", "ok"]
+    assert out.splitlines()[-1] == "verdict: within tolerance (max ulp 0)"
+
+
+def test_compare_beyond_tolerance(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    a, b, ulps = _perturbed(tmp_path)
+    rc, out, err = run(capsys, "compare", a, b)
+    assert (rc, err) == (1, "")
+    rows = table(out)
+    assert rows["x"][-1] == "DIFF" and rows["x"][-3:-1] == [str(ulps), "1"]
+    assert rows["k"][-1] == "ok"
+    assert out.splitlines()[-1] == f"verdict: 1 tensor(s) differ (max ulp {ulps})"
+
+    rc, out, _ = run(capsys, "compare", a, b, "--json")
+    assert rc == 1
+    result = json.loads(out)
+    assert result["ok"] is False and result["max_ulp"] == ulps
+    leaf = result["leaves"]["['x']"]
+    assert (leaf["ok"], leaf["mismatches"], leaf["worst_index"]) == (False, 1, [5])
+
+
+@pytest.mark.parametrize("loosen", [["--rtol", "1e-5"], ["--atol", "0.01"]])
+def test_compare_tolerance_flags(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, loosen: list[str]
+) -> None:
+    a, b, ulps = _perturbed(tmp_path)
+    rc, out, err = run(capsys, "compare", a, b, *loosen)
+    assert (rc, err) == (0, "")
+    assert "DIFF" not in out
+    assert out.splitlines()[-1] == f"verdict: within tolerance (max ulp {ulps})"
+
+
+def test_compare_missing_keys(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    a, b = tmp_path / "a.npz", tmp_path / "b.pt"
+    tbio.save({"x": np.ones(3, np.float32), "only_a": np.zeros(1, np.float32)}, a)
+    tbio.save({"x": np.ones(3, np.float32), "only_b": np.zeros(1, np.float32)}, b)
+    rc, out, err = run(capsys, "compare", a, b)
+    assert (rc, err) == (1, "")
+    assert f"only in {a}: only_a\n" in out
+    assert f"only in {b}: only_b\n" in out
+    assert out.splitlines()[-1] == "verdict: 2 tensor(s) in only one file (max ulp 0)"
+
+    rc, out, _ = run(capsys, "compare", a, b, "--json")
+    result = json.loads(out)
+    assert rc == 1 and result["ok"] is False
+    assert (result["missing"], result["extra"]) == (["['only_a']"], ["['only_b']"])
+
+
+def test_compare_single_arrays(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    a, b = tmp_path / "a.npy", tmp_path / "b.npy"
+    tbio.save(bf16([1.0, 2.0]), a)
+    tbio.save(bf16([1.0, 2.015625]), b)  # one bf16 ULP above 2: within bf16's tolerance
+    rc, out, err = run(capsys, "compare", a, b)
+    assert (rc, err) == (0, "")
+    # |2.015625 - 2| = 2**-6, relative 2**-7, one ULP; a renamed single array is "tensor"
+    assert table(out)["tensor"] == ["tensor", "bfloat16", "0.01562", "0.007812", "1", "0", "ok"]
+
+
+def _png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    assert len(data) > 5000
+
+
+def test_compare_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    a, b, _ = _perturbed(tmp_path)
+    png = tmp_path / "errors.png"
+    rc, out, err = run(capsys, "compare", a, b, "--plot", png)
+    assert (rc, err) == (1, "")
+    assert "verdict: 1 tensor(s) differ" in out
+    _png(png)
+
+
+# --- cast-report ------------------------------------------------------------------------------
+
+
+def test_cast_report_fp8_saturates(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "c.safetensors"
+    tbio.save({"w": np.array([1.0, 1e6, np.inf, np.nan], np.float32)}, path)
+    rc, out, err = run(capsys, "cast-report", path, "--dtype", "float8_e4m3fn")
+    assert (rc, err) == (1, "")
+    lines = out.splitlines()
+    assert lines[0].split()[:5] == ["tensor", "from", "to", "inf", "saturated"]
+    # 1e6 and inf become ±448; 1.0 is exact; the NaN's bits change (0x7fc00000 -> 0x7f)
+    assert lines[2].split()[:7] == ["w", "float32", "0", "2", "0", "0", "1"]
+    assert lines[2].split()[-1] == "LOSSY"
+    assert "saturates" in lines[3]
+    assert lines[-1] == "verdict: lossy in float8_e4m3fn"
+
+    rc, out, _ = run(capsys, "cast-report", path, "--dtype", "float8_e4m3fn", "--json")
+    report = json.loads(out)
+    assert rc == 1 and report["dtype"] == "float8_e4m3fn" and report["safe"] is False
+    w = report["tensors"]["w"]
+    assert (w["saturated"], w["exact"], w["overflow_inf"], w["nan_changed"]) == (2, 1, 0, 1)
+
+
+def test_cast_report_bf16_safe(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "s.npz"
+    # 0.1 rounds (inexact, still safe); 1e-30 is a normal bf16 number (f32's exponent range)
+    tbio.save({"w": np.array([0.5, 1.0, -2.0, 0.1, 1e-30], np.float32)}, path)
+    rc, out, err = run(capsys, "cast-report", path, "--dtype", "bf16")
+    assert (rc, err) == (0, "")
+    assert table(out)["w"][:7] == ["w", "float32", "0", "0", "0", "0", "0"]
+    assert out.splitlines()[-1] == "verdict: safe to store in bfloat16"
+
+    rc, out, _ = run(capsys, "cast-report", path, "--dtype", "bf16", "--json")
+    w = json.loads(out)["tensors"]["w"]
+    assert rc == 0 and w["safe"] is True
+    assert (w["exact"], w["inexact"]) == (3, 2)
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype", "column"),
+    [
+        ([1.0, 1e-30], "f16", "flushed_to_zero"),  # below f16's smallest subnormal
+        ([1.0, np.nan], "bf16", "nan_changed"),  # torch's f32->bf16 makes every NaN 0xffff
+    ],
+)
+def test_cast_report_small_lossy(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, values: list[float], dtype: str, column: str
+) -> None:
+    path = tmp_path / "v.pt"
+    tbio.save({"v": torch.tensor(values, dtype=torch.float32)}, path)
+    rc, out, _ = run(capsys, "cast-report", path, "--dtype", dtype, "--json")
+    report = json.loads(out)
+    assert rc == 1 and report["safe"] is False
+    assert report["tensors"]["v"][column] == 1
+
+
+def test_cast_report_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "c.safetensors"
+    rng = np.random.default_rng(0)
+    tbio.save({"a": rng.standard_normal(500).astype(np.float32), "b": np.float32([1e6])}, path)
+    png = tmp_path / "ulps.png"
+    rc, out, err = run(capsys, "cast-report", path, "--dtype", "float8_e4m3fn", "--plot", png)
+    assert (rc, err) == (1, "")
+    assert out.splitlines()[-1] == "verdict: lossy in float8_e4m3fn"
+    _png(png)
+
+
+def test_cast_report_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    ints = tmp_path / "ints.npz"
+    tbio.save({"i": np.arange(3)}, ints)
+    rc, _, err = run(capsys, "cast-report", ints, "--dtype", "bf16")
+    assert rc == 2
+    assert "has no floating-point or complex tensors" in one_error_line(err, "cast-report")
+
+    floats = tmp_path / "f.npz"
+    tbio.save({"f": np.ones(2, np.float32)}, floats)
+    rc, _, err = run(capsys, "cast-report", floats, "--dtype", "int8")
+    assert rc == 1
+    assert "not int8" in one_error_line(err, "cast-report")
+    rc, _, err = run(capsys, "cast-report", floats, "--dtype", "nope")
+    assert rc == 1
+    assert "known names: " in one_error_line(err, "cast-report")
+
+
+# --- demo -------------------------------------------------------------------------------------
+
+
+def test_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "demo")
+    assert (rc, err) == (0, "")
+    assert "bit-exact round trip: True" in out
+    assert "zero-copy: True" in out
+    assert "  bytes: 1,579,520 (the .float().numpy() route needs 3,159,040)" in out
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+def test_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "nope.safetensors"
+    rc, out, err = run(capsys, "inspect", path)
+    assert (rc, out) == (1, "")
+    msg = one_error_line(err, "inspect")
+    assert "No such file or directory" in msg and str(path) in msg
+
+
+def test_unknown_suffix(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "model.txt"
+    path.write_text("hello")
+    rc, _, err = run(capsys, "inspect", path)
+    assert rc == 1
+    assert "cannot tell the format from the suffix '.txt'" in one_error_line(err, "inspect")
+
+
+def test_corrupt_safetensors(capsys: pytest.CaptureFixture[str], small: Path) -> None:
+    small.write_bytes(small.read_bytes()[:40])  # truncated inside the header
+    with pytest.raises(FormatError) as expected:
+        tbio.open(small)
+    for argv in (["inspect", small], ["compare", small, small], ["convert", small, "x.npz"]):
+        rc, out, err = run(capsys, *argv)
+        assert (rc, out) == (1, "")
+        assert one_error_line(err, str(argv[0])) == str(expected.value)
+
+
+def test_debug_reraises(capsys: pytest.CaptureFixture[str], small: Path) -> None:
+    small.write_bytes(b"not a safetensors file at all")
+    with pytest.raises(FormatError):
+        main(["--debug", "inspect", str(small)])
+    with pytest.raises(FileNotFoundError):
+        main(["--debug", "inspect", str(small.parent / "missing.npz")])
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        ([], "the following arguments are required: COMMAND"),
+        (["compare", "a.npz"], "the following arguments are required: B"),
+        (["cast-report", "a.npz"], "the following arguments are required: --dtype"),
+        (["compare", "a.npz", "b.npz", "--rtol", "loose"], "invalid float value: 'loose'"),
+    ],
+)
+def test_usage_errors(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert needle in err and err.startswith("usage: tensorbridge")
+
+
+@pytest.mark.parametrize("command", ["compare", "cast-report"])
+def test_plot_without_matplotlib(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+) -> None:
+    path = tmp_path / "f.npz"
+    tbio.save({"f": np.ones(2, np.float32)}, path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    png = tmp_path / "p.png"
+    argv = [path, path] if command == "compare" else [path, "--dtype", "bf16"]
+    rc, _, err = run(capsys, command, *argv, "--plot", png)
+    assert rc == 2
+    assert "pip install 'tensorbridge[plot]'" in one_error_line(err, command)
+    assert not png.exists()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_shows_an_example(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: tensorbridge {command}")
+    assert "example" in out and f"  tensorbridge {command}" in out
+
+
+def test_top_level_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert all(c in out for c in COMMANDS)
+    assert "example:\n  tensorbridge demo" in out
+
+
+# --- colour -----------------------------------------------------------------------------------
+
+
+class _Terminal(pyio.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_colour_only_on_a_terminal(
+    capsys: pytest.CaptureFixture[str], small: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    rc, out, _ = run(capsys, "compare", small, small)
+    assert rc == 0 and "\033[" not in out
+
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stdout", term)
+    assert main(["compare", str(small), str(small)]) == 0
+    coloured = term.getvalue()
+    assert "\033[32mwithin tolerance\033[0m" in coloured
+    # the escapes do not count towards the column widths
+    header, rule = coloured.splitlines()[:2]
+    assert len(header) == len(rule)
+
+    monkeypatch.setenv("NO_COLOR", "1")
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stdout", term)
+    assert main(["compare", str(small), str(small)]) == 0
+    assert "\033[" not in term.getvalue()
+
+
+# --- subprocesses -----------------------------------------------------------------------------
+
+
+def _console_script() -> str:
+    script = shutil.which("tensorbridge", path=os.path.dirname(sys.executable))
+    if script is None:
+        pytest.skip(reason="the tensorbridge console script is not installed next to python")
+    return script
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "NO_COLOR"} | {"PYTHONWARNINGS": "error"}
+
+
+def test_console_script(small: Path) -> None:
+    proc = subprocess.run(
+        [_console_script(), "inspect", str(small), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert "\033[" not in proc.stdout  # a pipe is not a terminal
+    assert sorted(t["name"] for t in json.loads(proc.stdout)["tensors"]) == ["i", "w"]
+
+    proc = subprocess.run(
+        [_console_script(), "inspect", str(small.parent / "missing.npz")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert proc.returncode == 1 and proc.stdout == ""
+    one_error_line(proc.stderr, "inspect")
+
+
+def test_python_m_demo() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tensorbridge", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert "bit-exact round trip: True" in proc.stdout
+
+
+def test_broken_pipe_is_quiet(tmp_path: Path) -> None:
+    path = tmp_path / "many.safetensors"
+    tbio.save({f"tensor_{i:05d}": np.zeros(1, np.float32) for i in range(4000)}, path)
+    proc = subprocess.Popen(
+        [_console_script(), "inspect", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()  # like `| head -1`: the reader goes away, 150 KB still to write
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == 1
+    assert first.startswith(str(path).encode())
+    assert err == b""
