@@ -146,16 +146,26 @@ def _iter_device(
         yield to_numpy(piece).view(dst.carrier_numpy).view(np.uint8).data
 
 
-def _releaser(a: np.ndarray) -> Any:
-    """For a shared (not copy-on-write) memory map, drop pages from RSS once written."""
-    mm = None
+def _shared_map(a: np.ndarray) -> mmap.mmap | None:
+    """The memory map behind ``a`` if dropping its pages loses nothing (not copy-on-write).
+
+    ``np.memmap`` records its mode; a read-only ``memoryview`` of an ``mmap`` (what
+    tensorbridge's own readers hand out) can only come from an ``ACCESS_READ`` map.
+    """
     base: Any = a
     while base is not None:
         cand = getattr(base, "_mmap", None)
-        if isinstance(cand, mmap.mmap) and getattr(base, "mode", "c") in ("r", "r+", "w+"):
-            mm = cand
-            break
+        if isinstance(cand, mmap.mmap):
+            return cand if getattr(base, "mode", "c") in ("r", "r+", "w+") else None
+        if isinstance(base, memoryview):
+            return base.obj if isinstance(base.obj, mmap.mmap) and base.readonly else None
         base = getattr(base, "base", None)
+    return None
+
+
+def _releaser(a: np.ndarray) -> Any:
+    """For a shared (not copy-on-write) memory map, drop pages from RSS once written."""
+    mm = _shared_map(a)
     if mm is None:
         return lambda piece: None
     start = np.frombuffer(mm, np.uint8).__array_interface__["data"][0]
