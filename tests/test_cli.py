@@ -32,6 +32,8 @@ BF16 = resolve_dtype("bfloat16").numpy
 FP8 = resolve_dtype("float8_e4m3fn").numpy
 FORMATS = ["safetensors", "npz", "npy", "pt"]
 COMMANDS = ["inspect", "convert", "compare", "cast-report", "demo"]
+CAST_HEADER = ["tensor", "from", "to", "inf", "saturated", "to", "NaN", "to", "zero"]
+CAST_HEADER += ["subnormal", "NaN", "changed", "max", "rel", "mean", "rel", "verdict"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -159,7 +161,9 @@ def test_inspect_sharded(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("fmt", ["npz", "npy", "pt"])
-def test_inspect_other_formats(capsys: pytest.CaptureFixture[str], tmp_path: Path, fmt: str) -> None:
+def test_inspect_other_formats(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fmt: str
+) -> None:
     path = tmp_path / f"t.{fmt}"
     w = bf16([[1.0, -2.0, 3.0]])
     tbio.save(w if fmt == "npy" else {"w": w}, path)
@@ -423,6 +427,16 @@ def test_compare_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
     _png(png)
 
 
+def test_compare_plot_complex(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    a, b, png = tmp_path / "a.npz", tmp_path / "b.npz", tmp_path / "c.png"
+    tbio.save({"c": np.array([1 + 2j, 3 - 1j], np.complex64)}, a)
+    tbio.save({"c": np.array([1 + 2j, 3 - 1.5j], np.complex64)}, b)
+    rc, out, err = run(capsys, "compare", a, b, "--plot", png)  # no ComplexWarning (an error)
+    assert (rc, err) == (1, "")
+    assert table(out)["c"][:4] == ["c", "complex64", "0.5", "0.5"]
+    _png(png)
+
+
 # --- cast-report ------------------------------------------------------------------------------
 
 
@@ -432,11 +446,11 @@ def test_cast_report_fp8_saturates(capsys: pytest.CaptureFixture[str], tmp_path:
     rc, out, err = run(capsys, "cast-report", path, "--dtype", "float8_e4m3fn")
     assert (rc, err) == (1, "")
     lines = out.splitlines()
-    assert lines[0].split()[:5] == ["tensor", "from", "to", "inf", "saturated"]
+    assert lines[0].split() == CAST_HEADER
     # 1e6 and inf become ±448; 1.0 is exact; the NaN's bits change (0x7fc00000 -> 0x7f)
-    assert lines[2].split()[:7] == ["w", "float32", "0", "2", "0", "0", "1"]
-    assert lines[2].split()[-1] == "LOSSY"
-    assert "saturates" in lines[3]
+    assert table(out)["w"][:8] == ["w", "float32", "0", "2", "0", "0", "0", "1"]
+    assert table(out)["w"][-1] == "LOSSY"
+    assert lines[3].startswith("kernel: torch (") and "±inf -> ±448 (saturates)" in lines[3]
     assert lines[-1] == "verdict: lossy in float8_e4m3fn"
 
     rc, out, _ = run(capsys, "cast-report", path, "--dtype", "float8_e4m3fn", "--json")
@@ -452,7 +466,7 @@ def test_cast_report_bf16_safe(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     tbio.save({"w": np.array([0.5, 1.0, -2.0, 0.1, 1e-30], np.float32)}, path)
     rc, out, err = run(capsys, "cast-report", path, "--dtype", "bf16")
     assert (rc, err) == (0, "")
-    assert table(out)["w"][:7] == ["w", "float32", "0", "0", "0", "0", "0"]
+    assert table(out)["w"][:-3] == ["w", "float32", "0", "0", "0", "0", "0", "0"]
     assert out.splitlines()[-1] == "verdict: safe to store in bfloat16"
 
     rc, out, _ = run(capsys, "cast-report", path, "--dtype", "bf16", "--json")
@@ -479,10 +493,28 @@ def test_cast_report_small_lossy(
     assert report["tensors"]["v"][column] == 1
 
 
+def test_cast_report_nan_and_imaginary_columns(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "v.safetensors"
+    tbio.save({"v": torch.tensor([1.0, 1e6, float("inf")])}, path)
+    rc, out, _ = run(capsys, "cast-report", path, "--dtype", "float8_e4m3fnuz")
+    assert rc == 1
+    assert table(out)["v"][:5] == ["v", "float32", "0", "0", "2"]  # no inf in fnuz: NaN
+
+    tbio.save({"c": torch.tensor([1 + 2j, 3 + 0j], dtype=torch.complex64)}, path)
+    rc, out, _ = run(capsys, "cast-report", path, "--dtype", "float32")
+    assert rc == 1
+    assert "  NaN changed  imag dropped  max rel" in out.splitlines()[0]
+    assert table(out)["c"][2:10] == ["0", "0", "0", "0", "0", "0", "1", "0"]
+
+
 def test_cast_report_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "c.safetensors"
     rng = np.random.default_rng(0)
-    tbio.save({"a": rng.standard_normal(500).astype(np.float32), "b": np.float32([1e6])}, path)
+    tbio.save(
+        {"a": rng.standard_normal(500).astype(np.float32), "b": np.array([1e6], np.float32)}, path
+    )
     png = tmp_path / "ulps.png"
     rc, out, err = run(capsys, "cast-report", path, "--dtype", "float8_e4m3fn", "--plot", png)
     assert (rc, err) == (1, "")
@@ -515,7 +547,10 @@ def test_demo(capsys: pytest.CaptureFixture[str]) -> None:
     assert (rc, err) == (0, "")
     assert "bit-exact round trip: True" in out
     assert "zero-copy: True" in out
-    assert "  bytes: 1,579,520 (the .float().numpy() route needs 3,159,040)" in out
+    assert "  bytes: 1,579,520 (the usual .float().numpy() route: 3,159,040)" in out
+    for name in ("model.safetensors", "model.npz"):
+        line = next(line for line in out.splitlines() if line.startswith(name))
+        assert "reloaded as torch.bfloat16, bit-exact: True, compare: ok=True max_ulp=0" in line
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -601,6 +636,14 @@ def test_help_shows_an_example(capsys: pytest.CaptureFixture[str], command: str)
     out = capsys.readouterr().out
     assert out.startswith(f"usage: tensorbridge {command}")
     assert "example" in out and f"  tensorbridge {command}" in out
+
+
+def test_main_reads_sys_argv(
+    capsys: pytest.CaptureFixture[str], small: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["tensorbridge", "inspect", str(small), "--json"])
+    assert main() == 0
+    assert json.loads(capsys.readouterr().out)["file"] == str(small)
 
 
 def test_top_level_help(capsys: pytest.CaptureFixture[str]) -> None:

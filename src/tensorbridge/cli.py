@@ -300,14 +300,13 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _convert(args: argparse.Namespace, out: TextIO) -> int:
-    if args.float_dtype is not None:
-        # an unknown name fails before anything is written; a non-float one would truncate
-        if not resolve_dtype(args.float_dtype).is_floating:
-            floats = ", ".join(r.name for r in dtype_table() if r.is_floating)
-            raise _UsageError(
-                f"--float-dtype {args.float_dtype} is not a floating-point dtype; pass one of "
-                f"{floats} (or bf16, f16, f32, f64)"
-            )
+    # an unknown name fails before anything is written; a non-float one would truncate
+    if args.float_dtype is not None and not resolve_dtype(args.float_dtype).is_floating:
+        floats = ", ".join(r.name for r in dtype_table() if r.is_floating)
+        raise _UsageError(
+            f"--float-dtype {args.float_dtype} is not a floating-point dtype; pass one of "
+            f"{floats} (or bf16, f16, f32, f64)"
+        )
     sharded_dst = args.dst.lower().endswith(".safetensors") or os.path.isdir(args.dst)
     if args.max_shard_size is not None and not sharded_dst:
         raise _UsageError(
@@ -465,37 +464,29 @@ def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
             out,
         )
         return 0 if safe else 1
+    # every count that makes a tensor unsafe has a column; "imag dropped" only when it happens
+    counts = [
+        ("to inf", "overflow_inf"),
+        ("saturated", "saturated"),
+        ("to NaN", "nan_created"),
+        ("to zero", "flushed_to_zero"),
+        ("subnormal", "subnormal"),
+        ("NaN changed", "nan_changed"),
+    ]
+    if any(r.imag_discarded for r in reports.values()):
+        counts.append(("imag dropped", "imag_discarded"))
     rows = [
-        [
-            name,
-            r.source_dtype,
-            _num(r.overflow_inf),
-            _num(r.saturated),
-            _num(r.flushed_to_zero),
-            _num(r.subnormal),
-            _num(r.nan_changed),
+        [name, r.source_dtype]
+        + [_num(getattr(r, field)) for _, field in counts]
+        + [
             _num(r.max_rel_err),
             _num(r.mean_rel_err),
             _colour("safe" if r.safe else "LOSSY", r.safe, out),
         ]
         for name, r in reports.items()
     ]
-    _table(
-        rows,
-        [
-            "tensor",
-            "from",
-            "to inf",
-            "saturated",
-            "to zero",
-            "subnormal",
-            "NaN changed",
-            "max rel",
-            "mean rel",
-            "verdict",
-        ],
-        out,
-    )
+    headers = ["tensor", "from", *(h for h, _ in counts), "max rel", "mean rel", "verdict"]
+    _table(rows, headers, out)
     first = next(iter(reports.values()))
     out.write(f"kernel: {first.kernel} ({first.semantics})\n")
     verdict = f"safe to store in {target.name}" if safe else f"lossy in {target.name}"

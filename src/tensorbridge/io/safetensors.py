@@ -599,8 +599,15 @@ def _count(shape: list[int], cap: int) -> int | None:
 
 
 def _resolve(path: Path) -> Path:
-    """A file, an index, or a directory holding one index (or exactly one file)."""
+    """A file, an index, or a directory holding one index (or exactly one file).
+
+    ``dir/model.safetensors`` that was saved sharded (so only its index exists) opens
+    through ``dir/model.safetensors.index.json``.
+    """
     if not path.is_dir():
+        index = path.with_name(path.name + _INDEX_SUFFIX)
+        if not path.exists() and index.exists():
+            return index
         return path
     for pattern in ("*.safetensors" + _INDEX_SUFFIX, "*.safetensors"):
         found = sorted(path.glob(pattern))
