@@ -75,7 +75,7 @@ def test_a_single_tensor_file(tmp_path: Path) -> None:
         assert f.keys() == ["emb"]
     pt.save(np.ones(3, ml_dtypes.bfloat16), tmp_path / "one.pt")
     assert torch.load(tmp_path / "one.pt", weights_only=True).dtype == torch.bfloat16
-    with pytest.raises(KeyError, match=r"holds one tensor"):
+    with pytest.raises(KeyError, match=r"holds one array"):
         pt.load(tmp_path / "one.pt", keys=["x"])
 
 

@@ -259,6 +259,7 @@ class TensorFile:
     """
 
     metadata: dict[str, str]
+    single: bool = False  # one bare array (.npy, a .pt of one tensor): load returns it alone
 
     def __init__(self) -> None:
         self.metadata = {}
@@ -320,6 +321,28 @@ class TensorFile:
         if as_torch:
             return to_torch(a, dtype=dst, device=device, copy=copy)
         return to_numpy(a, dtype=dst, copy=copy)
+
+    def read(self, keys: Any = None, **options: Any) -> Any:
+        """Every entry (or ``keys``) converted by :meth:`get`: what ``tb.load`` returns.
+
+        A file that holds one bare array (``single``: a ``.npy``, a ``.pt`` of one
+        tensor) gives that array itself; any other file a dict by name. Every key is
+        checked before anything is read.
+        """
+        names = self.keys() if keys is None else [keys] if isinstance(keys, str) else list(keys)
+        if self.single and names != self.keys():
+            raise KeyError(
+                f"this file holds one array, {self.keys()[0]!r}; pass keys=None or "
+                f"keys={self.keys()}"
+            )
+        missing = [n for n in names if n not in self]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise KeyError(
+                f"{missing[0]!r}{more} is not in this file; its keys are {self.keys()[:10]}"
+            )
+        out = {n: self.get(n, **options) for n in names}
+        return out[names[0]] if self.single else out
 
     def close(self) -> None:
         """Release the file; arrays already handed out stay valid."""

@@ -433,6 +433,8 @@ class _Mapped(TensorFile):
 class NpyFile(_Mapped):
     """One ``.npy`` file; its single key is the file's stem."""
 
+    single = True
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         p = Path(path)
         with builtins.open(p, "rb") as f:
@@ -631,17 +633,6 @@ def load(
         keys: the names to read (``.npz``); for ``.npy`` it must name the one key.
     """
     with open(path) as f:
-        if isinstance(f, NpyFile):
-            if keys is not None and list(keys) != [f.name]:
-                raise KeyError(
-                    f"{str(path)!r} holds one array, {f.name!r}; pass keys=None or "
-                    f"keys=[{f.name!r}]"
-                )
-            names = [f.name]
-        else:
-            names = f.keys() if keys is None else list(keys)
-        out = {
-            n: f.get(n, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
-            for n in names
-        }
-    return out[names[0]] if isinstance(f, NpyFile) else out
+        return f.read(
+            keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype
+        )

@@ -177,19 +177,10 @@ def load(
         float_dtype: cast floating-point values (only) to this dtype.
         keys: the dotted keys to read.
     """
-    f = open(path)
-    with f:
-        names = f.keys() if keys is None else list(keys)
-        if f.single and names != f.keys():
-            raise KeyError(
-                f"{str(path)!r} holds one tensor, {f.keys()[0]!r}; pass keys=None "
-                f"or keys={f.keys()}"
-            )
-        out = {
-            n: f.get(n, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
-            for n in names
-        }
-    return out[names[0]] if f.single else out
+    with open(path) as f:
+        return f.read(
+            keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype
+        )
 
 
 def save(

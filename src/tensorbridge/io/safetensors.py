@@ -806,7 +806,7 @@ def load(
     device: Any = None,
     float_dtype: Any = None,
     keys: Any = None,
-) -> dict[str, Any]:
+) -> Any:
     """Load every tensor (or ``keys``) of a safetensors file, index or directory.
 
     With ``mmap=True`` NumPy arrays are read-only views of the file and tensors are
@@ -819,10 +819,6 @@ def load(
     {'x': tensor([0, 1, 2])}
     """
     with open(path) as f:
-        names = f.keys() if keys is None else [keys] if isinstance(keys, str) else list(keys)
-        for name in names:
-            f._lookup(name)  # every key checked before any is read
-        return {
-            k: f.get(k, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
-            for k in names
-        }
+        return f.read(
+            keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype
+        )
