@@ -999,3 +999,30 @@ def test_property_views_round_trip_shared(
     assert back.dtype is row.torch and tensor_bytes(back) == a.tobytes()
     if v.numel():
         assert back.data_ptr() == v.data_ptr() and back.stride() == v.stride()
+
+
+# --- casts that would lose a part ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, "f64", torch.float16])
+def test_complex_to_real_cast_is_refused_not_silent(dtype: object) -> None:
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    with pytest.raises(tb.UnsupportedDtypeError, match=r"discard the imaginary part.*x\.real"):
+        tb.to_numpy(z, dtype=dtype)
+    with pytest.raises(tb.UnsupportedDtypeError, match=r"discard the imaginary part"):
+        tb.to_torch(z.numpy(), dtype=dtype)
+    with pytest.raises(tb.UnsupportedDtypeError, match=r"discard the imaginary part"):
+        tb.to_numpy(z.numpy(), dtype=dtype)
+    np.testing.assert_array_equal(tb.to_numpy(z.real, dtype=dtype), np.array([1, 3]))
+
+
+def test_fast_cast_and_copy_paths_give_fresh_independent_memory() -> None:
+    t = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3).T  # non-contiguous
+    cast = tb.to_numpy(t, dtype=np.float32)
+    copied = tb.to_numpy(t, copy=True)
+    assert cast.dtype == np.float32 and cast.flags.c_contiguous
+    assert copied.strides == tb.to_numpy(t).strides  # memory order kept, like copy(order="K")
+    t.add_(1)
+    np.testing.assert_array_equal(cast, np.arange(6, dtype=np.float32).reshape(2, 3).T)
+    assert not np.shares_memory(copied, tb.to_numpy(t))
+    assert copied.astype(np.float32).tolist() == cast.tolist()

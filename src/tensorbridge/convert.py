@@ -35,11 +35,13 @@ import torch
 
 from .dtypes import (
     BY_NUMPY,
+    BY_SPEC,
     BY_TORCH,
     FLOAT4_PACKED,
     FLOAT4_UNPACKED,
     DTypeRow,
     explain_numpy,
+    native_row,
     resolve_dtype,
 )
 from .errors import (
@@ -131,19 +133,60 @@ def to_numpy(
     >>> a.dtype, a.tobytes() == t.view(torch.uint8).numpy().tobytes()
     (dtype(bfloat16), True)
     """
-    if type(tensor) is torch.Tensor and dtype is None and copy is None and out is None:
+    if type(tensor) is torch.Tensor and out is None:
         row = BY_TORCH.get(tensor.dtype)
         if row is not None:
-            try:  # the common case: one lookup, and torch's own checks do the rest
-                arr = _as_numpy(tensor, row)
+            arr = None
+            dst = row if dtype is None else _spec_row(dtype)
+            try:  # the common cases: one lookup, and torch's own checks do the rest
+                if dst is row and not copy:
+                    arr = _as_numpy(tensor, row)
+                elif (
+                    dst is not None
+                    and copy is not False
+                    and tensor.is_cpu
+                    and tensor.layout is torch.strided
+                    and not (tensor.requires_grad or tensor.is_nested)
+                    and (row.category != "complex" or dst.category == "complex")
+                ):
+                    arr = _fresh_copy(tensor, row, dst)
             except (RuntimeError, TypeError):
                 pass  # grad, device, conj/neg bit, layout: the general path says which
-            else:
+            if arr is not None:
                 if readonly:
                     arr = arr.view()
                     arr.flags.writeable = False
                 return arr
     return _to_numpy(tensor, dtype, copy, readonly, out)
+
+
+def _spec_row(spec: Any) -> DTypeRow | None:
+    try:
+        return BY_SPEC.get(spec)
+    except TypeError:  # unhashable: the general path explains
+        return None
+
+
+def _fresh_copy(t: torch.Tensor, src: DTypeRow, dst: DTypeRow) -> np.ndarray:
+    """New NumPy memory filled by torch's (multi-threaded) copy/cast kernel.
+
+    NumPy allocates (its large allocations fault in far faster than torch's), torch
+    converts. A same-dtype copy keeps the tensor's memory order, like ``copy(order="K")``.
+    """
+    if dst is src:
+        fresh = np.empty_like(_as_numpy(t, src), subok=False)
+    else:
+        fresh = np.empty(tuple(t.shape), dst.numpy)
+    _as_tensor(fresh, dst).copy_(t)
+    return fresh
+
+
+def _check_cast(src: DTypeRow, dst: DTypeRow) -> None:
+    if src.category == "complex" and dst.category != "complex":
+        raise UnsupportedDtypeError(
+            f"casting {src.name} to {dst.name} would discard the imaginary part; pass the real "
+            "part (x.real) explicitly, or a complex dtype"
+        )
 
 
 def _plain(tensor: Any) -> torch.Tensor:
@@ -218,8 +261,9 @@ def _to_numpy(
 
     src = resolve_dtype(t.dtype)
     dst = src if dtype is None else resolve_dtype(dtype)
+    _check_cast(src, dst)
     reason = None
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         reason = f"is on {t.device}"
     elif t.is_conj() or t.is_neg():
         reason = "has its conjugate or negative bit set (resolving it writes new values)"
@@ -238,12 +282,10 @@ def _to_numpy(
             np.copyto(out, to_numpy(t), casting="unsafe")
         return out
     if reason is None:
-        arr = _as_numpy(t, src)
-        if copy:
-            arr = arr.copy(order="K")
+        arr = _fresh_copy(t, src, src) if copy else _as_numpy(t, src)
     else:
         _needs_copy("to_numpy", reason, copy)
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             # Narrow on the device (less to move), widen on the host.
             if dst.itemsize < src.itemsize:
                 t = t.to(dst.torch)
@@ -251,7 +293,7 @@ def _to_numpy(
             if dst.torch is t.dtype and not (t.is_conj() or t.is_neg()):
                 return _finish(_as_numpy(t, dst), readonly, None)
         arr = np.empty(tuple(t.shape), dst.numpy)
-        _as_tensor(arr, dst).copy_(t)
+        _as_tensor(arr, dst).copy_(t)  # also resolves a conjugate / negative bit
     return _finish(arr, readonly, None)
 
 
@@ -275,7 +317,7 @@ def _check_out(out: Any, shape: tuple[int, ...], what: str) -> None:
 
 
 def _numpy_row(a: np.ndarray) -> DTypeRow:
-    row = BY_NUMPY.get(a.dtype)
+    row = native_row(a.dtype)
     if row is None:
         raise UnsupportedDtypeError(explain_numpy(a.dtype))
     return row
@@ -289,7 +331,8 @@ def _numpy_to_numpy(
         dst = resolve_dtype(dtype)
         if dst.numpy != a.dtype:
             _needs_copy("to_numpy", f"is {a.dtype} and a cast to {dst.name} makes new values", copy)
-            src = BY_NUMPY.get(a.dtype) or _numpy_row(a.astype(a.dtype.newbyteorder("=")))
+            src = _numpy_row(a)
+            _check_cast(src, dst)
             fresh = np.empty(a.shape, dst.numpy)
             _as_tensor(fresh, dst).copy_(_host_tensor(a, src))
             return _finish(fresh, readonly, out)
@@ -481,6 +524,7 @@ def _to_torch(
         else:
             raise UnsupportedDtypeError(explain_numpy(a.dtype))
     dst = src if dtype is None else resolve_dtype(dtype)
+    _check_cast(src, dst)
     target = torch.device(device) if device is not None else None
     if reason is None:
         if any(s < 0 for s in a.strides):
@@ -503,7 +547,8 @@ def _to_torch(
     if reason is None:
         t = _as_tensor(a, src)
         if copy:
-            t = _as_tensor(a.copy(order="K"), src)
+            fresh = np.empty_like(a, subok=False)
+            t = _as_tensor(fresh, src).copy_(t)
         return _finish_tensor(t, requires_grad, None)
     _needs_copy("to_torch", reason, copy)
     if target is not None and target.type != "cpu":
@@ -512,8 +557,8 @@ def _to_torch(
         t = staged.to(target, non_blocking=True).to(dst.torch)
         return _finish_tensor(t, requires_grad, None)
     fresh = np.empty(a.shape, dst.numpy)
-    if dst is src and a.dtype.isnative:
-        np.copyto(fresh, a)
+    if dst is src and a.dtype.isnative and any(s < 0 for s in a.strides):
+        np.copyto(fresh, a)  # one copy; torch cannot view negative strides
     else:
         _as_tensor(fresh, dst).copy_(_host_tensor(a, src))
     return _finish_tensor(_as_tensor(fresh, dst), requires_grad, None)

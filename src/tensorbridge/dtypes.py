@@ -139,12 +139,25 @@ BY_SAFETENSORS: dict[str, DTypeRow] = {r.safetensors: r for r in _TABLE if r.saf
 BY_NAME: dict[str, DTypeRow] = {
     key: r for r in _TABLE for key in (r.name, str(r.torch), *r.aliases)
 }
+# Every common spelling of a dtype in one dict, for the hot paths' single lookup.
+BY_SPEC: dict[Any, DTypeRow] = {
+    **BY_NAME,
+    **{r.numpy.type: r for r in _TABLE},
+    **BY_NUMPY,
+    **BY_TORCH,
+    **{r: r for r in _TABLE},
+}
 
 # torch's packed fp4: two values a byte, element 0 in the low nibble (see convert.py).
 FLOAT4_PACKED: torch.dtype | None = getattr(torch, "float4_e2m1fn_x2", None)
 FLOAT4_UNPACKED: np.dtype[Any] | None = (
     np.dtype(ml_dtypes.float4_e2m1fn) if hasattr(ml_dtypes, "float4_e2m1fn") else None
 )
+
+
+def native_row(dt: np.dtype[Any]) -> DTypeRow | None:
+    """The row of a NumPy dtype, byte-swapped ones included (their native counterpart)."""
+    return BY_NUMPY.get(dt) or BY_NUMPY.get(dt.newbyteorder("="))
 
 
 def dtype_table() -> tuple[DTypeRow, ...]:
@@ -169,8 +182,10 @@ def resolve_dtype(spec: Any) -> DTypeRow:
         UnsupportedDtypeError: the dtype has no counterpart on the other side, or the
             name is unknown; the message names the fix.
     """
-    if isinstance(spec, DTypeRow):
-        return spec
+    try:
+        return BY_SPEC[spec]
+    except (KeyError, TypeError):  # TypeError: unhashable specs
+        pass
     if isinstance(spec, torch.dtype):
         row = BY_TORCH.get(spec)
         if row is None:

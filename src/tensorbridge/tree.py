@@ -33,7 +33,14 @@ import optree
 import torch
 
 from .convert import to_numpy, to_torch
-from .dtypes import BY_NUMPY, BY_TORCH, FLOAT4_PACKED, FLOAT4_UNPACKED, DTypeRow, resolve_dtype
+from .dtypes import (
+    BY_TORCH,
+    FLOAT4_PACKED,
+    FLOAT4_UNPACKED,
+    DTypeRow,
+    native_row,
+    resolve_dtype,
+)
 from .errors import UnsupportedDtypeError
 
 __all__ = ["tree_to_numpy", "tree_to_torch"]
@@ -312,10 +319,6 @@ def _is_fp4(spec: Any) -> bool:
         return False
 
 
-def _numpy_row(dt: np.dtype[Any]) -> DTypeRow | None:
-    return BY_NUMPY.get(dt) or BY_NUMPY.get(dt.newbyteorder("="))
-
-
 # --- the per-leaf passes ----------------------------------------------------------------------
 
 
@@ -448,7 +451,7 @@ def _numpy_rest(
             else:
                 planned.append(_Leaf(i, t, row, dst, _tensor_layout(t, row, on_host)))
         elif isinstance(x, np.ndarray):
-            row = _numpy_row(x.dtype)
+            row = native_row(x.dtype)
             if row is None or not _plain_array(x, row) or cast.per_leaf:
                 out[i] = to_numpy(x, dtype=cast.spec(row), copy=copy, readonly=readonly)
                 continue
@@ -488,7 +491,7 @@ def _torch_rest(
         x = leaves[i]
         cursor.index = i
         if isinstance(x, np.ndarray):
-            row = _numpy_row(x.dtype)
+            row = native_row(x.dtype)
             dest = target if target is not None else _CPU
             if row is None or not _plain_array(x, row) or not _stageable(dest) or cast.per_leaf:
                 out[i] = to_torch(x, dtype=cast.spec(row), device=device, copy=copy)
@@ -501,7 +504,7 @@ def _torch_rest(
             else:
                 planned.append(_Leaf(i, x, row, dst, _array_layout(x, row)))
         elif isinstance(x, np.generic):
-            out[i] = to_torch(x, dtype=cast.spec(_numpy_row(x.dtype)), device=device, copy=copy)
+            out[i] = to_torch(x, dtype=cast.spec(native_row(x.dtype)), device=device, copy=copy)
         elif isinstance(x, torch.Tensor):
             t = _plain_tensor(x)
             row = None if t is None else BY_TORCH.get(t.dtype)

@@ -26,9 +26,9 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from ..convert import _as_tensor, _reader, to_numpy, to_torch
-from ..dtypes import BY_NUMPY, DTypeRow, explain_numpy, resolve_dtype
-from ..errors import FormatError, UnsupportedDtypeError
+from ..convert import _as_tensor, _numpy_row, _reader, to_numpy, to_torch
+from ..dtypes import DTypeRow, resolve_dtype
+from ..errors import FormatError
 
 DEFAULT_CHUNK = 64 << 20
 _PAGE = mmap.PAGESIZE
@@ -79,11 +79,7 @@ def row_of(x: Any) -> DTypeRow:
     """The table row of a tensor's or array's dtype (byte-swapped arrays: their native row)."""
     if isinstance(x, torch.Tensor):
         return resolve_dtype(x.dtype)
-    dt = x.dtype
-    row = BY_NUMPY.get(dt) or BY_NUMPY.get(dt.newbyteorder("="))
-    if row is None:
-        raise UnsupportedDtypeError(explain_numpy(dt))
-    return row
+    return _numpy_row(x)
 
 
 def cast_target(src: DTypeRow, float_dtype: Any) -> DTypeRow:
