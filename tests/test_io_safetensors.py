@@ -607,3 +607,15 @@ def test_killed_save_leaves_no_partial_file(previous: bool, tmp_path: Path) -> N
         assert path.read_bytes() == before
     else:
         assert not path.exists()
+
+
+def test_owned_loads_show_a_progress_bar_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.safetensors"
+    tb.save({"w": torch.ones(1000)}, path, progress=False)
+    with tb.open(path) as f:
+        assert f.nbytes("w") == 4000 and f.filename == "p.safetensors"
+        loaded = f.read(mmap=False, progress=True)
+    assert "loading p.safetensors" in capsys.readouterr().err
+    assert loaded["w"].flags.writeable and loaded["w"].sum() == 1000

@@ -337,8 +337,32 @@ class TensorFile:
             raise KeyError(
                 f"{missing[0]!r}{more} is not in this file; its keys are {self.keys()[:10]}"
             )
-        out = {n: self.get(n, **options) for n in names}
+        bar = _NoBar()
+        if options.get("mmap") is False:  # a real read of every byte: worth a bar if long
+            total = sum(self.nbytes(n) for n in names)
+            bar = progress_bar(total, f"loading {self.filename}", options.pop("progress", None))
+        out = {}
+        try:
+            for n in names:
+                out[n] = self.get(n, **options)
+                bar.update(self.nbytes(n))
+        finally:
+            bar.close()
         return out[names[0]] if self.single else out
+
+    def nbytes(self, name: str) -> int:
+        """The stored size of ``name`` in bytes, from the header alone."""
+        row, shape = self.info(name)
+        count = 1
+        for n in shape:
+            count *= n
+        return count * row.itemsize
+
+    @property
+    def filename(self) -> str:
+        """The file's name, for messages and progress bars."""
+        path = getattr(self, "path", None) or getattr(self, "_path", None)
+        return os.path.basename(str(path)) if path is not None else type(self).__name__
 
     def close(self) -> None:
         """Release the file; arrays already handed out stay valid."""
