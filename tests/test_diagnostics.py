@@ -19,6 +19,7 @@ import torch
 
 import tensorbridge as tb
 from tensorbridge import diagnostics as dg
+from tensorbridge.diagnostics import _values
 
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
@@ -376,7 +377,7 @@ def test_compare_chunked_matches_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     bits[1, 1] += 1
     b = bits.view(ml_dtypes.bfloat16)
     whole = dg.compare(a, b)
-    monkeypatch.setattr(dg, "_CHUNK", 3)
+    monkeypatch.setattr(_values, "_CHUNK", 3)
     chunked = dg.compare(a, b)
     assert whole == chunked
     assert chunked.max_ulp == 2 and chunked.worst_index == (4, 3)
@@ -424,7 +425,7 @@ def test_stats_counts_nan_inf_zero() -> None:
 
 def test_stats_chunked_matches_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
     x = np.random.default_rng(1).standard_normal((13, 11)) * 1e3 + 5
-    monkeypatch.setattr(dg, "_CHUNK", 7)
+    monkeypatch.setattr(_values, "_CHUNK", 7)
     s = dg.stats(torch.from_numpy(x).T)
     assert s.mean == pytest.approx(x.mean(), rel=1e-12)
     assert s.std == pytest.approx(x.std(), rel=1e-12)
@@ -526,7 +527,7 @@ def test_cast_report_complex_and_integer_sources() -> None:
 def test_cast_report_chunked_matches_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     x = torch.from_numpy(np.random.default_rng(2).standard_normal((9, 4)) * 500).float()
     whole = dg.cast_report(x, E4M3)
-    monkeypatch.setattr(dg, "_CHUNK", 5)
+    monkeypatch.setattr(_values, "_CHUNK", 5)
     chunked = dg.cast_report(x, E4M3)
     assert chunked.mean_rel_err == pytest.approx(whole.mean_rel_err, rel=1e-12)
     assert replace(chunked, mean_rel_err=None) == replace(whole, mean_rel_err=None)

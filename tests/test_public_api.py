@@ -109,7 +109,10 @@ def test_import_is_quiet_lazy_and_changes_nothing() -> None:
 DOCUMENTED = [
     "tensorbridge",
     "tensorbridge.convert",
-    "tensorbridge.diagnostics",
+    "tensorbridge.diagnostics._cast",
+    "tensorbridge.diagnostics._compare",
+    "tensorbridge.diagnostics._describe",
+    "tensorbridge.diagnostics._stats",
     "tensorbridge.dtypes",
     "tensorbridge.errors",
     "tensorbridge.io",

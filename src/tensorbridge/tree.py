@@ -24,14 +24,14 @@ import contextlib
 import copy as _copy
 import dataclasses
 import threading
-from collections import defaultdict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
 import optree
 import torch
 
+from ._staging import _array_layout, _convert_planned, _Cursor, _indexed, _Leaf, _tensor_layout
 from .convert import to_numpy, to_torch
 from .dtypes import (
     BY_TORCH,
@@ -46,8 +46,6 @@ from .errors import UnsupportedDtypeError
 __all__ = ["tree_to_numpy", "tree_to_torch"]
 
 _NAMESPACE = "tensorbridge"
-_HOST = "host"  # the `where` of CPU memory: one address space shared by tensors and arrays
-_ALIGN = 64  # staging slots start on cache-line boundaries (and so suit every dtype)
 _CPU = torch.device("cpu")
 _PLAIN_TYPES: tuple[type, ...] = tuple(
     cls for cls in (torch.nn.Parameter, getattr(torch.nn, "Buffer", None)) if cls is not None
@@ -232,15 +230,6 @@ def _register_dataclass(cls: type) -> None:
         _registered.add(cls)
 
 
-class _Cursor:
-    """The index of the leaf being converted, for the key path of an error."""
-
-    __slots__ = ("index",)
-
-    def __init__(self) -> None:
-        self.index: int | None = None
-
-
 def _key_path(spec: optree.PyTreeSpec, index: int) -> str:
     return spec.accessors()[index].codify("")
 
@@ -366,16 +355,6 @@ def _torch_fast(leaves: list[Any], cursor: _Cursor) -> tuple[list[Any], list[int
         cursor.index = len(out)  # the leaf being converted
         raise
     return out, rest
-
-
-class _Leaf(NamedTuple):
-    """A leaf converted together with the leaves it shares memory with."""
-
-    at: int  # its position among the tree's leaves
-    value: Any  # a plain (detached) tensor or an ndarray
-    src: DTypeRow
-    dst: DTypeRow
-    layout: _Layout
 
 
 def _plain_tensor(x: torch.Tensor) -> torch.Tensor | None:
@@ -534,356 +513,9 @@ def _torch_rest(
         out[i] = out[j]
 
 
-def _indexed(device: torch.device) -> torch.device:
-    """``cuda`` -> ``cuda:0`` (the current device), so devices compare as torch places them."""
-    if device.type == "cpu" or device.index is not None:
-        return device
-    return torch.empty(0, device=device).device
-
-
 def _stageable(device: torch.device) -> bool:
     """Whether host memory can be staged for ``device`` (the CPU itself or an accelerator)."""
     return device.type != "meta"
-
-
-# --- planning: which leaves share memory, and where staged bytes go ---------------------------
-
-
-class _Layout(NamedTuple):
-    """Where a leaf's bytes are: ``where`` names the memory, the rest are in bytes."""
-
-    where: Hashable  # _HOST (absolute addresses) or (device, storage address)
-    start: int  # the address of element 0 within ``where``
-    stop: int  # one past the last byte (``start`` for an empty leaf)
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]  # non-negative
-    itemsize: int
-    dtype: str  # two leaves are alike only if their dtypes are too
-
-    @staticmethod
-    def of(
-        where: Hashable, start: int, shape: tuple[int, ...], strides: tuple[int, ...], row: DTypeRow
-    ) -> _Layout:
-        stop = start
-        if 0 not in shape:
-            reach = sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
-            stop = start + reach + row.itemsize
-        return _Layout(where, start, stop, shape, strides, row.itemsize, row.name)
-
-
-class _Group(NamedTuple):
-    """Leaves converted as one: ``shared`` means views into one converted span [lo, hi)."""
-
-    members: tuple[int, ...]  # positions in the planned list, in tree order
-    lo: int
-    hi: int
-    shared: bool  # False: every member has the same layout; convert the first one itself
-
-
-def _tensor_layout(t: torch.Tensor, row: DTypeRow, by_address: bool) -> _Layout:
-    size = row.itemsize
-    strides = tuple(s * size for s in t.stride())
-    if by_address:  # host memory: comparable with arrays' addresses
-        return _Layout.of(_HOST, t.data_ptr(), tuple(t.shape), strides, row)
-    where = (t.device, t.untyped_storage().data_ptr())
-    return _Layout.of(where, int(t.storage_offset()) * size, tuple(t.shape), strides, row)
-
-
-def _array_layout(a: np.ndarray, row: DTypeRow) -> _Layout:
-    address = a.__array_interface__["data"][0]
-    return _Layout.of(_HOST, address, tuple(a.shape), tuple(a.strides), row)
-
-
-def _plan_groups(entries: Sequence[tuple[_Layout, Hashable]]) -> list[_Group]:
-    """Partition leaves into groups converted as one, so copies overlap as their sources did.
-
-    ``entries[k]`` is a leaf's layout and its transform (``None`` for a plain copy, or
-    what it is cast to). Leaves with the same memory and transform whose byte ranges
-    overlap (transitively) form one group; leaves that overlap nothing are groups of one.
-    A member whose offset in the span is not a whole number of its items is split off
-    (it cannot be a view there); it loses the tie but still converts correctly.
-    """
-    by_key: dict[Hashable, list[int]] = defaultdict(list)
-    groups: list[_Group] = []
-    for k, (layout, transform) in enumerate(entries):
-        if layout.stop == layout.start:  # empty: no memory to share
-            groups.append(_Group((k,), layout.start, layout.start, False))
-        else:
-            by_key[(layout.where, transform)].append(k)
-    for members in by_key.values():
-        members.sort(key=lambda k: entries[k][0].start)
-        component: list[int] = []
-        hi = 0
-        for k in members:
-            layout = entries[k][0]
-            if component and layout.start < hi:
-                component.append(k)
-                hi = max(hi, layout.stop)
-            else:
-                groups.extend(_close(component, entries))
-                component, hi = [k], layout.stop
-        groups.extend(_close(component, entries))
-    groups.sort(key=lambda g: g.members[0])
-    return groups
-
-
-def _close(component: list[int], entries: Sequence[tuple[_Layout, Hashable]]) -> list[_Group]:
-    if len(component) < 2:
-        return [_Group((k,), entries[k][0].start, entries[k][0].stop, False) for k in component]
-    layouts = [entries[k][0] for k in component]
-    members = tuple(sorted(component))
-    if all(layout == layouts[0] for layout in layouts):
-        return [_Group(members, layouts[0].start, layouts[0].stop, False)]
-    lo = min(layout.start for layout in layouts)
-    misaligned = [k for k in component if (entries[k][0].start - lo) % entries[k][0].itemsize]
-    if misaligned:
-        rest = [k for k in component if k not in misaligned]
-        return _close(rest, entries) + [g for k in misaligned for g in _close([k], entries)]
-    hi = max(layout.stop for layout in layouts)
-    return [_Group(members, lo, hi, True)]
-
-
-def _plan_staging(nbytes: Sequence[int], align: int = _ALIGN) -> tuple[list[int], int]:
-    """Offsets of consecutive slots in one staging buffer, each ``align``-ed, and its size."""
-    offsets = []
-    total = 0
-    for n in nbytes:
-        offsets.append(total)
-        total += -(-n // align) * align
-    return offsets, total
-
-
-# --- executing a plan -------------------------------------------------------------------------
-
-
-class _Job(NamedTuple):
-    """One group's conversion: ``source`` is a tensor over its bytes, ``cast`` its new dtype."""
-
-    group: _Group
-    source: torch.Tensor
-    cast: torch.dtype | None
-    at: int  # the tree position of the group's first leaf, for errors
-
-
-class _Window:
-    """Presents host memory to ``np.asarray`` as a (writable) array, to be *read* by torch.
-
-    Only ever the source of a copy tensorbridge runs itself, never handed to the caller;
-    writable so that torch does not warn about read-only arrays.
-    """
-
-    def __init__(
-        self, address: int, shape: tuple[int, ...], strides: Any, typestr: str, owner: Any
-    ) -> None:
-        self.__array_interface__ = {
-            "data": (address, False),
-            "shape": shape,
-            "strides": strides,
-            "typestr": typestr,
-            "version": 3,
-        }
-        self._owner = owner
-
-
-def _host_view(
-    address: int, shape: tuple[int, ...], strides: Any, row: DTypeRow, owner: Any
-) -> torch.Tensor:
-    typestr = row.carrier_numpy.str
-    t = torch.from_numpy(np.asarray(_Window(address, shape, strides, typestr, owner)))
-    return t if row.carrier is None else t.view(row.torch)
-
-
-def _array_tensor(a: np.ndarray, row: DTypeRow) -> torch.Tensor:
-    """A tensor over ``a``'s memory, to copy from (through a window if ``a`` is read-only)."""
-    if not a.flags.writeable:
-        return _host_view(_array_layout(a, row).start, a.shape, a.strides, row, a)
-    t = torch.from_numpy(a.view(np.ndarray) if row.carrier is None else a.view(row.carrier_numpy))
-    return t if row.carrier is None else t.view(row.torch)
-
-
-_BYTE = BY_TORCH[torch.uint8]
-
-
-def _job(group: _Group, planned: Sequence[_Leaf]) -> _Job:
-    first = planned[group.members[0]]
-    cast = None if first.dst is first.src else first.dst.torch
-    if not group.shared:
-        value = first.value
-        if isinstance(value, np.ndarray):
-            value = _array_tensor(value, first.src)
-        return _Job(group, value, cast, first.at)
-    n = group.hi - group.lo
-    if first.layout.where == _HOST:
-        owners = [planned[k].value for k in group.members]
-        span = _host_view(group.lo, (n,), None, _BYTE, owners)
-    else:
-        t = first.value
-        span = torch.empty(0, dtype=torch.uint8, device=t.device)
-        span.set_(t.untyped_storage(), group.lo, (n,), (1,))
-    return _Job(group, span if cast is None else span.view(first.src.torch), cast, first.at)
-
-
-def _jobs(planned: Sequence[_Leaf], cursor: _Cursor) -> list[_Job]:
-    """The plan for the planned leaves: one job for each group that shares memory."""
-    entries = [
-        (leaf.layout, None if leaf.dst is leaf.src else (leaf.src, leaf.dst)) for leaf in planned
-    ]
-    jobs = []
-    for group in _plan_groups(entries):
-        cursor.index = planned[group.members[0]].at
-        jobs.append(_job(group, planned))
-    return jobs
-
-
-def _convert_planned(
-    planned: Sequence[_Leaf], target: torch.device | None, cursor: _Cursor
-) -> dict[int, torch.Tensor]:
-    """Convert planned leaves group by group; leaf index -> tensor (on the host for NumPy)."""
-    cursor.index = None  # a target torch cannot reach is no one leaf's fault
-    dest_all = None if target is None else _indexed(target)
-    done: list[tuple[_Job, torch.Tensor]] = []
-    to_host: list[_Job] = []
-    to_device: list[_Job] = []
-    for job in _jobs(planned, cursor):
-        here = job.source.device
-        dest = here if dest_all is None else dest_all
-        if dest == here:
-            cursor.index = job.at
-            buf = job.source.to(job.cast) if job.cast is not None else job.source.clone()
-            done.append((job, buf))
-        elif dest.type == "cpu":
-            to_host.append(job)
-        else:
-            to_device.append(job)
-    if to_host:
-        done.extend(zip(to_host, _gather(to_host, cursor), strict=True))
-    if to_device:
-        assert dest_all is not None  # only a target can be another device
-        done.extend(zip(to_device, _scatter(to_device, dest_all, cursor), strict=True))
-    return _rebuild(done, planned)
-
-
-def _staging(nbytes: int, pin: bool) -> torch.Tensor:
-    if pin:
-        try:
-            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        except RuntimeError:
-            pass  # no pinned-memory allocator here: the copies simply block
-    return torch.empty(nbytes, dtype=torch.uint8)
-
-
-def _slot(
-    staging: torch.Tensor, offset: int, dtype: torch.dtype, shape: torch.Size
-) -> torch.Tensor:
-    size = dtype.itemsize * shape.numel()
-    return staging[offset : offset + size].view(dtype).view(shape)
-
-
-def _gather(jobs: Sequence[_Job], cursor: _Cursor) -> list[torch.Tensor]:
-    """Device -> host for every job: one pinned buffer, non-blocking copies, one wait a device.
-
-    Casts that shrink the data run on the device before the copy; casts that widen it
-    run on the host after the wait, so the fewest bytes cross the bus.
-    """
-    sources = []
-    for job in jobs:
-        cursor.index = job.at
-        src = job.source
-        if job.cast is not None and job.cast.itemsize <= src.element_size():
-            src = src.to(job.cast)
-        sources.append(src)
-    offsets, total = _plan_staging([s.numel() * s.element_size() for s in sources])
-    staging = _staging(total, pin=True)
-    slots = []
-    for job, src, offset in zip(jobs, sources, offsets, strict=True):
-        cursor.index = job.at
-        slot = _slot(staging, offset, src.dtype, src.shape)
-        slot.copy_(src, non_blocking=True)
-        slots.append(slot)
-    cursor.index = None
-    for device in {s.device for s in sources}:
-        _wait(device)
-    bufs = []
-    for job, slot in zip(jobs, slots, strict=True):
-        cursor.index = job.at
-        bufs.append(slot if job.cast is None or slot.dtype is job.cast else slot.to(job.cast))
-    return bufs
-
-
-def _scatter(jobs: Sequence[_Job], device: torch.device, cursor: _Cursor) -> list[torch.Tensor]:
-    """Host -> device for every job through one pinned buffer, copies issued non-blocking.
-
-    Nothing waits: the copies are ordered on the current stream, and torch's pinned
-    allocator keeps the staging memory until they are done. Shrinking casts run on the
-    host into the staging buffer; widening ones on the device after the copy.
-    """
-    dtypes = [
-        j.cast
-        if j.cast is not None and j.cast.itemsize < j.source.element_size()
-        else j.source.dtype
-        for j in jobs
-    ]
-    sizes = [j.source.numel() * d.itemsize for j, d in zip(jobs, dtypes, strict=True)]
-    offsets, total = _plan_staging(sizes)
-    staging = _staging(total, pin=True)
-    bufs = []
-    for job, dtype, offset in zip(jobs, dtypes, offsets, strict=True):
-        cursor.index = job.at
-        slot = _slot(staging, offset, dtype, job.source.shape)
-        slot.copy_(job.source)
-        moved = slot.to(device, non_blocking=True)
-        bufs.append(moved if job.cast is None or moved.dtype is job.cast else moved.to(job.cast))
-    return bufs
-
-
-def _wait(device: torch.device) -> None:
-    """Wait for the copies queued on ``device``'s current stream."""
-    if device.type == "cpu":
-        return
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
-        return
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None:
-        acc.synchronize(device)
-    else:  # pragma: no cover - torch < 2.6 with a non-CUDA accelerator
-        getattr(torch, device.type).synchronize()
-
-
-def _rebuild(
-    done: Iterable[tuple[_Job, torch.Tensor]], planned: Sequence[_Leaf]
-) -> dict[int, torch.Tensor]:
-    """Leaf position -> its converted tensor, from each job and its converted buffer."""
-    made: dict[int, torch.Tensor] = {}
-    for job, buf in done:
-        _members(job.group, buf, planned, made)
-    return made
-
-
-def _members(
-    group: _Group, buf: torch.Tensor, planned: Sequence[_Leaf], made: dict[int, torch.Tensor]
-) -> None:
-    """Each member of a converted group, as a view of ``buf`` laid out like its source."""
-    if not group.shared:
-        made[planned[group.members[0]].at] = buf
-        for k in group.members[1:]:  # alike but distinct objects: distinct views of one copy
-            made[planned[k].at] = buf.as_strided(buf.shape, buf.stride(), buf.storage_offset())
-        return
-    base = buf.storage_offset() * buf.element_size()  # bytes into buf's storage
-    storage = buf.untyped_storage()
-    for k in group.members:
-        leaf = planned[k]
-        layout = leaf.layout
-        if leaf.dst is leaf.src:  # buf holds the span's bytes as they were
-            row = leaf.src
-            offset = (base + layout.start - group.lo) // row.itemsize
-        else:  # buf holds the span cast element by element
-            row = leaf.dst
-            offset = base // row.itemsize + (layout.start - group.lo) // layout.itemsize
-        strides = [s // layout.itemsize for s in layout.strides]
-        view = torch.empty(0, dtype=row.torch, device=buf.device)
-        view.set_(storage, offset, layout.shape, strides)
-        made[leaf.at] = view
 
 
 def _as_array(t: torch.Tensor) -> np.ndarray:

@@ -1,0 +1,43 @@
+"""Diagnostics: what a tensor is, how two differ, what a cast would do. Data, never printing.
+
+* :func:`describe` answers "why did that copy?": dtypes on both sides, strides, storage,
+  autograd and conj/neg bits, and what :func:`~tensorbridge.to_numpy` /
+  :func:`~tensorbridge.to_torch` would do. The verdict is not a second copy of the
+  rules: it asks the converters themselves with ``copy=False`` (which builds a view
+  or raises :class:`~tensorbridge.CopyRequiredError` before copying anything) and
+  reports their reason.
+* :func:`compare` measures two tensors, arrays or trees of them (matched by key
+  path). ULP distances are counted in the coarser dtype: each value's magnitude is
+  cast to it with torch's kernel and its bits read as a position on an ordered
+  integer line (sign-magnitude to signed order, so -0 and +0 coincide); beyond the
+  largest finite value the line continues with the top binade's spacing. This is
+  exact for bfloat16 and float8, where NumPy's ``assert_array_max_ulp`` fails.
+* :func:`cast_report` runs the cast a ``to_numpy(x, dtype=...)`` would run (torch's
+  kernel) and counts what happened: overflow, saturation, flush to zero, NaN sign
+  and payload changes, errors in units of the target's ULP.
+* :func:`stats` summarises values in float64, so a bfloat16 sum does not stall.
+
+Everything streams in chunks of about four million values, so a large tensor never
+needs several full-size float64 temporaries. Results are small frozen dataclasses;
+``to_dict()`` gives plain JSON-ready values (non-finite floats become "inf",
+"-inf", "nan").
+"""
+
+from ._cast import ULP_BINS as ULP_BINS  # the keys of CastReport.ulp_histogram
+from ._cast import CastReport, cast_report
+from ._compare import Comparison, compare, default_tolerances
+from ._describe import ConversionPlan, Description, describe
+from ._stats import Stats, stats
+
+__all__ = [
+    "CastReport",
+    "Comparison",
+    "ConversionPlan",
+    "Description",
+    "Stats",
+    "cast_report",
+    "compare",
+    "default_tolerances",
+    "describe",
+    "stats",
+]

@@ -1,0 +1,319 @@
+"""cast_report(): what casting to a floating-point or complex dtype does to each value.
+
+The cast is the one ``to_numpy(x, dtype=...)`` runs, torch's kernel, applied chunk
+by chunk; the report counts overflow to inf, saturation, flush to zero, NaNs made
+or changed (sign and payload) and errors in units of the target's ULP. NumPy's
+``astype`` (ml_dtypes' kernels for their types) runs on the same values beside it
+and its disagreements are counted, since the two kernels part ways on overflow
+for the float8 types. The ``semantics`` line is probed on the installed torch, once
+per dtype pair (ties, overflow, inf, the NaN it makes), not copied from documents.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..convert import to_numpy, to_torch
+from ..dtypes import DTypeRow, resolve_dtype
+from ..errors import UnsupportedDtypeError
+from ._record import _Record
+from ._values import (
+    _BITS_BY_SIZE,
+    _bits,
+    _chunks,
+    _component_row,
+    _Format,
+    _format,
+    _real_parts,
+    _source,
+)
+
+ULP_BINS = ("0", "<=0.5", "<=1", "<=2", ">2")
+
+
+@dataclass(frozen=True)
+class CastReport(_Record):
+    """What casting to ``target_dtype`` with torch's kernel does to each value.
+
+    Counts are over real values (a complex element counts twice):
+
+    Attributes:
+        kernel / semantics: whose cast this is ("torch", what ``to_numpy(x, dtype=)`` runs)
+            and how it treats ties, overflow, inf and NaN, as probed on this installation.
+        exact / inexact: finite values kept exactly / changed.
+        overflow_inf: finite values that became ±inf.
+        saturated: values beyond the target's range (or ±inf) clamped to ±max finite.
+        nan_created: non-NaN values that became NaN.
+        flushed_to_zero: nonzero finite values that became ±0.
+        subnormal: results that are subnormal in the target.
+        nan_changed: NaNs whose sign or payload (the top mantissa bits that fit) changed.
+        max_abs_err / max_rel_err / mean_rel_err: over finite values with a finite
+            result (relative: nonzero values only); ``None`` when there are none.
+        ulp_histogram: |result - value| in units of the target's ULP at the value
+            (correct rounding gives at most 0.5; saturation lands in ">2").
+        ml_dtypes_nan: non-NaN values that NumPy's ``astype`` (ml_dtypes' kernel for its
+            types) would turn into NaN instead — e.g. float8_e4m3fn overflow.
+        astype_differs: values whose bits ``astype`` would make differently.
+        imag_discarded: nonzero imaginary parts dropped by a complex-to-real cast.
+        safe: nothing overflowed, saturated, flushed, or became or changed a NaN.
+    """
+
+    source_dtype: str
+    target_dtype: str
+    kernel: str
+    semantics: str
+    numel: int
+    exact: int
+    inexact: int
+    overflow_inf: int
+    saturated: int
+    nan_created: int
+    flushed_to_zero: int
+    subnormal: int
+    nan_changed: int
+    max_abs_err: float | None
+    max_rel_err: float | None
+    mean_rel_err: float | None
+    ulp_histogram: Mapping[str, int]
+    ml_dtypes_nan: int | None
+    astype_differs: int | None
+    imag_discarded: int
+    safe: bool
+
+
+def cast_report(x: Any, dtype: Any) -> CastReport:
+    """What casting ``x`` to ``dtype`` would do, with torch's kernel (``to_numpy(x, dtype=)``).
+
+    >>> import torch, tensorbridge as tb
+    >>> r = tb.cast_report(torch.tensor([1.0, 1e6, float("inf")]), "float8_e4m3fn")
+    >>> r.saturated, r.ml_dtypes_nan, r.safe
+    (2, 2, False)
+
+    Raises:
+        UnsupportedDtypeError: ``dtype`` is unknown or not a floating/complex dtype.
+    """
+    src = _source(x)
+    dst = resolve_dtype(dtype)
+    if dst.category not in ("float", "complex"):
+        raise UnsupportedDtypeError(
+            f"cast_report reports on casts to floating-point or complex dtypes, not {dst.name} "
+            "(a cast to integers truncates); pass e.g. dtype='float32'"
+        )
+    fmt = _format(_component_row(dst))
+    sfmt = _format(_component_row(src.row)) if src.row.category in ("float", "complex") else None
+    c = dict.fromkeys(
+        (
+            "numel",
+            "exact",
+            "inexact",
+            "overflow_inf",
+            "saturated",
+            "nan_created",
+            "flushed",
+            "subnormal",
+            "nan_changed",
+            "ml_nan",
+            "differs",
+            "imag",
+            "rel_n",
+        ),
+        0,
+    )
+    hist = dict.fromkeys(ULP_BINS, 0)
+    max_abs = max_rel = rel_sum = 0.0
+    seen_finite = seen_rel = False
+    astype_ok = True
+    for chunk in _chunks(src):
+        c["numel"] += chunk.numel()
+        if chunk.is_complex() and not dst.torch.is_complex:
+            c["imag"] += int((chunk.imag != 0).sum())
+            chunk_in = chunk.real
+        else:
+            chunk_in = chunk
+        res = chunk_in.to(dst.torch)
+        s, r = _cast_parts(chunk_in, res)
+        sv, rv = s.to(torch.float64), r.to(torch.float64)
+        s_nan, s_fin, r_fin, r_nan = sv.isnan(), sv.isfinite(), rv.isfinite(), rv.isnan()
+        same_value = s_fin & (rv == sv)
+        c["exact"] += int(same_value.sum())
+        c["inexact"] += int((s_fin & ~same_value).sum())
+        c["overflow_inf"] += int((s_fin & rv.isinf()).sum())
+        beyond = sv.isinf() | (s_fin & _overflows(sv.abs(), fmt))
+        c["saturated"] += int((beyond & r_fin & (rv.abs() == fmt.max)).sum())
+        c["nan_created"] += int((~s_nan & r_nan).sum())
+        c["flushed"] += int((s_fin & (sv != 0) & (rv == 0)).sum())
+        c["subnormal"] += int((r_fin & (rv != 0) & (rv.abs() < fmt.smallest_normal)).sum())
+        if sfmt is not None and bool(s_nan.any()):
+            c["nan_changed"] += _nan_changes(s[s_nan], r[s_nan], r_nan[s_nan], sfmt, fmt)
+        both = s_fin & r_fin
+        if bool(both.any()):
+            seen_finite = True
+            err = (rv[both] - sv[both]).abs()
+            ref = sv[both].abs()
+            max_abs = max(max_abs, float(err.max()))
+            nz = ref > 0
+            if bool(nz.any()):
+                seen_rel = True
+                rel = err[nz] / ref[nz]
+                max_rel = max(max_rel, float(rel.max()))
+                rel_sum += float(rel.sum())
+                c["rel_n"] += int(nz.sum())
+            u = err / _target_ulp(ref, fmt)
+            for name, n in zip(ULP_BINS, _histogram(u), strict=True):
+                hist[name] += n
+        if astype_ok:
+            astype_ok = _astype_check(chunk_in, res, s_nan, dst, c)
+    safe = not any(
+        c[k] for k in ("overflow_inf", "saturated", "nan_created", "flushed", "nan_changed", "imag")
+    )
+    return CastReport(
+        source_dtype=src.row.name,
+        target_dtype=dst.name,
+        kernel="torch",
+        semantics=_semantics(src.row, dst),
+        numel=c["numel"],
+        exact=c["exact"],
+        inexact=c["inexact"],
+        overflow_inf=c["overflow_inf"],
+        saturated=c["saturated"],
+        nan_created=c["nan_created"],
+        flushed_to_zero=c["flushed"],
+        subnormal=c["subnormal"],
+        nan_changed=c["nan_changed"],
+        max_abs_err=max_abs if seen_finite else None,
+        max_rel_err=max_rel if seen_rel else None,
+        mean_rel_err=rel_sum / c["rel_n"] if seen_rel else None,
+        ulp_histogram=hist,
+        ml_dtypes_nan=c["ml_nan"] if astype_ok else None,
+        astype_differs=c["differs"] if astype_ok else None,
+        imag_discarded=c["imag"],
+        safe=safe,
+    )
+
+
+def _cast_parts(src: torch.Tensor, res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Source and result values side by side (a real source facing a complex result: reals)."""
+    if res.is_complex() and not src.is_complex():
+        return src.reshape(-1), torch.view_as_real(res)[..., 0].reshape(-1)
+    return _real_parts(src).reshape(-1), _real_parts(res).reshape(-1)
+
+
+def _overflows(mag: torch.Tensor, fmt: _Format) -> torch.Tensor:
+    """Magnitudes that round (half to even, unbounded exponent) above the largest finite."""
+    half = fmt.max + fmt.top_ulp / 2
+    return (mag > half) | ((mag == half) & bool(fmt.max_ord & 1))
+
+
+def _target_ulp(mag: torch.Tensor, fmt: _Format) -> torch.Tensor:
+    """The target's spacing at each magnitude (continued past the largest finite value)."""
+    emin = math.frexp(fmt.smallest_normal)[1] - 1
+    exponent = torch.frexp(mag).exponent.to(torch.int64) - 1
+    exponent = torch.where(mag == 0, emin, exponent.clamp(min=emin))
+    return torch.exp2((exponent - fmt.nmant).to(torch.float64))
+
+
+def _histogram(u: torch.Tensor) -> list[int]:
+    edges = [(u == 0), (u > 0) & (u <= 0.5), (u > 0.5) & (u <= 1), (u > 1) & (u <= 2), u > 2]
+    return [int(e.sum()) for e in edges]
+
+
+def _nan_changes(
+    s: torch.Tensor, r: torch.Tensor, r_nan: torch.Tensor, sf: _Format, rf: _Format
+) -> int:
+    """NaNs whose result is not a NaN of the same sign and the same (aligned) payload."""
+    sb, rb = _bits(s), _bits(r)
+    s_sign = (sb >> (sf.width - 1)) & 1 if sf.signed else torch.zeros_like(sb)
+    r_sign = (rb >> (rf.width - 1)) & 1 if rf.signed else torch.zeros_like(rb)
+    sp, rp = sb & ((1 << sf.nmant) - 1), rb & ((1 << rf.nmant) - 1)
+    shift = sf.nmant - rf.nmant
+    aligned = sp >> shift if shift >= 0 else sp << -shift
+    return int((~r_nan | (s_sign != r_sign) | (aligned != rp)).sum())
+
+
+def _astype_check(
+    src: torch.Tensor, res: torch.Tensor, s_nan: torch.Tensor, dst: DTypeRow, c: dict[str, int]
+) -> bool:
+    """Count what NumPy's astype (ml_dtypes' kernels) would do differently; False if it can't."""
+    try:
+        with np.errstate(all="ignore"):  # overflow in the cast is what is being measured
+            ref = to_numpy(src).astype(dst.numpy)
+    except (TypeError, ValueError):
+        return False
+    ref_t = to_torch(ref)
+    _, rv = _cast_parts(src, ref_t)
+    c["ml_nan"] += int((~s_nan & rv.to(torch.float64).isnan()).sum())
+    w = dst.itemsize
+    ours = res.contiguous().reshape(-1).view(torch.uint8).reshape(-1, w)
+    theirs = ref_t.reshape(-1).view(torch.uint8).reshape(-1, w)
+    c["differs"] += int((ours != theirs).any(dim=1).sum())
+    return True
+
+
+@cache
+def _semantics(src: DTypeRow, dst: DTypeRow) -> str:
+    """How torch's kernel casts src -> dst (ties, overflow, inf, NaN), probed on this install."""
+    dcomp = _component_row(dst)
+    df = _format(dcomp)
+    parts = [f"torch's CPU cast {src.name} -> {dst.name}, as tb.to_numpy(x, dtype=...) runs it"]
+    if src.category not in ("float", "complex"):
+        top = 1 if src.category == "bool" else int(np.iinfo(src.numpy).max)
+        big = min(top, int(df.max) * 4)
+        parts.append("integers round to the nearest representable value")
+        if big > df.max:
+            got = torch.tensor([big], dtype=src.torch).to(dcomp.torch)
+            parts.append(f"overflow {_outcome(got, df)}")
+        return "; ".join(parts)
+    probe = _component_row(src)
+    pf = _format(probe)
+    if src.category == "complex" and dst.category != "complex":
+        parts.append("the imaginary part is dropped")
+
+    def cast(values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float64).to(probe.torch).to(dcomp.torch)
+
+    if pf.nmant > df.nmant:
+        parts.append(_tie_rule(cast, dcomp))
+    elif pf.max <= df.max and pf.smallest_subnormal >= df.smallest_subnormal:
+        parts.append("widening: every value is kept exactly")
+    if pf.max > df.max:
+        parts.append(f"overflow {_outcome(cast([min(pf.max, df.max * 4)]), df)}")
+        if _has_inf(probe):
+            parts.append(f"±inf {_outcome(cast([math.inf]), df)}")
+    parts.append(f"NaN -> {int(_bits(cast([math.nan]))[0]):#0{df.width // 4 + 2}x}")
+    return "; ".join(parts)
+
+
+def _tie_rule(cast: Callable[[list[float]], torch.Tensor], row: DTypeRow) -> str:
+    """Cast the two midpoints above 1.0 and see which neighbour each one went to."""
+    one = int(_bits(torch.ones(1, dtype=row.torch))[0])
+    ladder = torch.tensor([one, one + 1, one + 2]).to(_BITS_BY_SIZE[row.itemsize])
+    v = ladder.view(row.torch).to(torch.float64).tolist()
+    got = _bits(cast([(v[0] + v[1]) / 2, (v[1] + v[2]) / 2])).tolist()
+    if got == [lo + lo % 2 for lo in (one, one + 1)]:
+        return "rounds to nearest, ties to even"
+    if got == [one + 1, one + 2]:
+        return "rounds to nearest, ties away from zero"
+    return "rounds to nearest"
+
+
+def _has_inf(row: DTypeRow) -> bool:
+    inf = torch.tensor([math.inf], dtype=torch.float64).to(row.torch).to(torch.float64)
+    return bool(inf.isinf().all())
+
+
+def _outcome(t: torch.Tensor, fmt: _Format) -> str:
+    v = float(t.to(torch.float64)[0])
+    if math.isinf(v):
+        return "-> ±inf"
+    if math.isnan(v):
+        return "-> NaN"
+    if abs(v) == fmt.max:
+        return f"-> ±{fmt.max:g} (saturates)"
+    return f"-> {v:g}"

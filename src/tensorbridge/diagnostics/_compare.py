@@ -1,0 +1,346 @@
+"""compare(): how two tensors, arrays or trees of them differ, and whether within tolerance.
+
+Trees (dicts, lists, tuples) are matched leaf by leaf by key path; a path on one
+side only is listed, and a leaf that cannot be read is a problem in the result,
+not an exception. Each leaf is read in chunks into a running accumulator, with
+``a`` as the reference. ULP distances are differences of positions on the coarser
+dtype's integer line (``_values._ordinals``), exact for bfloat16 and float8, where
+NumPy's ``assert_array_max_ulp`` fails; integers are compared by their exact
+differences. Tolerances not given default to torch.testing.assert_close's where it
+has them and to one ULP of the format elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..dtypes import DTypeRow, resolve_dtype
+from ..errors import TensorBridgeError
+from ._record import _Record
+from ._values import (
+    _LEAVES,
+    Array,
+    _bits,
+    _chunks,
+    _component_row,
+    _format,
+    _int_distance,
+    _ordinals,
+    _real_parts,
+    _source,
+)
+
+# torch.testing.assert_close's defaults; other floats get rtol = eps (one ULP at the bottom
+# of a binade) and atol = the smallest subnormal (one ULP at zero).
+_TORCH_TOLERANCES = {
+    "float16": (1e-3, 1e-5),
+    "bfloat16": (1.6e-2, 1e-5),
+    "float32": (1.3e-6, 1e-5),
+    "float64": (1e-7, 1e-7),
+}
+
+
+def default_tolerances(dtype: Any) -> tuple[float, float]:
+    """``(rtol, atol)`` that :func:`compare` uses for ``dtype`` when none are given.
+
+    float16/bfloat16/float32/float64 (and complex of them) use torch.testing.assert_close's
+    values; the float8 family uses rtol = eps (e4m3: 0.125, e5m2: 0.25) and atol = the
+    smallest subnormal; integers and bool compare exactly.
+
+    >>> default_tolerances("float8_e4m3fn")
+    (0.125, 0.001953125)
+    """
+    row = resolve_dtype(dtype)
+    if row.category not in ("float", "complex"):
+        return 0.0, 0.0
+    comp = _component_row(row)
+    if comp.name in _TORCH_TOLERANCES:
+        return _TORCH_TOLERANCES[comp.name]
+    fmt = _format(comp)
+    return fmt.eps, fmt.smallest_subnormal
+
+
+@dataclass(frozen=True)
+class Comparison(_Record):
+    """How two tensors, arrays or trees differ, and whether that is within tolerance.
+
+    ``a`` is the reference: relative errors and the tolerance test are
+    ``|b - a| <= atol + rtol * |a|`` over positions where both are finite. NaN in both
+    is a match (a changed payload is counted, not failed); the same infinity is a match.
+    ``bitwise_equal`` is True only for the same dtype, shape and bytes (``None`` when a
+    leaf could not be read); ``nan_payload_changes`` is ``None`` across dtypes.
+    ULP distances are in ``compared_in``, the coarser dtype (see the module docstring);
+    for integers they are the exact integer differences. Complex values are compared
+    part by part. Dtype differences are reported but do not fail ``ok``: the tolerance
+    of the coarser dtype decides. A tree comparison has ``leaves`` by key path, lists
+    paths found only in ``a`` (``missing``) or only in ``b`` (``extra``), and sums or
+    maximises the leaves' numbers.
+    """
+
+    ok: bool
+    max_ulp: int | None
+    path: str = ""
+    numel: int = 0
+    mismatches: int = 0
+    nan_mismatches: int = 0
+    inf_mismatches: int = 0
+    nan_payload_changes: int | None = None
+    bitwise_equal: bool | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    worst_index: tuple[int, ...] | None = None
+    shape_a: tuple[int, ...] | None = None
+    shape_b: tuple[int, ...] | None = None
+    dtype_a: str | None = None
+    dtype_b: str | None = None
+    shape_mismatch: bool = False
+    dtype_mismatch: bool = False
+    compared_in: str | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    problem: str | None = None
+    missing: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+    leaves: Mapping[str, Comparison] = field(default_factory=dict)
+
+
+def compare(a: Any, b: Any, *, rtol: float | None = None, atol: float | None = None) -> Comparison:
+    """Compare ``b`` against the reference ``a``: errors, ULP distance, NaN/inf, a verdict.
+
+    >>> import torch, tensorbridge as tb
+    >>> x = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+    >>> y = torch.tensor([1.0, 2.015625], dtype=torch.bfloat16)  # 1 ULP above 2
+    >>> c = tb.compare(x, y)
+    >>> c.ok, c.max_ulp, c.worst_index
+    (True, 1, (1,))
+    >>> tb.compare({"w": x}, {"v": x}).missing
+    ("['w']",)
+
+    Args:
+        a, b: tensors, arrays, numbers, or nested dicts/lists/tuples of them.
+        rtol, atol: tolerances for every leaf; each one not given takes the default of
+            the leaf's coarser dtype (:func:`default_tolerances`).
+
+    Returns:
+        A :class:`Comparison`; problems (shape differences, missing keys, unreadable
+        leaves) are reported in it, not raised.
+    """
+    if _is_tree(a) or _is_tree(b):
+        fa, fb = _flatten(a), _flatten(b)
+        leaves = {p: _compare_leaf(fa[p], fb[p], p, rtol, atol) for p in fa if p in fb}
+        missing = tuple(p for p in fa if p not in fb)
+        extra = tuple(p for p in fb if p not in fa)
+        return _summarise(leaves, missing, extra)
+    return _compare_leaf(a, b, "", rtol, atol)
+
+
+def _is_tree(x: Any) -> bool:
+    return isinstance(x, (Mapping, list, tuple))
+
+
+def _flatten(x: Any, prefix: str = "", out: dict[str, Any] | None = None) -> dict[str, Any]:
+    out = {} if out is None else out
+    if isinstance(x, Mapping):
+        for k, v in x.items():
+            _flatten(v, f"{prefix}[{k!r}]", out)
+    elif isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            _flatten(v, f"{prefix}[{i}]", out)
+    else:
+        out[prefix] = x
+    return out
+
+
+def _summarise(
+    leaves: dict[str, Comparison], missing: tuple[str, ...], extra: tuple[str, ...]
+) -> Comparison:
+    cs = list(leaves.values())
+
+    def top(xs: list[Any]) -> Any:
+        xs = [x for x in xs if x is not None]
+        return max(xs) if xs else None
+
+    payloads = [c.nan_payload_changes for c in cs if c.nan_payload_changes is not None]
+    bitwise = [c.bitwise_equal for c in cs]
+    return Comparison(
+        ok=not missing and not extra and all(c.ok for c in cs),
+        max_ulp=top([c.max_ulp for c in cs]),
+        numel=sum(c.numel for c in cs),
+        mismatches=sum(c.mismatches for c in cs),
+        nan_mismatches=sum(c.nan_mismatches for c in cs),
+        inf_mismatches=sum(c.inf_mismatches for c in cs),
+        nan_payload_changes=sum(payloads) if payloads else None,
+        bitwise_equal=_all_bits(bitwise, missing or extra),
+        max_abs_err=top([c.max_abs_err for c in cs]),
+        max_rel_err=top([c.max_rel_err for c in cs]),
+        shape_mismatch=any(c.shape_mismatch for c in cs),
+        dtype_mismatch=any(c.dtype_mismatch for c in cs),
+        problem=_tree_problem(cs, missing, extra),
+        missing=missing,
+        extra=extra,
+        leaves=leaves,
+    )
+
+
+def _all_bits(bitwise: list[bool | None], unmatched: tuple[str, ...]) -> bool | None:
+    if unmatched or False in bitwise:
+        return False
+    return None if None in bitwise else True
+
+
+def _tree_problem(
+    cs: list[Comparison], missing: tuple[str, ...], extra: tuple[str, ...]
+) -> str | None:
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} key path(s) only in a")
+    if extra:
+        parts.append(f"{len(extra)} key path(s) only in b")
+    bad = sum(1 for c in cs if not c.ok)
+    if bad:
+        parts.append(f"{bad} of {len(cs)} leaves differ")
+    return "; ".join(parts) or None
+
+
+def _coarser(ra: DTypeRow, rb: DTypeRow) -> DTypeRow | None:
+    """The component dtype to measure ULPs in; ``None`` when both are integers (exact)."""
+    fa = ra.category in ("float", "complex")
+    fb = rb.category in ("float", "complex")
+    if not (fa or fb):
+        return None
+    if fa != fb:
+        return _component_row(ra if fa else rb)
+    ca, cb = _component_row(ra), _component_row(rb)
+    key_a, key_b = (_format(ca).nmant, _format(ca).max), (_format(cb).nmant, _format(cb).max)
+    return cb if key_b < key_a else ca
+
+
+def _paired(ta: torch.Tensor, tb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Real parts side by side; a real tensor facing a complex one gets zero imaginary parts."""
+    if ta.is_complex() != tb.is_complex():
+        if ta.is_complex():
+            tb = torch.stack([tb, torch.zeros_like(tb)], dim=-1)
+        else:
+            ta = torch.stack([ta, torch.zeros_like(ta)], dim=-1)
+    return _real_parts(ta).reshape(-1), _real_parts(tb).reshape(-1)
+
+
+def _compare_leaf(a: Any, b: Any, path: str, rtol: float | None, atol: float | None) -> Comparison:
+    if not isinstance(a, _LEAVES) and not isinstance(b, _LEAVES):
+        # plain values in a tree (strings, None): equal or not
+        same = type(a) is type(b) and bool(a == b)
+        return Comparison(
+            ok=same,
+            max_ulp=None,
+            path=path,
+            bitwise_equal=same,
+            problem=None if same else f"values differ: {a!r:.60} vs {b!r:.60}",
+        )
+    try:
+        sa, sb = _source(a), _source(b)
+    except TensorBridgeError as e:
+        return Comparison(ok=False, max_ulp=None, path=path, problem=str(e))
+    base = Comparison(
+        ok=False,
+        max_ulp=None,
+        path=path,
+        shape_a=sa.shape,
+        shape_b=sb.shape,
+        dtype_a=sa.row.name,
+        dtype_b=sb.row.name,
+        dtype_mismatch=sa.row is not sb.row,
+    )
+    if sa.shape != sb.shape:
+        return replace(
+            base,
+            shape_mismatch=True,
+            bitwise_equal=False,
+            problem=f"shapes differ: {sa.shape} vs {sb.shape}",
+        )
+    coarse = _coarser(sa.row, sb.row)
+    default = default_tolerances(coarse or sa.row)
+    rt = default[0] if rtol is None else float(rtol)
+    at = default[1] if atol is None else float(atol)
+    same = sa.row is sb.row
+    acc = _LeafAccumulator(coarse, rt, at, same)
+    for ta, tb in zip(_chunks(sa), _chunks(sb), strict=True):
+        acc.add(ta, tb)
+    worst = None
+    if acc.worst >= 0:
+        worst = tuple(int(i) for i in np.unravel_index(acc.worst, sa.shape))
+    return replace(
+        base,
+        ok=acc.bad == 0,
+        max_ulp=acc.max_ulp,
+        numel=acc.numel,
+        mismatches=acc.bad,
+        nan_mismatches=acc.nan_bad,
+        inf_mismatches=acc.inf_bad,
+        nan_payload_changes=acc.payload if same else None,
+        bitwise_equal=acc.bitwise and same,
+        max_abs_err=acc.max_abs if acc.numel else None,
+        max_rel_err=acc.max_rel if acc.numel else None,
+        worst_index=worst,
+        compared_in=coarse.name if coarse is not None else "integers (exact)",
+        rtol=rt,
+        atol=at,
+    )
+
+
+class _LeafAccumulator:
+    """Running totals of one leaf's comparison, fed chunk by chunk."""
+
+    def __init__(self, coarse: DTypeRow | None, rtol: float, atol: float, same: bool) -> None:
+        self.fmt = _format(coarse) if coarse is not None else None
+        self.rtol, self.atol, self.same = rtol, atol, same
+        self.numel = self.bad = self.nan_bad = self.inf_bad = self.payload = 0
+        self.max_ulp, self.worst = 0, -1  # worst: flat index of the largest ULP distance
+        self.max_abs = self.max_rel = 0.0
+        self.bitwise = True
+
+    def add(self, ta: torch.Tensor, tb: torch.Tensor) -> None:
+        elements = ta.numel()
+        ca, cb = _paired(ta, tb)
+        parts = ca.numel() // max(elements, 1)
+        if self.same:
+            self.bitwise &= bool(torch.equal(_bits(ca), _bits(cb)))
+        va, vb = ca.to(torch.float64), cb.to(torch.float64)
+        nan_a, nan_b = va.isnan(), vb.isnan()
+        fin = va.isfinite() & vb.isfinite()
+        nan_bad = int((nan_a ^ nan_b).sum())
+        inf_bad = int(((va.isinf() | vb.isinf()) & ~(nan_a | nan_b) & (va != vb)).sum())
+        if self.same and self.fmt is not None:
+            self.payload += int((nan_a & nan_b & (_bits(ca) != _bits(cb))).sum())
+        if self.fmt is None:  # integers: exact distances
+            dist = _int_distance(_int_numpy(ca), _int_numpy(cb))
+            diff = torch.from_numpy(dist.astype(np.float64))
+        else:
+            diff = torch.where(fin, (va - vb).abs(), torch.zeros_like(va))
+            oa = _ordinals(torch.where(fin, va, torch.zeros_like(va)), self.fmt)
+            ob = _ordinals(torch.where(fin, vb, torch.zeros_like(vb)), self.fmt)
+            dist = _int_distance(oa.numpy(), ob.numpy())
+        ref = va.abs()
+        rel = torch.where(ref > 0, diff / ref, torch.where(diff > 0, math.inf, 0.0))
+        tol_bad = int((fin & (diff > self.atol + self.rtol * ref)).sum())
+        if fin.any():
+            self.max_abs = max(self.max_abs, float(diff[fin].max()))
+            self.max_rel = max(self.max_rel, float(rel[fin].max()))
+        if dist.size:
+            i = int(np.argmax(dist))
+            if int(dist[i]) > self.max_ulp:
+                self.max_ulp = int(dist[i])
+                self.worst = self.numel + i // max(parts, 1)
+        self.bad += tol_bad + nan_bad + inf_bad
+        self.nan_bad += nan_bad
+        self.inf_bad += inf_bad
+        self.numel += elements
+
+
+def _int_numpy(t: torch.Tensor) -> Array:
+    return (t.to(torch.uint8) if t.dtype is torch.bool else t).numpy()

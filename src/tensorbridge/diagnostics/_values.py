@@ -1,0 +1,195 @@
+"""Reading a leaf's values in chunks, and the integer line ULP distances are measured on.
+
+Shared by compare, stats and cast_report:
+
+* :func:`_source` checks that a leaf holds values this library can read (not a
+  meta, nested or masked one) and finds its dtype row; :func:`_chunks` yields the
+  values as plain contiguous CPU tensors in C order, ``_CHUNK`` values at the most,
+  so no caller ever holds several full-size float64 temporaries. ``_CHUNK`` is read
+  at call time: tests shrink it here to exercise the merging of partial results.
+* :func:`_format` gathers the facts of a floating-point format that the ULP and
+  cast arithmetic needs; :func:`_ordinals` places values on the format's ordered
+  integer line (its bits, sign-magnitude turned into signed order, continued past
+  the largest finite value), so a ULP distance is a difference of two ordinals.
+  :func:`_int_distance` is an exact ``|x - y|`` of integers that never overflows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from ..convert import to_torch
+from ..dtypes import BY_NUMPY, DTypeRow, explain_numpy, resolve_dtype
+from ..errors import NoDataError, UnsupportedDtypeError, UnsupportedTensorError
+
+_CHUNK = 1 << 22  # values per chunk; tests shrink it to exercise the merging
+
+Array = npt.NDArray[Any]
+
+
+@dataclass(frozen=True)
+class _Source:
+    data: Any  # a torch.Tensor (detached, strided, not meta) or an np.ndarray
+    row: DTypeRow
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+
+_NUMBERS = (np.ndarray, np.generic, bool, int, float, complex)
+_LEAVES = (*_NUMBERS, torch.Tensor)
+
+
+def _source(x: Any) -> _Source:
+    """Validate a leaf and find its row; refuse what holds no readable values."""
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+        if t.device.type == "meta":
+            raise NoDataError(
+                f"a meta tensor ({t.dtype}, shape {tuple(t.shape)}) holds no data; "
+                "materialise it first"
+            )
+        if t.is_nested:
+            raise UnsupportedTensorError("nested tensors are not supported here; pass t.unbind()")
+        if t.layout is not torch.strided:
+            t = t.to_dense()
+        return _Source(t, resolve_dtype(t.dtype))
+    if isinstance(x, np.ma.MaskedArray):
+        raise UnsupportedTensorError(
+            "a masked array's mask would be ignored; pass a.filled(fill_value) or a.data"
+        )
+    if isinstance(x, _NUMBERS):
+        a = np.asarray(x)
+        row = BY_NUMPY.get(a.dtype) or BY_NUMPY.get(a.dtype.newbyteorder("="))
+        if row is None:
+            raise UnsupportedDtypeError(explain_numpy(a.dtype))
+        return _Source(a, row)
+    raise UnsupportedTensorError(
+        f"expected a torch.Tensor, np.ndarray or number, got {type(x).__qualname__}; pass "
+        "np.asarray(x)"
+    )
+
+
+def _blocks(x: Any) -> Iterator[Any]:
+    """C-order flat pieces of ``x`` (tensor or array), each at most ``_CHUNK`` values."""
+    n = math.prod(x.shape)
+    if n == 0:
+        return
+    if x.ndim == 0 or n <= _CHUNK:
+        yield x.reshape(-1)
+        return
+    inner = n // x.shape[0]
+    if inner > _CHUNK:
+        for i in range(x.shape[0]):
+            yield from _blocks(x[i])
+        return
+    step = _CHUNK // inner
+    for i in range(0, x.shape[0], step):
+        yield x[i : i + step].reshape(-1)
+
+
+def _chunks(src: _Source) -> Iterator[torch.Tensor]:
+    """Plain contiguous CPU tensors of ``src.row.torch``, in C order."""
+    for block in _blocks(src.data):
+        if isinstance(block, torch.Tensor):
+            yield block.resolve_conj().resolve_neg().cpu()
+        else:  # read-only, byte-swapped or reversed blocks are copied, one chunk at a time
+            yield to_torch(block)
+
+
+def _component_row(row: DTypeRow) -> DTypeRow:
+    """complex64 -> float32 and so on; other rows are their own component."""
+    return resolve_dtype(torch.finfo(row.torch).dtype) if row.category == "complex" else row
+
+
+def _real_parts(t: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(t).reshape(-1) if t.is_complex() else t
+
+
+_BITS_BY_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits of each value as a non-negative int64 (int64 itself: as is)."""
+    width = t.element_size() * 8
+    bits = t.view(_BITS_BY_SIZE[t.element_size()]).to(torch.int64)
+    return bits & ((1 << width) - 1) if width < 64 else bits
+
+
+@dataclass(frozen=True)
+class _Format:
+    """The facts about a floating-point format that the ULP and cast arithmetic needs."""
+
+    row: DTypeRow
+    width: int
+    signed: bool
+    nmant: int
+    max: float
+    max_ord: int  # the bits of the largest finite value
+    top_ulp: float  # the spacing just below it
+    smallest_normal: float
+    smallest_subnormal: float
+    eps: float
+
+
+@cache
+def _format(row: DTypeRow) -> _Format:
+    fi: Any = ml_dtypes.finfo(row.numpy)  # type: ignore[no-untyped-call]
+    ubits = np.dtype(f"u{row.itemsize}")
+    max_bits = int(np.asarray(fi.max, row.numpy).view(ubits))
+    below = float(np.asarray(max_bits - 1, ubits).view(row.numpy))
+    return _Format(
+        row=row,
+        width=row.itemsize * 8,
+        signed=float(fi.min) < 0,
+        nmant=int(fi.nmant),
+        max=float(fi.max),
+        max_ord=max_bits,
+        top_ulp=float(fi.max) - below,
+        smallest_normal=float(fi.smallest_normal),
+        smallest_subnormal=float(fi.smallest_subnormal),
+        eps=float(fi.eps),
+    )
+
+
+def _ordinals(v: torch.Tensor, fmt: _Format) -> torch.Tensor:
+    """Positions of finite float64 values on ``fmt``'s ordered integer line.
+
+    The magnitude is cast with torch's kernel and its bits are the position; the sign
+    negates it. Past the largest finite value the line goes on with the top spacing
+    (rounded half to even), so out-of-range values get a finite, growing distance.
+    """
+    mag = v.abs()
+    pos = _bits(mag.to(fmt.row.torch))
+    over = mag > fmt.max
+    if bool(over.any()):
+        r = (mag[over] - fmt.max) / fmt.top_ulp
+        k = r.floor()
+        frac = r - k
+        odd = torch.remainder(k + fmt.max_ord, 2) == 1
+        k = k + ((frac > 0.5) | ((frac == 0.5) & odd)).to(torch.float64)
+        pos[over] = fmt.max_ord + k.clamp(max=2.0**53).to(torch.int64)
+    return torch.where(v < 0, -pos, pos)
+
+
+def _int_distance(x: Array, y: Array) -> Array:
+    """Exact ``|x - y|`` of integer arrays, as uint64 (object only for uint64 vs signed)."""
+    if x.dtype == np.uint64 or y.dtype == np.uint64:
+        if x.dtype.kind in "ub" and y.dtype.kind in "ub":
+            xu, yu = x.astype(np.uint64), y.astype(np.uint64)
+            return np.where(xu >= yu, xu - yu, yu - xu)
+        exact: Array = np.abs(x.astype(object) - y.astype(object))
+        return exact
+    xs, ys = x.astype(np.int64), y.astype(np.int64)
+    xu, yu = xs.view(np.uint64), ys.view(np.uint64)
+    return np.where(xs >= ys, xu - yu, yu - xu)  # modular subtraction: exact, never overflows

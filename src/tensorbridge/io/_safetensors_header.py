@@ -1,0 +1,226 @@
+"""Reading a safetensors header without trusting it: parse it, then check every field.
+
+The header (an 8-byte little-endian length ``N``, then ``N`` bytes of JSON) is all a
+reader has to go on before it maps the data, so :func:`_parse` checks the whole of
+it first: the length against the file and ``MAX_HEADER``; strict JSON (no
+duplicate keys, no NaN or Infinity); string-to-string ``__metadata__``; for each
+tensor a known dtype code and a shape of non-negative integers whose size is the
+byte count its ``data_offsets`` give; and offsets that tile the data section
+exactly, with no gap and no overlap. A shard index (``*.safetensors.index.json``)
+gets the same strictness from :func:`_read_index`. Every fault raises
+:class:`~tensorbridge.errors.FormatError` naming the file, the tensor and what is
+wrong. The codes known are the dtype table's plus ``F4``, which is no table row.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from ..dtypes import BY_SAFETENSORS, FLOAT4_PACKED, FLOAT4_UNPACKED, DTypeRow
+from ..errors import FormatError
+
+MAX_HEADER = 100_000_000  # the official reader's limit on the JSON header
+
+
+# F4 is not a table row: its torch side packs two values a byte and its NumPy side holds
+# one, so it is no bit-cast. This row only names it for headers, info() and float_dtype.
+_F4: DTypeRow | None = (
+    DTypeRow("float4_e2m1fn", FLOAT4_PACKED, FLOAT4_UNPACKED, torch.uint8, "F4", "float")
+    if FLOAT4_PACKED is not None and FLOAT4_UNPACKED is not None
+    else None
+)
+_BY_CODE: dict[str, DTypeRow] = {**BY_SAFETENSORS, **({"F4": _F4} if _F4 else {})}
+
+
+def _bits(row: DTypeRow) -> int:
+    return 4 if row is _F4 else 8 * row.itemsize
+
+
+@dataclass(frozen=True)
+class _Entry:
+    row: DTypeRow
+    shape: tuple[int, ...]
+    begin: int  # absolute offset in the file
+    nbytes: int
+
+
+class _ReadAt(Protocol):
+    """An open file that reads ``n`` bytes at ``offset`` (the reader's ``_Shard``)."""
+
+    def read(self, n: int, offset: int) -> bytes: ...
+
+
+def _short(x: Any, limit: int = 60) -> str:
+    r = repr(x)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+def _parse(path: Path, f: _ReadAt, size: int) -> tuple[dict[str, _Entry], dict[str, str]]:
+    """Read and check the header; the entries in file order, and the metadata."""
+    if size < 8:
+        raise FormatError(
+            f"{path}: the file is {size} bytes, shorter than the 8-byte header length that "
+            "starts a safetensors file; it is truncated or not safetensors"
+        )
+    n = int.from_bytes(f.read(8, 0), "little")
+    if n > MAX_HEADER:
+        raise FormatError(
+            f"{path}: the header claims {n:,} bytes, over the {MAX_HEADER:,}-byte limit; the "
+            "file is corrupt or not safetensors"
+        )
+    if n > size - 8:
+        raise FormatError(
+            f"{path}: the header claims {n:,} bytes but only {size - 8:,} follow the length; "
+            "the file is truncated or not safetensors"
+        )
+    raw = f.read(n, 8)
+    try:
+        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique, parse_constant=_no_nan)
+    except UnicodeDecodeError as e:
+        raise FormatError(f"{path}: the header is not UTF-8 (byte {e.start}); corrupt") from None
+    except (ValueError, RecursionError) as e:
+        raise FormatError(f"{path}: the header is not valid JSON ({_short(str(e), 120)})") from None
+    if not isinstance(obj, dict):
+        raise FormatError(f"{path}: the header is a JSON {type(obj).__name__}, not an object")
+    metadata = _check_metadata(path, obj.pop("__metadata__", None))
+    data_len = size - 8 - n
+    entries = sorted(
+        ((name, *_check_entry(path, name, spec, data_len)) for name, spec in obj.items()),
+        key=lambda e: (e[2], e[3]),
+    )
+    cursor, prev = 0, None
+    for name, _, begin, end, _ in entries:
+        if begin != cursor:
+            what = (
+                f"overlaps tensor {_short(prev)} (which ends at {cursor})"
+                if begin < cursor
+                else f"leaves bytes {cursor}..{begin} unused"
+            )
+            raise FormatError(
+                f"{path}: tensor {_short(name)}: data_offsets [{begin}, {end}] {what}; "
+                "tensors must tile the data section exactly"
+            )
+        cursor, prev = end, name
+    if cursor != data_len:
+        raise FormatError(
+            f"{path}: {data_len - cursor} bytes after the last tensor belong to no tensor "
+            f"(data section {data_len} bytes, tensors end at {cursor}); corrupt file"
+        )
+    start = 8 + n
+    return {
+        name: _Entry(row, shape, start + begin, end - begin)
+        for name, row, begin, end, shape in entries
+    }, metadata
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {_short(key)}")
+            seen.add(key)
+    return out
+
+
+def _no_nan(word: str) -> Any:
+    raise ValueError(f"{word} is not JSON")
+
+
+def _check_metadata(path: Path, meta: Any) -> dict[str, str]:
+    if meta is None:  # the official reader accepts null
+        return {}
+    if not isinstance(meta, dict):
+        raise FormatError(f"{path}: __metadata__ is a JSON {type(meta).__name__}, not an object")
+    for k, v in meta.items():
+        if not isinstance(v, str):
+            raise FormatError(
+                f"{path}: __metadata__[{_short(k)}] is {_short(v)}; metadata values must be strings"
+            )
+    return meta
+
+
+def _check_entry(
+    path: Path, name: str, spec: Any, data_len: int
+) -> tuple[DTypeRow, int, int, tuple[int, ...]]:
+    where = f"{path}: tensor {_short(name)}"
+    if not isinstance(spec, dict):
+        raise FormatError(f"{where}: the entry is {_short(spec)}, not an object")
+    code = spec.get("dtype")
+    row = _BY_CODE.get(code) if isinstance(code, str) else None
+    if row is None:
+        raise FormatError(
+            f"{where}: unknown dtype {_short(code)}; tensorbridge reads {', '.join(_BY_CODE)}"
+        )
+    shape = spec.get("shape")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise FormatError(f"{where}: shape {_short(shape)} is not a list of non-negative integers")
+    offsets = spec.get("data_offsets")
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(o) is int for o in offsets)
+        and 0 <= offsets[0] <= offsets[1]
+    ):
+        raise FormatError(
+            f"{where}: data_offsets {_short(offsets)} is not [begin, end] with 0 <= begin <= end"
+        )
+    begin, end = offsets
+    if end > data_len:
+        raise FormatError(
+            f"{where}: data_offsets [{begin}, {end}] run past the {data_len}-byte data section; "
+            "the file is truncated or corrupt"
+        )
+    bits = _bits(row)
+    count = _count(shape, cap=1 << 64)
+    if count is not None and count * bits % 8:
+        raise FormatError(
+            f"{where}: {code} shape {_short(shape)} has an odd number of 4-bit "
+            "values, which do not fill whole bytes"
+        )
+    if count is None or count * bits // 8 != end - begin:
+        need = "more bytes than the file holds" if count is None else f"{count * bits // 8} bytes"
+        raise FormatError(
+            f"{where}: {code} with shape {_short(shape)} needs {need}, but data_offsets "
+            f"[{begin}, {end}] hold {end - begin}"
+        )
+    return row, begin, end, tuple(shape)
+
+
+def _count(shape: list[int], cap: int) -> int | None:
+    """The number of elements, or None past ``cap`` (never builds a huge integer)."""
+    if 0 in shape:
+        return 0
+    count = 1
+    for d in shape:
+        count *= d
+        if count > cap:
+            return None
+    return count
+
+
+def _read_index(path: Path) -> dict[str, str]:
+    with path.open("rb") as f:
+        raw = f.read(MAX_HEADER + 1)
+    if len(raw) > MAX_HEADER:
+        raise FormatError(f"{path}: the index is over {MAX_HEADER:,} bytes; not a shard index")
+    try:
+        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique, parse_constant=_no_nan)
+    except (ValueError, RecursionError) as e:
+        raise FormatError(f"{path}: the index is not valid JSON ({_short(str(e), 120)})") from None
+    weight_map = obj.get("weight_map") if isinstance(obj, dict) else None
+    if not isinstance(weight_map, dict):
+        raise FormatError(f'{path}: the index has no "weight_map" object of names to files')
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
+            raise FormatError(
+                f"{path}: weight_map[{_short(name)}] = {_short(file)} is not a file name in the "
+                "index's directory"
+            )
+    return weight_map
