@@ -619,3 +619,10 @@ def test_owned_loads_show_a_progress_bar_when_asked(
         loaded = f.read(mmap=False, progress=True)
     assert "loading p.safetensors" in capsys.readouterr().err
     assert loaded["w"].flags.writeable and loaded["w"].sum() == 1000
+
+
+def test_save_creates_missing_parent_directories(tmp_path: Path) -> None:
+    path = tmp_path / "out" / "nested" / "m.safetensors"
+    tb.save({"w": torch.arange(3)}, path, progress=False)
+    assert sorted(os.listdir(path.parent)) == ["m.safetensors"]
+    assert tb.load(path)["w"].tolist() == [0, 1, 2]

@@ -41,6 +41,8 @@ _PAGE = mmap.PAGESIZE
 def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Open a temporary file beside ``path``; on success fsync it and rename it into place.
 
+    Missing parent directories are created (like ``save_pretrained``).
+
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp()
     >>> with atomic_write(os.path.join(d, "x.bin")) as f:
@@ -49,6 +51,7 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     ['x.bin']
     """
     target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         umask = os.umask(0)
@@ -121,7 +124,7 @@ def iter_bytes(
             yield piece.view(src.carrier_numpy).reshape(-1).view(np.uint8).data
         else:
             if buf is None:
-                buf = np.empty(step if a.flags.c_contiguous else piece.size, dst.numpy)
+                buf = np.empty(min(step, a.size) if a.flags.c_contiguous else piece.size, dst.numpy)
             out = buf[: piece.size].reshape(piece.shape)
             if dst is src:
                 np.copyto(out, piece)
