@@ -1,6 +1,6 @@
 """The ``tensorbridge`` command line: a thin argparse shell over the public API.
 
-Commands: ``inspect``, ``convert``, ``compare``, ``cast-report``, ``demo``. Each calls
+Commands: ``inspect``, ``convert``, ``compare``, ``cast-report``, ``demo``, ``bench``. Each calls
 the library and formats what it returns: aligned tables (colour only on a terminal)
 or ``--json``. A user error is one line on stderr and exit status 1 (2 for usage
 errors); ``--debug`` shows the traceback instead.
@@ -41,6 +41,8 @@ _EXAMPLES = {
     "cast-report": "examples:\n  tensorbridge cast-report model.safetensors --dtype bf16\n"
     "  tensorbridge cast-report model.safetensors --dtype float8_e4m3fn --plot ulps.png",
     "demo": "example:\n  tensorbridge demo",
+    "bench": "examples:\n  tensorbridge bench --quick --out /tmp/bench\n"
+    "  tensorbridge bench --out docs/bench --scratch /big/disk",
 }
 
 
@@ -120,6 +122,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
 
     command("demo", "convert a small bf16 model's weights both ways and report, offline")
+
+    p = command("bench", "benchmark against plain torch / NumPy / safetensors; write a report")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run in under a minute (figures not meaningful)",
+    )
+    p.add_argument(
+        "--out", default="tensorbridge-bench", metavar="DIR", help="report.md and PNG plots go here"
+    )
+    p.add_argument(
+        "--scratch",
+        metavar="DIR",
+        help="temporary files (default: the system's temp dir; the full run needs ~13 GiB)",
+    )
     return parser
 
 
@@ -133,6 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compare": _compare,
         "cast-report": _cast_report,
         "demo": _demo,
+        "bench": _bench,
     }[args.command]
     try:
         return handler(args, sys.stdout)
@@ -498,6 +516,18 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
     from ._demo import run
 
     return run(out)
+
+
+def _bench(args: argparse.Namespace, out: TextIO) -> int:
+    from . import bench
+
+    try:
+        report = bench.run(args.out, args.quick, scratch=args.scratch, log=sys.stderr)
+    except bench.BenchError as e:
+        print(f"tensorbridge bench: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
+    out.write(f"wrote {report} and its plots\n")
+    return 0
 
 
 # --- plots ------------------------------------------------------------------------------------

@@ -1,0 +1,308 @@
+"""Running the sections and writing the report (``run``) or printing them (``script``)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import TextIO
+
+from . import _plot
+from ._core import (
+    MODES,
+    NOISY,
+    Context,
+    Section,
+    fmt_bytes,
+    fmt_time,
+    load_average,
+    table,
+    thread_stall,
+)
+
+# The report's sections, in order: key -> module (each has TITLE and run(ctx, section)).
+SECTIONS = (
+    "article",
+    "sizes",
+    "casts",
+    "models",
+    "streaming",
+    "overhead",
+    "trees",
+    "files",
+    "cuda",
+)
+
+
+class BenchError(RuntimeError):
+    """A section failed; the report was still written, with the traceback in its place."""
+
+
+def _module(key: str) -> ModuleType:
+    return importlib.import_module(f"{__package__}.{key}")
+
+
+def titles() -> dict[str, str]:
+    """Every section's key and numbered heading, as it appears in the report."""
+    return {key: f"## {i}. {_module(key).TITLE}" for i, key in enumerate(SECTIONS, 1)}
+
+
+def _sections(ctx: Context, keys: Sequence[str]) -> Iterator[tuple[Section, str | None]]:
+    """Run the sections ``keys`` (in report order); yield each with its error, if any."""
+    unknown = [k for k in keys if k not in SECTIONS]
+    if unknown:
+        raise ValueError(f"unknown benchmark section(s) {unknown}; choose from {list(SECTIONS)}")
+    for number, key in enumerate(SECTIONS, 1):
+        if key not in keys:
+            continue
+        module = _module(key)
+        sec = Section(number, module.TITLE)
+        sec.conditions = f"Load average at the start: {load_average()} on {os.cpu_count()} CPUs."
+        stall = thread_stall()
+        if stall is not None:
+            ctx.stalled.append(number)
+            sec.conditions += (
+                f" **Other load stalled torch's threads** at the start (a 4 MiB `copy_` took "
+                f"{fmt_time(stall[0])} with them, {fmt_time(stall[1])} with one): torch "
+                "kernels, and tensorbridge's copies and casts that use them, read slow here."
+            )
+        ctx.say(f"{number}. {module.TITLE}")
+        start = time.perf_counter()
+        error = None
+        try:
+            module.run(ctx, sec)
+        except Exception:
+            error = traceback.format_exc()
+            sec.raw(f"**This section failed:**\n\n```text\n{error.rstrip()}\n```")
+        sec.seconds = time.perf_counter() - start
+        ctx.say(f"   {'FAILED' if error else 'done'} in {sec.seconds:.0f} s")
+        yield sec, error
+
+
+def _summary(ctx: Context, seconds: float) -> str:
+    failed = [what for what, ok in ctx.checks if not ok]
+    lines = [
+        "## Summary",
+        "",
+        f"{len(ctx.checks) - len(failed)} of {len(ctx.checks)} targets pass"
+        + (" (a smoke run: its figures are not measurements)." if ctx.mode != "full" else "."),
+    ]
+    if failed:
+        lines.append("")
+        lines += [f"- FAIL: {what}" for what in failed]
+    if ctx.stalled:
+        lines += [
+            "",
+            "Sections that started while other load stalled torch's worker threads: "
+            + ", ".join(map(str, ctx.stalled))
+            + ". There, torch's multi-threaded kernels (and tensorbridge's copies and casts, "
+            "which run them) wait for a thread the scheduler has not run yet, while NumPy's "
+            "single-threaded loops do not: ratios against NumPy understate tensorbridge.",
+        ]
+    noisy = sum(spread > NOISY for spread in ctx.spreads)
+    lines += [
+        "",
+        f"{noisy} of {len(ctx.spreads)} in-process timings had a median over {NOISY}x their "
+        f"minimum (other load on the machine; load average now {load_average()} on "
+        f"{os.cpu_count()} CPUs). PASS/FAIL uses the minima. The run took {seconds:.0f} s.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --- the machine ------------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _meminfo() -> dict[str, int]:
+    info = {}
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if rest.strip().endswith("kB"):
+                info[name] = int(rest.split()[0]) * 1024
+    return info
+
+
+def _version(module: str) -> str:
+    try:
+        return str(importlib.import_module(module).__version__)
+    except ImportError:
+        return "not installed"
+
+
+def _loads() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except (AttributeError, OSError):
+        return "?"
+
+
+def machine(scratch: Path) -> list[tuple[str, str]]:
+    """What the numbers were measured on (the versions as imported by this process)."""
+    import ml_dtypes
+    import numpy as np
+    import torch
+
+    import tensorbridge
+
+    mem = _meminfo()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cuda = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    return [
+        ("CPU", f"{_cpu_model()} ({platform.machine()})"),
+        ("cores", f"{os.cpu_count()} logical CPUs, {usable} usable by this process"),
+        (
+            "memory",
+            f"{fmt_bytes(mem.get('MemTotal', 0))} total, "
+            f"{fmt_bytes(mem.get('MemAvailable', 0))} available at the start",
+        ),
+        ("load average (1 / 5 / 15 min)", f"{_loads()} at the start"),
+        ("GPU", cuda),
+        ("OS", platform.platform()),
+        ("Python", platform.python_version()),
+        ("torch", f"{torch.__version__} ({torch.get_num_threads()} intra-op threads)"),
+        ("numpy", np.__version__),
+        ("ml_dtypes", ml_dtypes.__version__),
+        ("safetensors", _version("safetensors")),
+        ("matplotlib", _version("matplotlib")),
+        ("tensorbridge", tensorbridge.__version__),
+        ("scratch disk", f"{fmt_bytes(shutil.disk_usage(scratch).free)} free at the start"),
+    ]
+
+
+# --- entry points -----------------------------------------------------------------------------
+
+
+def run(
+    out_dir: str | os.PathLike[str],
+    quick: bool = False,
+    *,
+    mode: str | None = None,
+    sections: Sequence[str] | None = None,
+    scratch: str | os.PathLike[str] | None = None,
+    log: TextIO | None = None,
+) -> Path:
+    """Run the benchmarks and write ``out_dir/report.md`` with its PNG plots.
+
+    >>> from tensorbridge import bench
+    >>> bench.run("bench-out", quick=True)  # doctest: +SKIP
+    PosixPath('bench-out/report.md')
+
+    Args:
+        out_dir: where the report and its plots go (created if missing).
+        quick: the CI smoke run (under a minute; its figures are not measurements).
+        mode: "full", "quick" or "tiny" (the test suite's); overrides ``quick``.
+        sections: keys of :data:`SECTIONS` to run (default: all).
+        scratch: where temporary files go (default: the system's temporary directory);
+            the full run's streaming section needs about 13 GiB there.
+        log: a stream for progress lines (the CLI passes stderr).
+
+    Returns:
+        The path of the report.
+
+    Raises:
+        BenchError: a section failed; the report is written anyway, with its traceback.
+    """
+    mode = mode or ("quick" if quick else "full")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    keys = list(SECTIONS if sections is None else sections)
+    started = time.perf_counter()
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    errors: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="tb-bench-", dir=scratch) as tmp:
+        ctx = Context(mode=mode, scratch=Path(tmp), out_dir=out, log=log)
+        described = machine(ctx.scratch)
+        try:
+            done = []
+            for sec, error in _sections(ctx, keys):
+                done.append(sec)
+                if error:
+                    errors.append(f"section {sec.number} ({sec.title}) failed:\n{error}")
+        finally:
+            ctx.close()
+    seconds = time.perf_counter() - started
+    described = [
+        (k, f"{v}, {_loads()} at the end" if k.startswith("load average") else v)
+        for k, v in described
+    ]
+    command = "tensorbridge bench" + {"full": "", "quick": " --quick", "tiny": " (tiny)"}[mode]
+    parts = [
+        "# tensorbridge benchmark report\n",
+        _preamble(command, stamp, seconds, ctx),
+        "## Machine\n\n" + table(["", ""], described) + "\n",
+        *(sec.markdown() for sec in done),
+        _summary(ctx, seconds),
+    ]
+    report = out / "report.md"
+    report.write_text("\n".join(parts), encoding="utf-8")
+    if errors:
+        raise BenchError(f"{errors[0].splitlines()[0]} (see {report})\n{errors[0]}")
+    return report
+
+
+def _preamble(command: str, stamp: str, seconds: float, ctx: Context) -> str:
+    smoke = (
+        " This is a smoke run (smaller sizes, fewer repeats): it shows that the harness "
+        "works, and its figures are not measurements."
+        if ctx.mode != "full"
+        else ""
+    )
+    plots = f"\n\nPlots were not drawn: {_plot.MISSING}." if ctx.plots_missing else ""
+    return (
+        f"Generated by `{command}` on {stamp} in {seconds:.0f} s.{smoke} Every figure is "
+        "measured in this one run, side by side with its peers: the candidates of a row "
+        "are timed interleaved (round-robin, the order rotated each repeat) so that other "
+        "load on the machine slows them alike, and each cell gives the **minimum / "
+        "median** over the repeats. Ratios are given from both; PASS / FAIL against the "
+        "targets of the issues uses the minima. Rows that report memory run in a fresh "
+        "child process whose memory is sampled from outside."
+        f"{plots}\n"
+    )
+
+
+def script(keys: Sequence[str], argv: Sequence[str] | None, description: str) -> int:
+    """A benchmark script's ``main``: run some sections and print their tables to stdout."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "--quick", action="store_true", help="a fast smoke run (smaller sizes, fewer repeats)"
+    )
+    parser.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    args = parser.parse_args(argv)
+    mode = "quick" if args.quick else "full"
+    started = time.perf_counter()
+    out = sys.stdout
+    with tempfile.TemporaryDirectory(prefix="tb-bench-", dir=args.dir) as tmp:
+        ctx = Context(mode=mode, scratch=Path(tmp), log=sys.stderr)
+        out.write(f"# tensorbridge benchmarks{' (--quick: smoke run)' if args.quick else ''}\n\n")
+        out.write(table(["", ""], machine(ctx.scratch)) + "\n\n")
+        failed = False
+        try:
+            for sec, error in _sections(ctx, keys):
+                failed = failed or error is not None
+                out.write(sec.markdown() + "\n")
+                out.flush()
+        finally:
+            ctx.close()
+    out.write(_summary(ctx, time.perf_counter() - started))
+    return 1 if failed else 0

@@ -1,0 +1,151 @@
+"""Section 8: the file layer's targets from issue 3, on a 1 GiB float32 state dict.
+
+Every row runs in a child process with its memory sampled from outside (from
+``benchmarks/bench_io.py``). The state dict (16 float32 tensors, 1 GiB; ``--quick``:
+64 MiB) is built once, with NumPy, in the fork server, so every child starts with it
+in memory:
+
+1. save it to safetensors: ``tb.save`` vs ``safetensors.torch.save_file`` (both followed
+   by fsync: ``tb.save`` fsyncs as part of its atomic write). Target: throughput >= 0.9x,
+   anonymous-memory growth <= 64 MiB;
+2. the NumPy-side save (a dict of NumPy arrays) vs ``save_file``: >= 1.0x;
+3. load with ``framework="numpy"``: open + first tensor < 10 ms; full read (every page
+   touched) >= 0.9x the official loader: mapped vs ``safetensors.torch.load_file`` (also
+   mapped), owned memory (``mmap=False``) vs ``safetensors.numpy.load_file`` (also owned).
+
+Issue 3's fourth target, the 2 GiB streaming export, is section 5's 2 GiB row.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from ._child import ChildRun
+from ._core import MIB, Context, Section, fmt_mib
+
+TITLE = "File layer: saving and loading a float32 state dict (issue 3's targets)"
+
+N_TENSORS = 16
+
+
+def _best(runs: list[ChildRun]) -> ChildRun:
+    return min(runs, key=lambda r: r.seconds)
+
+
+def run(ctx: Context, sec: Section) -> None:
+    total = ctx.pick(1 << 30, 64 * MIB, 16 * MIB)
+    repeats = ctx.pick(3, 1, 1)
+    sec.intro(
+        f"""{N_TENSORS} float32 tensors, {fmt_mib(total)} in all, best of {repeats}
+        (each run in a fresh child process). Ratios are the official library's time /
+        tensorbridge's (> 1: tensorbridge is faster)."""
+    )
+    if importlib.util.find_spec("safetensors") is None:
+        sec.text("*Skipped: the official `safetensors` package is not installed.*")
+        return
+    per = total // N_TENSORS // 4  # float32 elements per tensor
+    ours = str(ctx.scratch / "ours.safetensors")
+    theirs = str(ctx.scratch / "theirs.safetensors")
+    gb = total / 1e9
+    rows: list[tuple[str, str, str, str]] = []
+    # NumPy only in the server (see _child): random bits, copied per tensor.
+    ctx.children.exec(
+        f"_base = np.random.default_rng(0).standard_normal({per}, dtype=np.float32)\n"
+        f"SD = {{f'layer{{i}}.weight': torch.from_numpy(_base.copy()) "
+        f"for i in range({N_TENSORS})}}\n"
+        "del _base"
+    )
+    try:
+        saves = ctx.rounds(
+            {
+                "tb": ("sd = SD", f"tb.save(sd, {ours!r}, progress=False)"),
+                "st": (
+                    "from safetensors.torch import save_file\nsd = SD",
+                    f"save_file(sd, {theirs!r})\nfsync({theirs!r})",
+                ),
+                "np": (
+                    "sd = {k: v.numpy() for k, v in SD.items()}",
+                    f"tb.save(sd, {ours!r}, progress=False)",
+                ),
+            },
+            repeats,
+        )
+    finally:
+        ctx.children.exec("del SD\ngc.collect()")
+    a, b, c = _best(saves["tb"]), _best(saves["st"]), _best(saves["np"])
+    rows.append(
+        (
+            f"save {fmt_mib(total)} f32 (torch) -> safetensors, tb vs save_file (both fsynced)",
+            f"{gb / a.seconds:.2f} vs {gb / b.seconds:.2f} GB/s = {b.seconds / a.seconds:.2f}x",
+            ">= 0.9x",
+            ctx.check(sec, "save to safetensors >= 0.9x save_file", b.seconds / a.seconds >= 0.9),
+        )
+    )
+    rows.append(
+        (
+            "  anonymous-memory growth during tb.save",
+            fmt_mib(a.anon_growth),
+            "<= 64 MiB",
+            ctx.check(sec, "tb.save anonymous-memory growth <= 64 MiB", a.anon_growth <= 64 * MIB),
+        )
+    )
+    rows.append(("  (save_file's growth, for reference)", fmt_mib(b.anon_growth), "", ""))
+    rows.append(
+        (
+            "save NumPy arrays -> safetensors, tb vs save_file (torch)",
+            f"{gb / c.seconds:.2f} GB/s = {b.seconds / c.seconds:.2f}x",
+            ">= 1.0x",
+            ctx.check(sec, "NumPy-side save >= 1.0x save_file", b.seconds / c.seconds >= 1.0),
+        )
+    )
+
+    first_code = (
+        "s = time.perf_counter()\n"
+        f"f = tb.open({theirs!r})\nx = f[f.keys()[0]]\n"
+        "extra['first'] = time.perf_counter() - s"
+    )
+    first = ctx.rounds({"first": ("", first_code)}, repeats)["first"]
+    first_s = min(float(r.extra["first"]) for r in first)
+    rows.append(
+        (
+            f"open + first tensor of a {fmt_mib(total)} file (numpy)",
+            f"{first_s * 1e3:.2f} ms",
+            "< 10 ms",
+            ctx.check(sec, "open + first tensor < 10 ms", first_s < 0.010),
+        )
+    )
+    # "Full read": every page of every tensor touched, so lazy (mapped) loaders pay too.
+    touched = "\nextra['touched'] = touch(d.values())"
+    loads = ctx.rounds(
+        {
+            "tb.load (mmap)": ("", f"d = tb.load({theirs!r})" + touched),
+            "tb.load (mmap=False)": ("", f"d = tb.load({theirs!r}, mmap=False)" + touched),
+            "safetensors.torch.load_file": (
+                "from safetensors.torch import load_file",
+                f"d = load_file({theirs!r})" + touched,
+            ),
+            "safetensors.numpy.load_file": (
+                "from safetensors.numpy import load_file",
+                f"d = load_file({theirs!r})" + touched,
+            ),
+        },
+        repeats,
+    )
+    took = {k: _best(v).seconds for k, v in loads.items()}
+    for ours_k, theirs_k in (
+        ("tb.load (mmap)", "safetensors.torch.load_file"),
+        ("tb.load (mmap=False)", "safetensors.numpy.load_file"),
+    ):
+        ratio = took[theirs_k] / took[ours_k]
+        rows.append(
+            (
+                f"full read: {ours_k} vs {theirs_k}",
+                f"{gb / took[ours_k]:.2f} vs {gb / took[theirs_k]:.2f} GB/s = {ratio:.2f}x",
+                ">= 0.9x",
+                ctx.check(sec, f"full read: {ours_k} >= 0.9x {theirs_k}", ratio >= 0.9),
+            )
+        )
+    for path in (ours, theirs):
+        Path(path).unlink(missing_ok=True)
+    sec.table(["measurement", "result", "target", "result"], rows)

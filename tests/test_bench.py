@@ -1,0 +1,188 @@
+"""The benchmark harness runs end to end: ``tensorbridge bench`` and the scripts under benchmarks/.
+
+One tiny run of every section (seconds of work, not measurements) writes a report whose
+headings, machine description, summary and plots are checked; the numbers are not
+(CI checks that the harness runs, never what it measures). Cheaper tests cover the
+report without matplotlib, a failing section, and the CLI and script entry points.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import runpy
+import struct
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+from tensorbridge import bench
+from tensorbridge.bench import _harness
+from tensorbridge.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+HEADINGS = [
+    "## 1. The seed article's table: a 1000x1000 bfloat16 tensor to NumPy",
+    "## 2. Size sweep: zero-copy and copies against memcpy",
+    "## 3. Dtype casts: bf16 / fp16 / fp8 <-> float32",
+    "## 4. Whole models: bf16 state dicts through trees and files",
+    "## 5. Streaming: peak memory against tensor size",
+    "## 6. Per-call overhead, 1,000 elements, every dtype",
+    "## 7. Trees of many small tensors",
+    "## 8. File layer: saving and loading a float32 state dict (issue 3's targets)",
+    "## 9. Device transfers of whole trees (CUDA)",
+]
+PLOTS = {"sizes.png", "casts.png", "models.png", "streaming.png"}
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) of a PNG file, after checking its signature, chunk CRCs and IEND."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path.name}: not a PNG"
+    pos, chunks, size = 8, [], (0, 0)
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
+        assert zlib.crc32(kind + body) == crc, f"{path.name}: bad CRC in {kind!r}"
+        if kind == b"IHDR":
+            size = struct.unpack(">II", body[:8])
+        chunks.append(kind)
+        pos += 12 + length
+    assert chunks[0] == b"IHDR" and chunks[-1] == b"IEND" and b"IDAT" in chunks, path.name
+    return size
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """One tiny run of every section: (the report, the scratch parent directory)."""
+    base = tmp_path_factory.mktemp("bench")
+    scratch = base / "scratch"
+    scratch.mkdir()
+    report = bench.run(base / "out", mode="tiny", scratch=scratch)
+    return report, scratch
+
+
+def test_report_has_every_section(tiny: tuple[Path, Path]) -> None:
+    report, _ = tiny
+    text = report.read_text(encoding="utf-8")
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings == ["## Machine", *HEADINGS, "## Summary"]
+    assert list(bench.titles().values()) == HEADINGS
+    assert "This section failed" not in text
+    assert re.search(r"\d+ of \d+ targets pass", text)
+
+
+def test_report_describes_the_machine(tiny: tuple[Path, Path]) -> None:
+    text = tiny[0].read_text(encoding="utf-8")
+    machine = text.split("## Machine", 1)[1].split("\n## ", 1)[0]
+    for row in ("| CPU |", "| cores |", "| memory |", "| load average", "| torch |"):
+        assert row in machine
+    for lib in ("numpy", "ml_dtypes", "safetensors", "tensorbridge"):
+        assert f"| {lib} |" in machine
+
+
+def test_report_reproduces_the_article(tiny: tuple[Path, Path]) -> None:
+    text = tiny[0].read_text(encoding="utf-8")
+    article = text.split(HEADINGS[0], 1)[1].split("\n## ", 1)[0]
+    for figure in ("1.2 ms", "1.3 ms", "0.8 ms", "1.5 ms", "3.81 MB", "1.91 MB"):
+        assert figure in article
+    assert "raises TypeError" in article  # direct .numpy() of bf16 on current torch
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib (the plot extra) is not installed")
+def test_plots_are_valid_pngs(tiny: tuple[Path, Path]) -> None:
+    report, _ = tiny
+    linked = set(re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text(encoding="utf-8")))
+    assert linked == PLOTS
+    for name in linked:
+        width, height = png_size(report.parent / name)
+        assert width > 100 and height > 100
+    assert sum((report.parent / n).stat().st_size for n in linked) < 1_000_000
+
+
+def test_scratch_files_are_removed(tiny: tuple[Path, Path]) -> None:
+    _, scratch = tiny
+    assert list(scratch.iterdir()) == []
+
+
+def test_without_matplotlib_the_report_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    report = bench.run(tmp_path, mode="tiny", sections=["sizes"])
+    text = report.read_text(encoding="utf-8")
+    assert "Plots were not drawn: matplotlib is not installed" in text
+    assert "pip install 'tensorbridge[plot]'" in text
+    assert "![" not in text
+    assert list(tmp_path.glob("*.png")) == []
+
+
+def test_a_failing_section_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(ctx: object, sec: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(_harness._module("article"), "run", broken)
+    with pytest.raises(bench.BenchError, match="section 1"):
+        bench.run(tmp_path, mode="tiny", sections=["article"])
+    text = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "This section failed" in text and "RuntimeError: boom" in text
+
+
+def test_unknown_section_or_mode(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown benchmark section"):
+        bench.run(tmp_path, mode="tiny", sections=["nope"])
+    with pytest.raises(ValueError, match="mode must be one of"):
+        bench.run(tmp_path, mode="huge")
+
+
+# --- entry points -----------------------------------------------------------------------------
+
+
+def test_cli_help_shows_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: tensorbridge bench")
+    assert "--quick" in out and "--out" in out and "  tensorbridge bench --quick" in out
+
+
+def test_cli_calls_the_harness(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = []
+
+    def fake(out: str, quick: bool, **kwargs: object) -> Path:
+        calls.append((out, quick, kwargs["scratch"]))
+        return Path(out) / "report.md"
+
+    monkeypatch.setattr(bench, "run", fake)
+    assert main(["bench", "--quick", "--out", str(tmp_path), "--scratch", "/s"]) == 0
+    assert calls == [(str(tmp_path), True, "/s")]
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'report.md'} and its plots\n"
+
+    def failing(out: str, quick: bool, **kwargs: object) -> Path:
+        raise bench.BenchError("section 2 (x) failed: boom\ntraceback ...")
+
+    monkeypatch.setattr(bench, "run", failing)
+    assert main(["bench"]) == 1
+    err = capsys.readouterr().err
+    assert err == "tensorbridge bench: error: section 2 (x) failed: boom\n"
+
+
+@pytest.mark.parametrize("name", ["bench_convert.py", "bench_io.py", "bench_tree.py"])
+def test_benchmark_scripts_are_entry_points(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = ROOT / "benchmarks" / name
+    monkeypatch.setattr(sys, "argv", [str(path), "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(path), run_name="__main__")
+    assert exit_.value.code == 0
+    assert "--quick" in capsys.readouterr().out
+    assert "from tensorbridge.bench import script" in path.read_text(encoding="utf-8")
