@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from .convert import _as_tensor
 from .dtypes import BY_TORCH, DTypeRow
 
 _HOST = "host"  # the `where` of CPU memory: one address space shared by tensors and arrays
@@ -260,8 +261,7 @@ def _convert_planned(
         dest = here if dest_all is None else dest_all
         if dest == here:
             cursor.index = job.at
-            buf = job.source.to(job.cast) if job.cast is not None else job.source.clone()
-            done.append((job, buf))
+            done.append((job, _copy_here(job.source, job.cast)))
         elif dest.type == "cpu":
             to_host.append(job)
         else:
@@ -272,6 +272,15 @@ def _convert_planned(
         assert dest_all is not None  # only a target can be another device
         done.extend(zip(to_device, _scatter(to_device, dest_all, cursor), strict=True))
     return _rebuild(done, planned)
+
+
+def _copy_here(src: torch.Tensor, cast: torch.dtype | None) -> torch.Tensor:
+    """A same-device copy (cast on the way). On the host NumPy allocates and torch converts,
+    as in ``to_numpy``: NumPy's large allocations fault in far faster than torch's."""
+    row = BY_TORCH.get(cast or src.dtype)
+    if src.device.type != "cpu" or row is None or not src.is_contiguous():
+        return src.to(cast) if cast is not None else src.clone()
+    return _as_tensor(np.empty(tuple(src.shape), row.numpy), row).copy_(src)
 
 
 def _staging(nbytes: int, pin: bool) -> torch.Tensor:
