@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 import os
 import struct
-import subprocess
-import sys
 import textwrap
 import zipfile
 from pathlib import Path
@@ -20,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensorbridge as tb
+from _peak_rss import run_child
 from tensorbridge.errors import FormatError, UnsupportedDtypeError, UnsupportedTensorError
 from tensorbridge.io import npy
 
@@ -299,14 +298,6 @@ _RSS_CHILD = textwrap.dedent(
     import sys, numpy as np
     from tensorbridge.io import npy
 
-    def status(key):
-        with open("/proc/self/status") as f:
-            return next(int(l.split()[1]) << 10 for l in f if l.startswith(key + ":"))
-
-    def reset_peak():
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # VmHWM := VmRSS (Linux >= 4.0)
-
     m = np.load(sys.argv[1], mmap_mode="r")
     reset_peak()
     base = status("VmRSS")
@@ -322,19 +313,10 @@ _RSS_CHILD = textwrap.dedent(
 
 
 def test_streaming_save_of_a_large_memmap_has_bounded_peak_rss(tmp_path: Path) -> None:
-    if not os.access("/proc/self/clear_refs", os.W_OK):
-        pytest.skip(reason="needs Linux /proc/self/clear_refs to reset the peak RSS")
     n = (512 << 20) // 4
     src, dst = tmp_path / "src.npy", tmp_path / "dst.npy"
     np.lib.format.open_memmap(src, mode="w+", dtype=np.float32, shape=(n,)).flush()  # sparse
-    out = subprocess.run(
-        [sys.executable, "-c", _RSS_CHILD, str(src), str(dst)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    streamed, control = map(int, out.stdout.split())
+    streamed, control = map(int, run_child(_RSS_CHILD, str(src), str(dst)).split())
     assert control > 400 << 20, "the measure misses a full read of the input"
     assert streamed < 96 << 20, f"peak RSS grew {streamed >> 20} MiB for a 512 MiB input"
     assert dst.stat().st_size == 128 + n * 2

@@ -7,31 +7,20 @@ step in the same child touches the whole input, proving the measure would see it
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 import tensorbridge as tb
+from _peak_rss import run_child
 
 _CHILD = textwrap.dedent(
     """
     import sys
     import numpy as np
     import tensorbridge as tb
-
-    def status(key):
-        with open("/proc/self/status") as f:
-            return next(int(l.split()[1]) << 10 for l in f if l.startswith(key + ":"))
-
-    def reset_peak():
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # VmHWM := VmRSS (Linux >= 4.0)
 
     src = tb.open(sys.argv[1])
     lazy = {name: src[name] for name in src.keys()}  # mapped views: nothing read yet
@@ -49,19 +38,10 @@ _CHILD = textwrap.dedent(
 
 
 def test_safetensors_to_safetensors_cast_streams_with_bounded_peak_rss(tmp_path: Path) -> None:
-    if not os.access("/proc/self/clear_refs", os.W_OK):
-        pytest.skip(reason="needs Linux /proc/self/clear_refs to reset the peak RSS")
     src, dst = tmp_path / "big.safetensors", tmp_path / "small.safetensors"
     per = (128 << 20) // 4  # four 128 MiB float32 tensors: 512 MiB of input
     tb.save({f"w{i}": torch.full((per,), float(i)) for i in range(4)}, src, progress=False)
-    out = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(src), str(dst)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    streamed, control = map(int, out.stdout.split())
+    streamed, control = map(int, run_child(_CHILD, str(src), str(dst)).split())
     assert control > 400 << 20, "the measure misses a full read of the input"
     assert streamed < 160 << 20, f"peak RSS grew {streamed >> 20} MiB for a 512 MiB input"
     with tb.open(dst) as f:
