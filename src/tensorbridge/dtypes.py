@@ -268,17 +268,23 @@ def explain_numpy(ndt: np.dtype[Any]) -> str:
     if kind in "Mm":
         return f"{ndt} has no torch dtype; pass a.view(np.int64) to keep the raw ticks"
     if kind == "O":
-        return "object arrays have no torch dtype; convert to a numeric dtype first " \
-               "(np.asarray(a, dtype=np.float32))"
+        return (
+            "object arrays have no torch dtype; convert to a numeric dtype first "
+            "(np.asarray(a, dtype=np.float32))"
+        )
     if kind in "US":
-        return f"string dtype {ndt} has no torch dtype; encode the strings to numbers first " \
-               "(e.g. np.frombuffer(a.tobytes(), np.uint8))"
+        return (
+            f"string dtype {ndt} has no torch dtype; encode the strings to numbers first "
+            "(e.g. np.frombuffer(a.tobytes(), np.uint8))"
+        )
     if kind == "V":
         return f"raw void dtype {ndt} has no torch dtype; pass a.view(np.uint8) for its bytes"
     if ndt.type in (np.longdouble, np.clongdouble):
         wider = "np.float64" if kind == "f" else "np.complex128"
-        return f"{ndt} ({ndt.itemsize} bytes) has no torch dtype; pass a.astype({wider}), " \
-               "which rounds to 53 bits"
+        return (
+            f"{ndt} ({ndt.itemsize} bytes) has no torch dtype; pass a.astype({wider}), "
+            "which rounds to 53 bits"
+        )
     if ndt.byteorder not in "=|" and ndt.newbyteorder("=") in BY_NUMPY:
         return f"{ndt} is byte-swapped; pass a.astype(a.dtype.newbyteorder('='))"
     return f"NumPy dtype {ndt} has no torch dtype"
@@ -307,6 +313,8 @@ def _explain_torch(tdt: torch.dtype) -> str:
             "pass dtype=np.complex64 to upcast"
         )
     if name.startswith("float8"):
-        return f"{tdt} needs a newer ml_dtypes for a NumPy dtype; upgrade ml_dtypes or pass " \
-               "dtype=np.float32 to upcast"
+        return (
+            f"{tdt} needs a newer ml_dtypes for a NumPy dtype; upgrade ml_dtypes or pass "
+            "dtype=np.float32 to upcast"
+        )
     return f"{tdt} has no NumPy dtype"

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import mmap
 import os
@@ -248,7 +249,7 @@ def progress_bar(total: int, desc: str, progress: bool | None) -> Any:
 # --- the reader every format returns from open() ---------------------------------------------
 
 
-class TensorFile:
+class TensorFile(abc.ABC):
     """A lazily read tensor file: ``keys()``, ``[name]``, ``metadata``; nothing read until asked.
 
     Formats subclass it and implement :meth:`keys`, :meth:`info` and :meth:`_array`
@@ -263,15 +264,17 @@ class TensorFile:
     def __init__(self) -> None:
         self.metadata = {}
 
+    @abc.abstractmethod
     def keys(self) -> list[str]:
-        raise NotImplementedError  # each format implements it
+        """The entries' names, in file order."""
 
+    @abc.abstractmethod
     def info(self, name: str) -> tuple[DTypeRow, tuple[int, ...]]:
         """The stored dtype row and shape of ``name``, without reading its data."""
-        raise NotImplementedError  # each format implements it
 
+    @abc.abstractmethod
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
-        raise NotImplementedError  # each format implements it
+        """The stored array: a read-only view, or copy-on-write when asked, where possible."""
 
     def _owned(self, name: str) -> np.ndarray:
         """The stored array in new, writable memory; formats may read the file straight into it."""
@@ -367,7 +370,7 @@ class TensorFile:
         path = getattr(self, "path", None) or getattr(self, "_path", None)
         return os.path.basename(str(path)) if path is not None else type(self).__name__
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a format with nothing to release keeps this
         """Release the file; arrays already handed out stay valid."""
 
     def __enter__(self) -> TensorFile:

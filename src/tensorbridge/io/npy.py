@@ -633,6 +633,4 @@ def load(
         keys: the names to read (``.npz``); for ``.npy`` it must name the one key.
     """
     with open(path) as f:
-        return f.read(
-            keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype
-        )
+        return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)

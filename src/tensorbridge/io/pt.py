@@ -178,9 +178,7 @@ def load(
         keys: the dotted keys to read.
     """
     with open(path) as f:
-        return f.read(
-            keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype
-        )
+        return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
 
 
 def save(

@@ -627,6 +627,4 @@ def load(
     {'x': tensor([0, 1, 2])}
     """
     with open(path) as f:
-        return f.read(
-            keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype
-        )
+        return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
