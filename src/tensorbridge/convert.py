@@ -356,11 +356,7 @@ def _unpack_fp4(t: torch.Tensor, dtype: Any) -> np.ndarray:
             "pass t.reshape(1)"
         )
     want = np.dtype(dtype) if not isinstance(dtype, torch.dtype) else None
-    packed = t.view(torch.uint8).cpu().numpy()
-    unpacked = np.empty((*packed.shape[:-1], packed.shape[-1] * 2), np.uint8)
-    np.bitwise_and(packed, 0x0F, out=unpacked[..., 0::2])
-    np.right_shift(packed, 4, out=unpacked[..., 1::2])
-    values = unpacked.view(FLOAT4_UNPACKED)
+    values = unpack_nibbles(t.view(torch.uint8).cpu().numpy())
     if want == FLOAT4_UNPACKED:
         return values
     widened: np.ndarray = to_numpy(torch.from_numpy(values.astype(np.float32)), dtype=dtype)
@@ -374,9 +370,28 @@ def _pack_fp4(a: np.ndarray) -> torch.Tensor:
             f"packing float4_e2m1fn needs an even last dimension, got shape {a.shape}; pad the "
             "last dimension to an even length"
         )
-    u = a.view(np.uint8)
-    packed = (u[..., 0::2] & 0x0F) | (u[..., 1::2] << 4)
-    return torch.from_numpy(np.ascontiguousarray(packed)).view(FLOAT4_PACKED)  # type: ignore[arg-type]
+    packed = np.ascontiguousarray(pack_nibbles(a))
+    return torch.from_numpy(packed).view(FLOAT4_PACKED)  # type: ignore[arg-type]
+
+
+def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
+    """Bytes of packed fp4 -> ml_dtypes ``float4_e2m1fn``, one a byte (the last axis doubles).
+
+    The one place the nibble order lives: value ``2i`` is the low nibble of byte ``i``
+    (torch's ``Float4_e2m1fn_x2.h``, safetensors' ``F4``).
+    """
+    assert FLOAT4_UNPACKED is not None  # packed fp4 exists only where ml_dtypes has fp4
+    out = np.empty((*packed.shape[:-1], packed.shape[-1] * 2), np.uint8)
+    np.bitwise_and(packed, 0x0F, out=out[..., 0::2])
+    np.right_shift(packed, 4, out=out[..., 1::2])
+    return out.view(FLOAT4_UNPACKED)
+
+
+def pack_nibbles(values: np.ndarray) -> np.ndarray:
+    """ml_dtypes ``float4_e2m1fn`` (even last axis) -> uint8 bytes, two values a byte."""
+    u = values.view(np.uint8)
+    packed: np.ndarray = (u[..., 0::2] & 0x0F) | (u[..., 1::2] << 4)
+    return packed
 
 
 def resolve_error_for(tdt: torch.dtype) -> str:

@@ -24,7 +24,7 @@ import contextlib
 import copy as _copy
 import dataclasses
 import threading
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -97,19 +97,17 @@ def tree_to_numpy(
     cast = _Cast.of(dtype, float_dtype)
     leaves, spec = _flatten(tree)
     cursor = _Cursor()
-    try:
+
+    def convert() -> list[Any]:
         if cast.none and copy is None:
             out, rest = _numpy_fast(leaves, readonly, cursor)
         else:
             out, rest = list(leaves), list(range(len(leaves)))
         if rest:
             _numpy_rest(leaves, out, rest, cast, copy, readonly, cursor)
-    except Exception as error:
-        located = _with_path(error, spec, cursor.index)
-        if located is error:
-            raise
-        raise located from error.__cause__
-    return optree.tree_unflatten(spec, out)
+        return out
+
+    return _rebuilt(spec, cursor, convert)
 
 
 def tree_to_torch(
@@ -152,13 +150,23 @@ def tree_to_torch(
     target = None if device is None else torch.device(device)
     leaves, spec = _flatten(tree)
     cursor = _Cursor()
-    try:
+
+    def convert() -> list[Any]:
         if cast.none and copy is None and target is None:
             out, rest = _torch_fast(leaves, cursor)
         else:
             out, rest = list(leaves), list(range(len(leaves)))
         if rest:
             _torch_rest(leaves, out, rest, cast, target, copy, cursor)
+        return out
+
+    return _rebuilt(spec, cursor, convert)
+
+
+def _rebuilt(spec: optree.PyTreeSpec, cursor: _Cursor, convert: Callable[[], list[Any]]) -> Any:
+    """Run a leaf pass and rebuild the tree; an error gains the failing leaf's key path."""
+    try:
+        out = convert()
     except Exception as error:
         located = _with_path(error, spec, cursor.index)
         if located is error:

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..convert import to_numpy, to_torch
+from ..convert import pack_nibbles, to_numpy, to_torch, unpack_nibbles
 from ..dtypes import FLOAT4_PACKED, FLOAT4_UNPACKED, DTypeRow
 from ..errors import FormatError, NoDataError, UnsupportedDtypeError, UnsupportedTensorError
 from ._common import (
@@ -331,30 +331,17 @@ def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
     step = max(2, chunk_bytes // 8 * 2)  # values a piece: even, and their float32 fit a chunk
     if isinstance(v, torch.Tensor):
         packed = to_numpy(v.view(torch.uint8).cpu()).reshape(-1)
-        pieces = (_unpack_f4(packed[i : i + step // 2]) for i in range(0, packed.size, step // 2))
+        pieces = (
+            unpack_nibbles(packed[i : i + step // 2]) for i in range(0, packed.size, step // 2)
+        )
     else:
         flat = np.ravel(v)
         pieces = (flat[i : i + step] for i in range(0, flat.size, step))
     for piece in pieces:
         if it.row is _F4:
-            yield _pack_f4(piece).data
+            yield pack_nibbles(piece).data
         else:  # float_dtype: float4 values are exact in float32, then torch's cast
             yield from iter_bytes(piece.astype(np.float32), it.row, chunk_bytes)
-
-
-def _unpack_f4(packed: np.ndarray) -> np.ndarray:
-    """Bytes -> one float4_e2m1fn a byte; value ``2i`` is the low nibble of byte ``i``."""
-    assert FLOAT4_UNPACKED is not None  # F4 entries exist only when it does
-    out = np.empty(packed.size * 2, np.uint8)
-    np.bitwise_and(packed, 0x0F, out=out[0::2])
-    np.right_shift(packed, 4, out=out[1::2])
-    return out.view(FLOAT4_UNPACKED)
-
-
-def _pack_f4(values: np.ndarray) -> np.ndarray:
-    u = values.view(np.uint8)
-    packed: np.ndarray = (u[0::2] & 0x0F) | (u[1::2] << 4)
-    return packed
 
 
 def _remove_stale(target: Path, keep: set[str]) -> None:
@@ -523,14 +510,14 @@ class SafetensorsFile(TensorFile):
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
         shard, e = self._lookup(name)
         if e.row is _F4:
-            return _unpack_f4(self._bytes(name, copy_on_write=False)).reshape(e.shape)
+            return unpack_nibbles(self._bytes(name, copy_on_write=False)).reshape(e.shape)
         return array_at(shard.buffer(copy_on_write), e.begin, e.shape, e.row, name=name)
 
     def _owned(self, name: str) -> np.ndarray:
         _, e = self._lookup(name)
         raw = self._bytes(name, copy_on_write=None)
         if e.row is _F4:
-            return _unpack_f4(raw).reshape(e.shape)
+            return unpack_nibbles(raw).reshape(e.shape)
         return raw.view(e.row.carrier_numpy).view(e.row.numpy).reshape(e.shape)
 
     def get(
