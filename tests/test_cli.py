@@ -502,7 +502,7 @@ def test_cast_report_nan_and_imaginary_columns(
     assert rc == 1
     assert table(out)["v"][:5] == ["v", "float32", "0", "0", "2"]  # no inf in fnuz: NaN
 
-    tbio.save({"c": torch.tensor([1 + 2j, 3 + 0j], dtype=torch.complex64)}, path)
+    tbio.save({"c": torch.tensor([1 + 2j, 3 + 0j], dtype=torch.complex64)}, path, overwrite=True)
     rc, out, _ = run(capsys, "cast-report", path, "--dtype", "float32")
     assert rc == 1
     assert "  NaN changed  imag dropped  max rel" in out.splitlines()[0]
@@ -569,7 +569,9 @@ def test_unknown_suffix(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
     path.write_text("hello")
     rc, _, err = run(capsys, "inspect", path)
     assert rc == 1
-    assert "cannot tell the format from the suffix '.txt'" in one_error_line(err, "inspect")
+    assert "model.txt': the first bytes match no format tensorbridge reads" in one_error_line(
+        err, "inspect"
+    )
 
 
 def test_corrupt_safetensors(capsys: pytest.CaptureFixture[str], small: Path) -> None:

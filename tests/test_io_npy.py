@@ -369,14 +369,6 @@ MALFORMED = {
         _npy("{'descr': 'zz9', 'fortran_order': False, 'shape': (3,)}"),
         "descr 'zz9' is not a dtype",
     ),
-    "object dtype": (
-        _npy("{'descr': '|O', 'fortran_order': False, 'shape': (3,)}", b"\0" * 24),
-        "never unpickles",
-    ),
-    "np.save'd float8_e5m2": (
-        _npy("{'descr': '<f1', 'fortran_order': False, 'shape': (3,)}"),
-        "re-save the array with tb.save",
-    ),
     "shape mismatch": (
         _npy("{'descr': '<f4', 'fortran_order': False, 'shape': (4,)}"),
         "truncated: shape (4,) of float32 needs 16 data bytes",
@@ -421,7 +413,10 @@ def test_every_truncation_of_a_valid_file_raises(tmp_path: Path) -> None:
 
 def test_unsupported_dtypes_name_the_file_and_the_fix(tmp_path: Path) -> None:
     np.save(tmp_path / "bf.npy", np.ones(3, ml_dtypes.bfloat16))  # written as raw '<V2'
-    with pytest.raises(UnsupportedDtypeError, match=r"bf.npy.*view\(ml_dtypes.bfloat16\)"):
+    with pytest.raises(
+        UnsupportedDtypeError,
+        match=r"bf.npy': raw 2-byte data.*dtype='bfloat16'.*--as-dtype bfloat16.*are bfloat16$",
+    ):
         npy.load(tmp_path / "bf.npy")
     np.save(tmp_path / "s.npy", np.array(["ab", "c"]))
     with pytest.raises(UnsupportedDtypeError, match=r"s.npy': string dtype"):
@@ -435,8 +430,8 @@ def test_unsupported_dtypes_name_the_file_and_the_fix(tmp_path: Path) -> None:
 def test_object_arrays_are_never_unpickled(tmp_path: Path) -> None:
     np.save(tmp_path / "o.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
     np.savez(tmp_path / "o.npz", o=np.array([{"a": 1}], dtype=object))
-    for name in ("o.npy", "o.npz"):
-        with pytest.raises(FormatError, match=r"never unpickles"):
+    for name in ("o.npy", "o.npz"):  # a well-formed file of an unsupported dtype
+        with pytest.raises(UnsupportedDtypeError, match=r"never unpickles"):
             npy.load(tmp_path / name)
 
 

@@ -436,7 +436,7 @@ def test_bad_shard_sizes(size: Any, tmp_path: Path) -> None:
 
 
 def test_open_resolves_directories(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"no \.safetensors"):
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint file or index \(\*\.safetensors"):
         st.open(tmp_path)
     st.save({"x": torch.ones(1)}, tmp_path / "one.safetensors")
     assert st.open(tmp_path).keys() == ["x"]

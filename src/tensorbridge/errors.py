@@ -15,6 +15,7 @@ from __future__ import annotations
 
 __all__ = [
     "CopyRequiredError",
+    "DestinationExistsError",
     "FormatError",
     "NoDataError",
     "ShapeMismatchError",
@@ -50,3 +51,7 @@ class ShapeMismatchError(TensorBridgeError, ValueError):
 
 class FormatError(TensorBridgeError, ValueError):
     """A file that is malformed, truncated, or not of the format its name says."""
+
+
+class DestinationExistsError(TensorBridgeError, FileExistsError):
+    """A save would replace an existing file, and ``overwrite=True`` was not passed."""

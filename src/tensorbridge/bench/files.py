@@ -59,14 +59,14 @@ def run(ctx: Context, sec: Section) -> None:
     try:
         saves = ctx.rounds(
             {
-                "tb": ("sd = SD", f"tb.save(sd, {ours!r}, progress=False)"),
+                "tb": ("sd = SD", f"tb.save(sd, {ours!r}, progress=False, overwrite=True)"),
                 "st": (
                     "from safetensors.torch import save_file\nsd = SD",
                     f"save_file(sd, {theirs!r})\nfsync({theirs!r})",
                 ),
                 "np": (
                     "sd = {k: v.numpy() for k, v in SD.items()}",
-                    f"tb.save(sd, {ours!r}, progress=False)",
+                    f"tb.save(sd, {ours!r}, progress=False, overwrite=True)",
                 ),
             },
             repeats,

@@ -223,17 +223,17 @@ class Method(NamedTuple):
 
 METHODS = [Method(*m) for m in [
     ("tb_st", "`tb.save` / `tb.load` .safetensors", ".safetensors", "",
-     "tb.save(sd, P, progress=False)", "d = tb.load(P)", "st"),
+     "tb.save(sd, P, progress=False, overwrite=True)", "d = tb.load(P)", "st"),
     ("st", "`safetensors.torch` `save_file` / `load_file`", ".safetensors",
      "from safetensors.torch import save_file, load_file",
      "save_file(sd, P); fsync(P)", "d = load_file(P)", ""),
     ("tb_npz", "`tb.save` / `tb.load` .npz", ".npz", "",
-     "tb.save(sd, P, progress=False)", "d = tb.load(P)", "np"),
+     "tb.save(sd, P, progress=False, overwrite=True)", "d = tb.load(P)", "np"),
     ("np", "`np.savez` / `np.load`", ".npz", "",
      "np.savez(P, **{k: tb.to_numpy(v) for k, v in sd.items()}); fsync(P)",
      "z = np.load(P); d = {k: z[k] for k in z.files}", ""),
     ("tb_pt", "`tb.save` / `tb.load` .pt", ".pt", "",
-     "tb.save(sd, P, progress=False)", "d = tb.load(P)", "torch"),
+     "tb.save(sd, P, progress=False, overwrite=True)", "d = tb.load(P)", "torch"),
     ("torch", "`torch.save` / `torch.load(mmap=True, weights_only=True)`", ".pt", "",
      "torch.save(sd, P); fsync(P)", "d = torch.load(P, mmap=True, weights_only=True)", ""),
 ]]  # fmt: skip

@@ -71,7 +71,7 @@ def _code(route: str, src: Path, dst: Path, nbytes: int) -> tuple[str, str]:
     if route == "tb":
         return (
             f"m = np.load({str(src)!r}, mmap_mode='r').view(ml_dtypes.bfloat16)",
-            f"tb.save(m, {str(dst)!r}, float_dtype='f32', progress=False)",
+            f"tb.save(m, {str(dst)!r}, float_dtype='f32', progress=False, overwrite=True)",
         )
     if route == "naive":
         return (

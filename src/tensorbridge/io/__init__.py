@@ -1,18 +1,32 @@
-"""File formats: ``save`` / ``load`` / ``open`` choose the format by the path's suffix.
+"""File formats: ``open`` / ``load`` read by content, ``save`` writes by the path's suffix.
 
 =====================================  =========================================
-suffix                                 module
+what                                   module
 =====================================  =========================================
-``.safetensors``, ``.index.json``,     :mod:`tensorbridge.io.safetensors`
-a directory of shards
+safetensors                            :mod:`tensorbridge.io.safetensors`
 ``.npy``, ``.npz``                     :mod:`tensorbridge.io.npy`
-``.pt``, ``.pth``, ``.bin``            :mod:`tensorbridge.io.pt` (read with
-                                       ``weights_only=True``: never unpickles
+``torch.save`` archives (``.pt``,      :mod:`tensorbridge.io.pt` (read with
+``.pth``, ``.bin``; zip and legacy)    ``weights_only=True``: never unpickles
                                        arbitrary objects)
+a shard index (``*.index.json``) and   :mod:`tensorbridge.io.sharded`
+its shards, or a directory holding one
 =====================================  =========================================
 
-Every format module has the same verbs, so a new format is one new module and one
-row in :data:`_SUFFIXES`.
+**Reading** looks at a file's first bytes (:mod:`tensorbridge.io._detect`), not its
+name: a torch archive named ``.safetensors`` or an ``.npy`` named ``.npz`` is read as
+what it is, with a note in the reader's ``notes`` (the command line prints it). A
+TorchScript archive, a pickled ``nn.Module``, a plain pickle and GGUF are refused, each
+with its own message. A directory opens its checkpoint: a safetensors index, one
+``.safetensors`` file, a ``.bin`` index, one ``.bin`` / ``.pt`` / ``.pth`` file, in that
+order of preference (as ``transformers`` prefers safetensors).
+
+**Writing** follows the destination's suffix. A directory (an existing one, or a path
+ending in ``/``) means ``model.safetensors`` in it; ``NAME.safetensors.index.json`` means a
+sharded checkpoint with that index; any other suffix that is no format is an error. An
+existing destination is replaced only with ``overwrite=True``.
+
+Every format module has the same verbs, so a new format is one new module, one kind in
+:mod:`tensorbridge.io._detect` and one row in :data:`_WRITERS`.
 """
 
 from __future__ import annotations
@@ -26,35 +40,143 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import FormatError
+from ..errors import DestinationExistsError, FormatError
 from . import npy, pt, safetensors
 from ._common import TensorFile
+from ._detect import DESCRIPTION, INDEX_SUFFIX, detect, mismatch_note, resolve
+from .sharded import ShardedFile
 
-__all__ = ["load", "open", "save"]
+__all__ = ["Destination", "destination", "load", "open", "save"]
 
-_SUFFIXES = {
-    ".safetensors": "safetensors",
-    ".json": "safetensors",  # model.safetensors.index.json
-    ".npy": "npy",
-    ".npz": "npy",
-    ".pt": "pt",
-    ".pth": "pt",
-    ".bin": "pt",
+_WRITERS: dict[str, ModuleType] = {
+    ".safetensors": safetensors,
+    ".npy": npy,
+    ".npz": npy,
+    ".pt": pt,
+    ".pth": pt,
+    ".bin": pt,
 }
+_SAFETENSORS_INDEX = ".safetensors" + INDEX_SUFFIX
 
 
-def _module(path: str | os.PathLike[str]) -> ModuleType:
-    p = Path(path)
-    if p.is_dir():
-        name = "safetensors"
-    else:
-        name = _SUFFIXES.get(p.suffix.lower(), "")
-        if not name:
-            raise FormatError(
-                f"{str(p)!r}: cannot tell the format from the suffix {p.suffix!r}; use one of "
-                f"{', '.join(sorted(_SUFFIXES))}"
+class Destination:
+    """Where a save goes: the format module, the file it writes, and every file it may replace.
+
+    >>> import tempfile
+    >>> d = destination(tempfile.mkdtemp() + "/")
+    >>> d.module.__name__, d.path.name, d.sharded
+    ('tensorbridge.io.safetensors', 'model.safetensors', False)
+    """
+
+    def __init__(self, module: ModuleType, path: Path, sharded: bool) -> None:
+        self.module, self.path, self.sharded = module, path, sharded
+
+    @property
+    def format(self) -> str:
+        return self.module.__name__.rsplit(".", 1)[-1]
+
+    def existing(self) -> list[Path]:
+        """The files already there that this save would replace."""
+        if self.module is not safetensors:
+            return [self.path] if self.path.exists() else []
+        found = [
+            p for p in (self.path, self.path.with_name(self.path.name + INDEX_SUFFIX)) if p.exists()
+        ]
+        stem = self.path.name.removesuffix(".safetensors")
+        if self.path.parent.is_dir():
+            found += sorted(self.path.parent.glob(f"{stem}-?????-of-?????.safetensors"))
+        return found
+
+    def check_overwrite(self, overwrite: bool) -> None:
+        """Raise :class:`DestinationExistsError` if the save would replace files unasked."""
+        found = self.existing()
+        if found and not overwrite:
+            more = (
+                f" (and {len(found) - 1} more files of that checkpoint)" if len(found) > 1 else ""
             )
-    return {"safetensors": safetensors, "npy": npy, "pt": pt}[name]
+            raise DestinationExistsError(
+                f"{found[0]} exists{more}; pass overwrite=True (command line: --overwrite) to "
+                "replace it"
+            )
+
+
+def destination(path: str | os.PathLike[str]) -> Destination:
+    """How :func:`save` reads ``path``: a format by suffix, a directory, or a shard index.
+
+    Raises:
+        FormatError: a suffix that is no format tensorbridge writes (a ``.json`` other than
+            ``NAME.safetensors.index.json`` included), or no suffix on a path that is not a
+            directory.
+    """
+    text = os.fspath(path)
+    p = Path(text)
+    if p.is_dir() or text.endswith(("/", os.sep)):
+        return Destination(safetensors, p / "model.safetensors", sharded=False)
+    name = p.name.lower()
+    if name.endswith(_SAFETENSORS_INDEX) and len(name) > len(_SAFETENSORS_INDEX):
+        return Destination(safetensors, p.with_name(p.name[: -len(INDEX_SUFFIX)]), sharded=True)
+    module = _WRITERS.get(p.suffix.lower())
+    if module is not None:
+        return Destination(module, p, sharded=False)
+    formats = ", ".join(sorted(_WRITERS))
+    if p.suffix.lower() == ".json":
+        raise FormatError(
+            f"{text}: a .json destination holds no tensors; write NAME.safetensors, or "
+            "NAME.safetensors.index.json for a sharded checkpoint in that directory"
+        )
+    if not p.suffix:
+        raise FormatError(
+            f"{text} has no format suffix and is not a directory; end it with / for a "
+            f"directory (model.safetensors inside), or add one of {formats}"
+        )
+    raise FormatError(f"{text}: cannot tell the format from the suffix {p.suffix!r}; use {formats}")
+
+
+def _reader(path: Path, dtype: Any = None) -> TensorFile:
+    """Open ``path`` with the reader its first bytes call for (the suffix's when unrecognised)."""
+    kind = detect(path)
+    where = repr(str(path))
+    if kind == "unknown":  # let the suffix's reader say precisely what is wrong
+        named = {"safetensors": "safetensors", "npy": "npy", "npz": "npz", "pt": "pt"}
+        kind = named.get(_detect_suffix(path), "unknown")
+    refusals = {
+        "torchscript": pt.TORCHSCRIPT_MESSAGE.format(where=where),
+        "gguf": f"{where} is a GGUF file (llama.cpp's format); tensorbridge does not read GGUF "
+        "yet (the gguf package's GGUFReader does)",
+        "pickle": f"{where} is a plain pickle, not a torch.save archive; tensorbridge never "
+        "unpickles arbitrary data (if you trust it, pickle.load it and pass the arrays to "
+        "tb.save)",
+        "zip": f"{where} is a zip archive that is neither a .npz (only .npy members) nor a "
+        "torch.save archive (a data.pkl member)",
+        "unknown": f"{where}: the first bytes match no format tensorbridge reads (safetensors, "
+        ".npy, .npz, torch.save, a shard index)",
+    }
+    if kind in refusals:
+        raise FormatError(refusals[kind])
+    if dtype is not None and kind not in ("npy", "npz", "index"):
+        raise ValueError(
+            f"dtype= names the type of raw bytes np.save wrote from ml_dtypes arrays (.npy / "
+            f".npz); {where} is {DESCRIPTION[kind]}: to cast values pass float_dtype="
+        )
+    f: TensorFile
+    if kind == "index":
+        f = ShardedFile(path, lambda shard: _reader(shard, dtype))
+    elif kind == "safetensors":
+        f = safetensors.SafetensorsFile(path)
+    elif kind == "npy":
+        f = npy.NpyFile(path, dtype=dtype)
+    elif kind == "npz":
+        f = npy.NpzFile(path, dtype=dtype)
+    else:
+        f = pt.PtFile(path)
+    note = mismatch_note(path, kind)
+    if note:
+        f.notes.insert(0, note)
+    return f
+
+
+def _detect_suffix(path: Path) -> str:
+    return {".pth": "pt", ".bin": "pt"}.get(path.suffix.lower(), path.suffix.lower().lstrip("."))
 
 
 def flatten_state(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -89,8 +211,9 @@ def save(
     path: str | os.PathLike[str],
     *,
     float_dtype: Any = None,
-    metadata: Mapping[str, str] | None = None,
+    metadata: Mapping[str, Any] | None = None,
     max_shard_size: int | str | None = None,
+    overwrite: bool = False,
     progress: bool | None = None,
 ) -> None:
     """Save tensors or arrays to ``path``, streamed chunk by chunk, atomically.
@@ -98,34 +221,65 @@ def save(
     ``obj`` is a state dict (or module, or nested mapping) of tensors/arrays; for
     ``.npy``, a single tensor or array. ``float_dtype`` casts floating-point values
     only, on the way. bf16, fp8 and complex32 keep their dtype in every format.
+    ``path`` is read by :func:`destination`: a directory means ``model.safetensors`` in
+    it, ``NAME.safetensors.index.json`` a sharded checkpoint. An existing file is
+    replaced only with ``overwrite=True``: the default refuses, so a checkpoint (or
+    the very file being converted) is never replaced by surprise.
+
+    ``metadata`` goes to safetensors' ``__metadata__`` (strings) or beside the
+    tensors of a ``.pt`` file (plain values); ``.npy`` / ``.npz`` have no place for it.
 
     >>> import tempfile, os, torch, tensorbridge as tb
     >>> p = os.path.join(tempfile.mkdtemp(), "w.safetensors")
     >>> tb.save({"w": torch.ones(2, dtype=torch.bfloat16)}, p)
     >>> tb.load(p)["w"].dtype
     dtype(bfloat16)
+    >>> tb.save({"w": torch.zeros(2)}, p, overwrite=True)  # without it: DestinationExistsError
+
+    Raises:
+        DestinationExistsError: ``path`` (or a file of its sharded checkpoint) exists and
+            ``overwrite`` is false.
+        FormatError: a destination whose suffix is no format.
     """
-    module = _module(path)
-    suffix = Path(path).suffix.lower()
-    if module.__name__.endswith(".safetensors"):
-        module.save(
+    dst = destination(path)
+    dst.check_overwrite(overwrite)
+    if dst.module is safetensors:
+        meta = None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
+        safetensors.save(
             flatten_state(obj),
-            path,
+            dst.path,
             float_dtype=float_dtype,
-            metadata=metadata,
+            metadata=meta,
             max_shard_size=max_shard_size,
+            index=dst.sharded,
             progress=progress,
         )
         return
-    if metadata is not None or max_shard_size is not None:
+    suffix = dst.path.suffix.lower()
+    if max_shard_size is not None:
         raise ValueError(
-            f"metadata= and max_shard_size= need the safetensors format; {suffix!r} has neither "
-            "(save to a .safetensors path)"
+            f"max_shard_size= needs the safetensors format; {suffix!r} files are not sharded "
+            "(save to a .safetensors path or a directory)"
+        )
+    if dst.module is pt:
+        single = isinstance(obj, (torch.Tensor, np.ndarray))
+        pt.save(
+            obj if single else flatten_state(obj),
+            dst.path,
+            float_dtype=float_dtype,
+            metadata=metadata,
+            progress=progress,
+        )
+        return
+    if metadata:
+        raise ValueError(
+            f"{suffix!r} files have no place for metadata; save to .safetensors or .pt to keep "
+            f"it, or leave out metadata= ({', '.join(list(metadata)[:5])})"
         )
     if suffix == ".npy":
-        module.save(obj, path, float_dtype=float_dtype, progress=progress)
+        npy.save(obj, dst.path, float_dtype=float_dtype, progress=progress)
     else:
-        module.save(flatten_state(obj), path, float_dtype=float_dtype, progress=progress)
+        npy.save(flatten_state(obj), dst.path, float_dtype=float_dtype, progress=progress)
 
 
 def load(
@@ -136,20 +290,25 @@ def load(
     device: Any = None,
     float_dtype: Any = None,
     keys: Any = None,
+    dtype: Any = None,
 ) -> Any:
     """Load a file's tensors as NumPy arrays (default) or torch tensors.
 
-    With ``mmap=True`` NumPy results are read-only views of the mapped file (a write
-    raises, never reaches the file) and torch results are copy-on-write; ``mmap=False``
-    gives ordinary owned memory. ``keys`` selects a subset.
+    With ``mmap=True`` NumPy results are read-only (views of the mapped file where the
+    format allows; a write raises, never reaches the file) and torch results writable
+    (copy-on-write where mapped); ``mmap=False`` gives ordinary owned memory. ``keys``
+    selects a subset. ``dtype`` names the type of raw-byte ``.npy`` / ``.npz`` members
+    that ``np.save`` wrote from ml_dtypes arrays (``|V2`` for bfloat16).
     """
-    return _module(path).load(
-        path, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype, keys=keys
-    )
+    with open(path, dtype=dtype) as f:
+        return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
 
 
-def open(path: str | os.PathLike[str]) -> TensorFile:
-    """Open a file lazily: ``.keys()``, ``[name]``, ``.metadata``; nothing is read until asked.
+def open(path: str | os.PathLike[str], *, dtype: Any = None) -> TensorFile:
+    """Open a file, shard index or checkpoint directory lazily; nothing is read until asked.
+
+    ``.keys()``, ``[name]``, ``.metadata``, ``.notes`` (how it was read, when that is
+    worth knowing).
 
     >>> import tempfile, os, numpy as np, tensorbridge as tb
     >>> p = os.path.join(tempfile.mkdtemp(), "a.npz")
@@ -158,5 +317,4 @@ def open(path: str | os.PathLike[str]) -> TensorFile:
     ...     f.keys(), f["x"].tolist()
     (['x'], [0, 1, 2])
     """
-    reader: TensorFile = _module(path).open(path)
-    return reader
+    return _reader(resolve(Path(path)), dtype)

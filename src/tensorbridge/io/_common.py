@@ -29,7 +29,7 @@ import torch
 
 from ..convert import _as_tensor, _numpy_row, _reader, to_numpy, to_torch
 from ..dtypes import DTypeRow, resolve_dtype
-from ..errors import FormatError
+from ..errors import FormatError, UnsupportedDtypeError
 
 DEFAULT_CHUNK = 64 << 20
 _PAGE = mmap.PAGESIZE
@@ -63,6 +63,13 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if err.errno is not None and tmp in (err.filename, err.filename2, None):
+            # the temporary name means nothing to the user: report the file they asked for
+            raise type(err)(err.errno, f"cannot write {target}: {err.strerror}") from None
+        raise
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -259,10 +266,12 @@ class TensorFile(abc.ABC):
     """
 
     metadata: dict[str, str]
+    notes: list[str]  # what a user should know about how the file was read (shown by the CLI)
     single: bool = False  # one bare array (.npy, a .pt of one tensor): load returns it alone
 
     def __init__(self) -> None:
         self.metadata = {}
+        self.notes = []
 
     @abc.abstractmethod
     def keys(self) -> list[str]:
@@ -275,6 +284,23 @@ class TensorFile(abc.ABC):
     @abc.abstractmethod
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
         """The stored array: a read-only view, or copy-on-write when asked, where possible."""
+
+    def plain_values(self) -> dict[str, Any]:
+        """The file's non-tensor values, as typed as the format keeps them (strings by default)."""
+        return dict(self.metadata)
+
+    def unsupported(self) -> dict[str, str]:
+        """Entries that cannot be read as tensors (strings, objects), with the reason for each.
+
+        They are listed by :meth:`keys` like every other entry; reading one raises.
+        """
+        out = {}
+        for name in self.keys():
+            try:
+                self.info(name)
+            except UnsupportedDtypeError as err:
+                out[name] = str(err)
+        return out
 
     def _owned(self, name: str) -> np.ndarray:
         """The stored array in new, writable memory; formats may read the file straight into it."""
@@ -301,10 +327,12 @@ class TensorFile(abc.ABC):
         device: Any = None,
         float_dtype: Any = None,
     ) -> Any:
-        """One entry as a NumPy array (a read-only view when ``mmap``) or a torch tensor.
+        """One entry as a NumPy array (read-only when ``mmap``) or a torch tensor.
 
-        Torch results of a mapped file are copy-on-write: writable, and a write never
-        reaches the file. ``mmap=False`` gives ordinary owned memory.
+        One rule, whatever the storage (plain or compressed, byte-swapped, empty): with
+        ``mmap=True`` NumPy results are read-only, and torch results are writable
+        (copy-on-write where the file is mapped: a write never reaches the file);
+        ``mmap=False`` gives ordinary owned, writable memory.
         """
         if name not in self:
             raise KeyError(f"{name!r} is not in this file; its keys are {self.keys()[:10]}")
@@ -322,7 +350,7 @@ class TensorFile(abc.ABC):
         dst = cast_target(row_of(a), float_dtype)
         if as_torch:
             return to_torch(a, dtype=dst, device=device, copy=copy)
-        return to_numpy(a, dtype=dst, copy=copy)
+        return to_numpy(a, dtype=dst, copy=copy, readonly=mmap)
 
     def read(self, keys: Any = None, **options: Any) -> Any:
         """Every entry (or ``keys``) converted by :meth:`get`: what ``tb.load`` returns.
@@ -337,6 +365,15 @@ class TensorFile(abc.ABC):
                 f"this file holds one array, {self.keys()[0]!r}; pass keys=None or "
                 f"keys={self.keys()}"
             )
+        if keys is None:
+            unsupported = self.unsupported()
+            if unsupported:
+                first, reason = next(iter(unsupported.items()))
+                more = f" (and {len(unsupported) - 1} more)" if len(unsupported) > 1 else ""
+                raise UnsupportedDtypeError(
+                    f"{reason}{more}; read the other entries with keys= (command line: "
+                    f"--exclude {first}, or --skip-unsupported)"
+                )
         missing = [n for n in names if n not in self]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from numpy.lib import format as npformat
 
-from ..dtypes import BY_NUMPY, DTypeRow, dtype_table, explain_numpy
+from ..dtypes import BY_NUMPY, DTypeRow, dtype_table, explain_numpy, resolve_dtype
 from ..errors import (
     FormatError,
     NoDataError,
@@ -111,8 +111,15 @@ _DISK: dict[DTypeRow, np.dtype[Any]] = {
     for r in dtype_table()
 }
 _BY_DISK: dict[np.dtype[Any], DTypeRow] = {d: r for r, d in _DISK.items()}
-# what np.save writes for the ml_dtypes types whose dtype.str is void: the dtype is lost
-_VOID_ML_DTYPES = {np.dtype(f"V{r.itemsize}") for r in _DISK if r.carrier is not None}
+# What np.save writes for ml_dtypes arrays: raw void of the width, except float8_e5m2
+# ('<f1') and complex32 ('<c4'), descrs NumPy itself cannot parse. The bytes are kept;
+# the type is lost, so only the reader's dtype= can restore it.
+_RAW_ROWS: dict[int, list[DTypeRow]] = {}
+for _r in _DISK:
+    if _r.carrier is not None:
+        _RAW_ROWS.setdefault(_r.itemsize, []).append(_r)
+_RAW = {np.dtype(f"V{w}") for w in _RAW_ROWS}
+_RAW_DESCR = {d: np.dtype(f"V{w}") for d, w in (("<f1", 1), ("|f1", 1), ("<c4", 4))}
 
 
 # --- headers ---------------------------------------------------------------------------------
@@ -144,8 +151,12 @@ def header_bytes(row: DTypeRow, shape: tuple[int, ...], fortran: bool = False) -
     return buf.getvalue()
 
 
-def parse_header(head: bytes, size: int, where: str) -> Header:
+def parse_header(head: bytes, size: int, where: str, raw: DTypeRow | None = None) -> Header:
     """Validate the start of a ``.npy`` (``head``: its first bytes) holding ``size`` bytes.
+
+    ``raw`` is the dtype to read raw bytes as: ``np.save`` of an ml_dtypes array writes
+    raw void (``|V2`` for bfloat16, ``|V1`` for most float8) or, for float8_e5m2, ``<f1``,
+    and only the user can say which type it was. Members of another dtype ignore it.
 
     Raises:
         FormatError: anything malformed; the message starts with ``where``.
@@ -198,17 +209,19 @@ def parse_header(head: bytes, size: int, where: str) -> Header:
         raise bad(f"shape {shape!r} is not a tuple of at most {_MAX_NDIM} non-negative ints")
     if not isinstance(fortran, bool):
         raise bad(f"fortran_order {fortran!r} is not a bool")
-    try:
-        stored = npformat.descr_to_dtype(descr)
-    except Exception:  # NumPy's descr parser raises anything from TypeError to SyntaxError
-        raise bad(f"descr {descr!r} is not a dtype NumPy knows{_hint(descr)}") from None
+    stored = _RAW_DESCR.get(descr) if isinstance(descr, str) else None
+    if stored is None:
+        try:
+            stored = npformat.descr_to_dtype(descr)
+        except Exception:  # NumPy's descr parser raises anything from TypeError to SyntaxError
+            raise bad(f"descr {descr!r} is not a dtype NumPy knows") from None
     if stored.hasobject:
-        raise bad(
-            f"descr {descr!r} holds Python objects, which only pickle can read; "
+        raise UnsupportedDtypeError(
+            f"{where}: descr {descr!r} holds Python objects, which only pickle can read; "
             "tensorbridge never unpickles (np.load(path, allow_pickle=True) if you "
             "trust the file)"
         )
-    row = _row_of_stored(stored, where)
+    row = _row_of_stored(stored, where, raw)
     count = prod(shape)
     nbytes = count * stored.itemsize
     offset = start + hlen
@@ -221,38 +234,38 @@ def parse_header(head: bytes, size: int, where: str) -> Header:
     return Header(row, stored, shape, fortran, offset, nbytes)
 
 
-def _row_of_stored(stored: np.dtype[Any], where: str) -> DTypeRow:
+def _row_of_stored(stored: np.dtype[Any], where: str, raw: DTypeRow | None) -> DTypeRow:
     row = _BY_DISK.get(stored)
     if row is not None:
         return row
-    if stored.names is None:
+    if stored.names is None and stored.kind != "V":
         row = BY_NUMPY.get(stored.newbyteorder("="))
         if row is not None and row.carrier is None:
             return row  # byte-swapped: read as stored, converted on the way out
-    if stored in _VOID_ML_DTYPES:
+    if stored in _RAW:
+        width = stored.itemsize
+        if raw is not None and raw.carrier is not None and raw.itemsize == width:
+            return raw
+        kinds = ", ".join(r.name for r in _RAW_ROWS[width])
+        if raw is not None:
+            raise UnsupportedDtypeError(
+                f"{where}: dtype={raw.name!r} does not fit raw {width}-byte data; the "
+                f"{width}-byte types are {kinds}"
+            )
         raise UnsupportedDtypeError(
-            f"{where}: raw {stored.itemsize}-byte void data; np.save writes ml_dtypes arrays "
-            "(bfloat16, float8) this way and drops their dtype. If you know it, "
-            "np.load(path).view(ml_dtypes.bfloat16) (or the float8 type) reads it; tb.save "
-            "keeps the dtype"
+            f"{where}: raw {width}-byte data: np.save writes ml_dtypes arrays this way and "
+            f"drops their dtype; name it with dtype=, e.g. tb.load(path, "
+            f"dtype={_RAW_ROWS[width][0].name!r}) (command line: --as-dtype "
+            f"{_RAW_ROWS[width][0].name}); the {width}-byte types are {kinds}"
         )
     raise UnsupportedDtypeError(f"{where}: {explain_numpy(stored)}")
-
-
-def _hint(descr: Any) -> str:
-    if descr in ("<f1", "|f1", "<c4"):
-        return (
-            " (np.save writes float8_e5m2 as '<f1' and complex32 as '<c4', which np.load "
-            "cannot read either; re-save the array with tb.save)"
-        )
-    return ""
 
 
 def _view(buf: Any, start: int, h: Header) -> np.ndarray:
     """A zero-copy array of ``h``'s data at ``start`` of ``buf`` (a mapping or bytes)."""
     flat = np.frombuffer(buf, h.stored, count=prod(h.shape), offset=start)
-    if h.stored.names is not None:
-        flat = flat.view(h.row.numpy)  # the bit-carrier convention
+    if h.row.carrier is not None:
+        flat = flat.view(h.row.numpy)  # the bit-carrier convention, or raw bytes named by dtype=
     shaped: np.ndarray = flat.reshape(h.shape[::-1]).T if h.fortran else flat.reshape(h.shape)
     return shaped
 
@@ -435,13 +448,13 @@ class NpyFile(_Mapped):
 
     single = True
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, dtype: Any = None) -> None:
         p = Path(path)
         with builtins.open(p, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(min(size, _HEAD_LIMIT))
         super().__init__(p, size)
-        self.header = parse_header(head, size, repr(str(p)))
+        self.header = parse_header(head, size, repr(str(p)), _raw_row(dtype))
         self.name = p.stem
 
     def keys(self) -> list[str]:
@@ -469,9 +482,10 @@ class NpyFile(_Mapped):
 class NpzFile(_Mapped):
     """A ``.npz`` archive: keys are the member names without ``.npy``; nothing read until asked."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, dtype: Any = None) -> None:
         p = Path(path)
         where = repr(str(p))
+        self._raw = _raw_row(dtype)
         try:
             with zipfile.ZipFile(p) as zf:
                 infos = zf.infolist()
@@ -525,7 +539,7 @@ class NpzFile(_Mapped):
             start = self._stored_start(info, where)
             mm = self._map(False)
             head = mm[start : start + min(info.file_size, _HEAD_LIMIT)]
-            h = parse_header(head, info.file_size, where)
+            h = parse_header(head, info.file_size, where, self._raw)
             result = (h, start + h.offset)
         else:
             limit = info.compress_size * _DEFLATE_MAX_RATIO + 1024
@@ -537,7 +551,7 @@ class NpzFile(_Mapped):
                 )
             with _member(self._path, info, where) as f:
                 head = f.read(min(info.file_size, _HEAD_LIMIT))
-            result = (parse_header(head, info.file_size, where), -1)
+            result = (parse_header(head, info.file_size, where, self._raw), -1)
         self._headers[name] = result
         return result
 
@@ -587,8 +601,12 @@ def _member(path: Path, info: zipfile.ZipInfo, where: str) -> Iterator[BinaryIO]
         raise FormatError(f"{where}: corrupt member data: {err}") from None
 
 
-def open(path: str | os.PathLike[str]) -> TensorFile:  # the verb every format has
+def open(path: str | os.PathLike[str], *, dtype: Any = None) -> TensorFile:
     """Open a ``.npy`` (one key: the file's stem) or ``.npz`` lazily; headers are validated.
+
+    ``dtype`` names the type of raw-byte members (``np.save`` of an ml_dtypes array
+    writes bfloat16 as ``|V2`` and float8_e5m2 as ``<f1``): members of its width are
+    read as it, every other member keeps its own dtype.
 
     >>> import os, tempfile, numpy as np
     >>> p = os.path.join(tempfile.mkdtemp(), "a.npz")
@@ -601,7 +619,20 @@ def open(path: str | os.PathLike[str]) -> TensorFile:  # the verb every format h
         FormatError: the file is not a valid ``.npy`` / ``.npz``.
     """
     p = Path(path)
-    return NpzFile(p) if _is_npz(p) else NpyFile(p)
+    return NpzFile(p, dtype=dtype) if _is_npz(p) else NpyFile(p, dtype=dtype)
+
+
+def _raw_row(dtype: Any) -> DTypeRow | None:
+    if dtype is None:
+        return None
+    row = resolve_dtype(dtype)
+    if row.carrier is None:
+        raise UnsupportedDtypeError(
+            f"dtype={dtype!r} names raw bytes that np.save wrote from an ml_dtypes array, so it "
+            f"is one of {', '.join(r.name for rs in _RAW_ROWS.values() for r in rs)}; to cast "
+            "values pass float_dtype="
+        )
+    return row
 
 
 def load(
@@ -612,6 +643,7 @@ def load(
     device: Any = None,
     float_dtype: Any = None,
     keys: Iterable[str] | None = None,
+    dtype: Any = None,
 ) -> Any:
     """Read a ``.npy`` (the one array or tensor) or ``.npz`` (a dict of them).
 
@@ -631,6 +663,7 @@ def load(
         device: where torch results go.
         float_dtype: cast floating-point values (only) to this dtype.
         keys: the names to read (``.npz``); for ``.npy`` it must name the one key.
+        dtype: the type of raw-byte members written by ``np.save`` from ml_dtypes arrays.
     """
-    with open(path) as f:
+    with open(path, dtype=dtype) as f:
         return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -42,36 +43,57 @@ from ._common import TensorFile, atomic_write, cast_target, progress_bar, row_of
 __all__ = ["PtFile", "load", "open", "save"]
 
 
-def _torch_load(path: Path) -> Any:
+_LEGACY_NOTE = (
+    "legacy torch.save format (before torch 1.6): read into memory with weights_only=True, "
+    "not memory-mapped"
+)
+
+
+def _torch_load(path: Path) -> tuple[Any, bool]:
+    """The archive's object through the restricted unpickler, and whether it is mapped."""
     where = repr(str(path))
     try:
-        return torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+        try:
+            return torch.load(path, weights_only=True, mmap=True, map_location="cpu"), True
+        except RuntimeError as err:
+            if "mmap can only be used" not in str(err):
+                raise
+        # the legacy (pre-1.6) format has no zip to map; weights_only still guards it
+        return torch.load(path, weights_only=True, map_location="cpu"), False
     except pickle.UnpicklingError as err:
-        reason = str(err).strip().splitlines()[-3:]
-        detail = next((line for line in reason if "GLOBAL" in line or "global" in line), "")
+        text = str(err)
+        glob = re.search(r"GLOBAL ([\w.]+)", text)
+        name = glob.group(1) if glob else ""
+        if name.startswith("torch.nn.modules.") or name.endswith("Module"):
+            raise FormatError(
+                f"{where} holds a pickled {name} (a whole nn.Module), not a state dict; where "
+                "its code is available, re-save it with torch.save(model.state_dict(), path)"
+            ) from None
         raise FormatError(
             f"{where} contains non-tensor objects that only a full unpickle could build"
-            f"{f' ({detail.strip()})' if detail else ''}; tensorbridge never unpickles "
+            f"{f' (the global {name})' if name else ''}; tensorbridge never unpickles "
             "arbitrary data. If you trust the file, load it with torch.load(path, "
             "weights_only=False) and pass the tensors to tb.save"
         ) from None
     except RuntimeError as err:
         msg = str(err)
-        if "mmap can only be used" in msg:
-            problem = (
-                "is not a zip-format torch.save archive (a legacy torch.save file, or not "
-                "a torch file at all); re-save it with torch.save(obj, path) from torch "
-                ">= 1.6"
-            )
-        else:
-            problem = f"is not a readable torch.save archive: {msg.splitlines()[0]}"
-        raise FormatError(f"{where} {problem}") from None
+        if "TorchScript" in msg:
+            raise FormatError(TORCHSCRIPT_MESSAGE.format(where=where)) from None
+        raise FormatError(
+            f"{where} is not a readable torch.save archive: {msg.splitlines()[0]}"
+        ) from None
     except (EOFError, ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
         raise FormatError(f"{where} is a corrupt torch.save archive: {err}") from None
 
 
-def _flatten(obj: Any, key: str, tensors: dict[str, Any], meta: dict[str, str], where: str) -> None:
-    """Tensors into ``tensors``, other leaves into ``meta`` as ``str()``, by dotted key."""
+TORCHSCRIPT_MESSAGE = (
+    "{where} is a TorchScript archive (torch.jit.save): it holds a program, not a state "
+    "dict; if you trust it, torch.jit.load(path).state_dict() gives its weights"
+)
+
+
+def _flatten(obj: Any, key: str, tensors: dict[str, Any], meta: dict[str, Any], where: str) -> None:
+    """Tensors into ``tensors``, other leaves into ``meta`` as they are, by dotted key."""
     if isinstance(obj, Mapping) or type(obj) in (list, tuple):
         items = obj.items() if isinstance(obj, Mapping) else enumerate(obj)
         for k, v in items:
@@ -82,28 +104,47 @@ def _flatten(obj: Any, key: str, tensors: dict[str, Any], meta: dict[str, str], 
     if isinstance(obj, torch.Tensor):
         tensors[key] = obj
     else:
-        meta[key] = str(obj)
+        meta[key] = obj
 
 
-def _entries(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str], bool]:
-    """The archive's tensors and plain values by dotted key, and whether it is one tensor."""
-    obj = _torch_load(path)
+class _Entries(NamedTuple):
+    tensors: dict[str, torch.Tensor]
+    values: dict[str, Any]  # the plain (non-tensor) leaves, as unpickled
+    single: bool  # the archive is one tensor
+    mapped: bool  # zip format, memory-mapped (False: legacy, read into memory)
+
+
+def _entries(path: Path) -> _Entries:
+    """The archive's tensors and plain values by dotted key."""
+    obj, mapped = _torch_load(path)
     tensors: dict[str, torch.Tensor] = {}
-    meta: dict[str, str] = {}
+    values: dict[str, Any] = {}
     nested = isinstance(obj, Mapping) or type(obj) in (list, tuple)
-    _flatten(obj, "" if nested else path.stem, tensors, meta, repr(str(path)))
-    return tensors, meta, isinstance(obj, torch.Tensor)
+    _flatten(obj, "" if nested else path.stem, tensors, values, repr(str(path)))
+    return _Entries(tensors, values, isinstance(obj, torch.Tensor), mapped)
 
 
 class PtFile(TensorFile):
-    """A torch.save archive: its tensors by dotted key, its other values in ``metadata``."""
+    """A torch.save archive: its tensors by dotted key, its other values in ``metadata``.
+
+    ``metadata`` holds the plain values as strings (like safetensors metadata);
+    :meth:`plain_values` gives them as they were unpickled (ints stay ints).
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__()
         self._path = Path(path)
         self._where = repr(str(self._path))
-        self._tensors, self.metadata, self.single = _entries(self._path)
+        entries = _entries(self._path)
+        self._tensors, self._values, self.single = entries.tensors, entries.values, entries.single
+        self.metadata = {k: str(v) for k, v in self._values.items()}
+        self.mapped = entries.mapped
+        if not self.mapped:
+            self.notes.append(f"{self._path.name}: {_LEGACY_NOTE}")
         self._writable: dict[str, torch.Tensor] | None = None
+
+    def plain_values(self) -> dict[str, Any]:
+        return dict(self._values)
 
     def keys(self) -> list[str]:
         return list(self._tensors)
@@ -127,8 +168,11 @@ class PtFile(TensorFile):
         if not copy_on_write:
             view: np.ndarray = to_numpy(self._tensor(name, self._tensors), readonly=True)
             return view
+        if not self.mapped:  # legacy: the tensors are in memory; torch results get a copy
+            copied: np.ndarray = to_numpy(self._tensor(name, self._tensors), copy=True)
+            return copied
         if self._writable is None:  # a second private mapping that only torch results use
-            self._writable = _entries(self._path)[0]
+            self._writable = _entries(self._path).tensors
         writable: np.ndarray = to_numpy(self._tensor(name, self._writable))
         return writable
 
@@ -186,9 +230,14 @@ def save(
     path: str | os.PathLike[str],
     *,
     float_dtype: Any = None,
+    metadata: Mapping[str, Any] | None = None,
     progress: bool | None = None,
 ) -> None:
     """Write a tensor, or a mapping of names to tensors/arrays, with ``torch.save``, atomically.
+
+    ``metadata`` (plain values: str, int, float, bool, None) is stored beside the
+    tensors under its own keys, as a training checkpoint stores its ``epoch``; reading
+    the file back gives them in ``metadata`` again.
 
     >>> import os, tempfile, ml_dtypes, numpy as np, torch
     >>> p = os.path.join(tempfile.mkdtemp(), "w.pt")
@@ -216,7 +265,20 @@ def save(
             except TensorBridgeError as err:
                 raise type(err)(f"at {key!r}: {err}") from None
         tensors = list(data.values())
+        for key, value in (metadata or {}).items():
+            if key in data:
+                raise UnsupportedTensorError(
+                    f"{str(path)!r}: metadata key {key!r} is also a tensor's name; rename one"
+                )
+            data[key] = (
+                value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+            )
     else:
+        if metadata:
+            raise UnsupportedTensorError(
+                f"{str(path)!r}: a file of one bare tensor has no place for metadata; pass a "
+                "mapping such as {'weight': tensor}"
+            )
         data = _as_saved(obj, float_dtype)
         tensors = [data]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}

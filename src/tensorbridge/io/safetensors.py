@@ -58,12 +58,12 @@ from ._common import (
     progress_bar,
     row_of,
 )
-from ._safetensors_header import _F4, _bits, _Entry, _parse, _read_index, _short
+from ._detect import INDEX_SUFFIX, resolve
+from ._safetensors_header import _F4, _bits, _Entry, _parse
 from ._safetensors_header import MAX_HEADER as MAX_HEADER  # the limit on a header's JSON
+from .sharded import ShardedFile
 
 __all__ = ["SafetensorsFile", "load", "open", "save"]
-
-_INDEX_SUFFIX = ".index.json"
 
 # The official writer orders tensors by its dtype enum, largest first, then by name. A new
 # code goes here at its place in that order (safetensors' src/tensor.rs, enum Dtype).
@@ -95,6 +95,7 @@ def save(
     float_dtype: Any = None,
     metadata: Mapping[str, str] | None = None,
     max_shard_size: int | str | None = None,
+    index: bool = False,
     progress: bool | None = None,
     chunk_bytes: int = DEFAULT_CHUNK,
 ) -> None:
@@ -120,6 +121,8 @@ def save(
             ``model-00001-of-0000N.safetensors`` greedily in the mapping's order (one
             larger than the limit gets a shard of its own), and
             ``model.safetensors.index.json`` maps each name to its shard.
+        index: write the sharded layout (shards and index) even when everything fits
+            in one file, as a destination named ``model.safetensors.index.json`` asks.
         progress: show a progress bar (``None``: when stderr is a terminal).
         chunk_bytes: about how many bytes to hold at once when casting or copying.
 
@@ -142,7 +145,7 @@ def save(
     shards = _split(items, limit) if limit is not None else [items]
     bar = progress_bar(sum(it.nbytes for it in items), f"saving {target.name}", progress)
     try:
-        if len(shards) <= 1:
+        if len(shards) <= 1 and not index:
             _write_file(target, items, meta, chunk_bytes, bar)
             _remove_stale(target, keep=set())
             return
@@ -153,9 +156,9 @@ def save(
             _write_file(target.parent / name, shard, meta, chunk_bytes, bar)
             weight_map.update((it.name, name) for it in shard)
         total = sum(it.nbytes for it in items)
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        with atomic_write(target.parent / (target.name + _INDEX_SUFFIX)) as f:
-            f.write((json.dumps(index, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+        doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        with atomic_write(target.parent / (target.name + INDEX_SUFFIX)) as f:
+            f.write((json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8"))
         _remove_stale(target, keep=set(weight_map.values()))
     finally:
         bar.close()
@@ -349,7 +352,7 @@ def _remove_stale(target: Path, keep: set[str]) -> None:
     stem = re.escape(target.name.removesuffix(".safetensors"))
     shard = re.compile(stem + r"-\d{5}-of-\d{5}\.safetensors")
     stale = [p for p in target.parent.iterdir() if shard.fullmatch(p.name) and p.name not in keep]
-    stale.append(target if keep else target.parent / (target.name + _INDEX_SUFFIX))
+    stale.append(target if keep else target.parent / (target.name + INDEX_SUFFIX))
     for p in stale:
         p.unlink(missing_ok=True)
 
@@ -414,31 +417,8 @@ class _Shard:
         self._close()
 
 
-def _resolve(path: Path) -> Path:
-    """A file, an index, or a directory holding one index (or exactly one file).
-
-    ``dir/model.safetensors`` that was saved sharded (so only its index exists) opens
-    through ``dir/model.safetensors.index.json``.
-    """
-    if not path.is_dir():
-        index = path.with_name(path.name + _INDEX_SUFFIX)
-        if not path.exists() and index.exists():
-            return index
-        return path
-    for pattern in ("*.safetensors" + _INDEX_SUFFIX, "*.safetensors"):
-        found = sorted(path.glob(pattern))
-        if len(found) == 1:
-            return found[0]
-        if found:
-            raise FormatError(
-                f"{path} holds {len(found)} files matching {pattern} "
-                f"({', '.join(p.name for p in found[:5])}); pass the one to open"
-            )
-    raise FileNotFoundError(f"{path} holds no .safetensors file or index")
-
-
 class SafetensorsFile(TensorFile):
-    """A validated safetensors file or sharded checkpoint; tensors are read when asked for.
+    """A validated safetensors file; tensors are read when asked for.
 
     ``[name]`` is a read-only NumPy view of the memory-mapped file (writing raises);
     ``.get(name, framework="torch")`` is a copy-on-write tensor over it;
@@ -448,35 +428,13 @@ class SafetensorsFile(TensorFile):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__()
-        self.path = _resolve(Path(path))
-        self._shards: list[_Shard] = []
-        self._where: dict[str, tuple[_Shard, _Entry]] = {}
-        try:
-            if self.path.name.endswith(_INDEX_SUFFIX):
-                self._open_index()
-            else:
-                shard = _Shard(self.path)
-                self._shards.append(shard)
-                self._where = {k: (shard, e) for k, e in shard.entries.items()}
-        except BaseException:
-            self.close()
-            raise
-        self.metadata = dict(self._shards[0].metadata) if self._shards else {}
-
-    def _open_index(self) -> None:
-        weight_map = _read_index(self.path)
-        for file in sorted(set(weight_map.values())):
-            shard = _Shard(self.path.parent / file)
-            self._shards.append(shard)
-            for name, entry in shard.entries.items():
-                if weight_map.get(name) == file:
-                    self._where[name] = (shard, entry)
-        missing = [name for name in weight_map if name not in self._where]
-        if missing:
-            raise FormatError(
-                f"{self.path}: tensor {_short(missing[0])} is not in {weight_map[missing[0]]}, "
-                f"the shard the index names ({len(missing)} such tensors)"
-            )
+        self.path = Path(path)
+        shard = _Shard(self.path)
+        self._shards: list[_Shard] = [shard]
+        self._where: dict[str, tuple[_Shard, _Entry]] = {
+            k: (shard, e) for k, e in shard.entries.items()
+        }
+        self.metadata = dict(shard.metadata)
 
     def keys(self) -> list[str]:
         return list(self._where)
@@ -573,7 +531,7 @@ class SafetensorsFile(TensorFile):
         return f"<SafetensorsFile {str(self.path)!r}: {len(self._where)} tensors>"
 
 
-def open(path: str | os.PathLike[str]) -> SafetensorsFile:
+def open(path: str | os.PathLike[str]) -> SafetensorsFile | ShardedFile:
     """Open a safetensors file, a ``*.safetensors.index.json`` or a directory holding one.
 
     Only the header is read (and checked); tensors are mapped when asked for.
@@ -590,7 +548,10 @@ def open(path: str | os.PathLike[str]) -> SafetensorsFile:
             tensor and what is wrong.
         FileNotFoundError: no such file, or a directory without one.
     """
-    return SafetensorsFile(path)
+    p = resolve(Path(path), ("*.safetensors" + INDEX_SUFFIX, "*.safetensors"))
+    if p.name.endswith(INDEX_SUFFIX):
+        return ShardedFile(p, SafetensorsFile)
+    return SafetensorsFile(p)
 
 
 def load(
