@@ -312,17 +312,33 @@ def test_progress_bar_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert capsys.readouterr().err == ""
 
 
-def test_tied_and_strided_tensors_are_written_in_full(tmp_path: Path) -> None:
+def test_tied_weights_are_written_once_and_strided_views_in_full(tmp_path: Path) -> None:
     w = torch.randn(4, 5)
     sd = {"embed": w, "lm_head": w, "row": w[1], "t": w.t()}
     with pytest.raises(RuntimeError, match="share memory"):
         safetensors_torch.save_file({"embed": w, "lm_head": w}, tmp_path / "theirs.safetensors")
     path = tmp_path / "m.safetensors"
-    st.save(sd, path)  # documented: each name gets its own copy of the bytes
-    theirs = safetensors_torch.load_file(path)
-    for k, v in sd.items():
-        assert torch.equal(theirs[k], v)
-    assert path.stat().st_size > 4 * (20 + 20 + 5 + 20)
+    st.save(sd, path)
+    theirs = safetensors_torch.load_file(path)  # the official reader: lm_head is not stored
+    assert sorted(theirs) == ["embed", "row", "t"]
+    for k in theirs:
+        assert torch.equal(theirs[k], sd[k])
+    with safe_open(path, framework="pt") as f:  # the tie, as safetensors' save_model records it
+        assert f.metadata() == {"format": "pt", "lm_head": "embed"}
+    header = int.from_bytes(path.read_bytes()[:8], "little")
+    assert path.stat().st_size == 8 + header + 4 * (20 + 5 + 20)  # the 4x5 weight once
+    with st.open(path) as f:  # tensorbridge restores it: one memory, two names
+        assert f.keys() == ["embed", "row", "t", "lm_head"]
+        assert f.aliases == {"lm_head": "embed"} and f.metadata == {"format": "pt"}
+        a, b = f["embed"], f["lm_head"]
+        assert np.shares_memory(a, b) and np.array_equal(a, w.numpy())
+    tied = torch.nn.Linear(5, 4, bias=False)
+    model = torch.nn.ModuleDict({"embed": tied, "lm_head": tied})
+    st.save(model.state_dict(), tmp_path / "model.safetensors")
+    fresh = torch.nn.Linear(5, 4, bias=False)
+    again = torch.nn.ModuleDict({"embed": fresh, "lm_head": fresh})
+    safetensors_torch.load_model(again, tmp_path / "model.safetensors")  # the official loader
+    assert torch.equal(again["lm_head"].weight, tied.weight)
 
 
 def test_chunks_are_zero_copy_views_of_tensor_memory() -> None:
@@ -426,7 +442,7 @@ def test_resaving_replaces_the_previous_layout(tmp_path: Path) -> None:
      ("10kib", 10240), ("77", 77)],
 )  # fmt: skip
 def test_shard_sizes(size: int | str, expected: int) -> None:
-    assert st._parse_size(size) == expected
+    assert st.parse_size(size) == expected
 
 
 @pytest.mark.parametrize("size", ["5 parsecs", "GB", "-1MB", 0, -5, True, 1.5])

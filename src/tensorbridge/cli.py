@@ -27,7 +27,8 @@ from . import io as tbio
 from .convert import to_numpy
 from .dtypes import dtype_table, resolve_dtype
 from .errors import TensorBridgeError
-from .io._common import TensorFile, cast_target, row_of
+from .io._common import TensorFile, cast_target, progress_bar, row_of
+from .io.safetensors import parse_size
 
 _EXAMPLES = {
     "inspect": "examples:\n  tensorbridge inspect model.safetensors\n"
@@ -73,10 +74,25 @@ def _parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
 
-    p = command("inspect", "list the tensors of .safetensors (sharded too), .npz, .npy, .pt files")
+    def reading(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--as-dtype",
+            metavar="DTYPE",
+            help="read raw-byte .npy/.npz members (np.save of ml_dtypes arrays) as DTYPE",
+        )
+        p.add_argument(
+            "--quiet", "-q", action="store_true", help="no progress bar and no notes on stderr"
+        )
+
+    p = command(
+        "inspect",
+        "list the tensors of safetensors, .npz, .npy, torch.save files, shard indexes and "
+        "checkpoint directories",
+    )
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--stats", action="store_true", help="add min/max/mean/std and NaN/inf counts")
-    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts (a list of files)")
+    reading(p)
 
     p = command("convert", "convert a checkpoint between formats, streamed, atomically")
     p.add_argument("src", metavar="SRC")
@@ -102,10 +118,19 @@ def _parser() -> argparse.ArgumentParser:
         help="drop tensors whose name matches (glob; repeatable)",
     )
     p.add_argument(
+        "--skip-unsupported",
+        action="store_true",
+        help="leave out entries that are not tensors (strings, objects), naming each on stderr",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace DST if it exists (even when it is SRC)"
+    )
+    p.add_argument(
         "--verify", action="store_true", help="re-read the output and check it against the source"
     )
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
+    reading(p)
 
     p = command("compare", "compare two files (or tensors) tensor by tensor")
     p.add_argument("a", metavar="A", help="the reference")
@@ -114,12 +139,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, help="absolute tolerance (default: by dtype)")
     p.add_argument("--plot", metavar="PNG", help="draw the error distributions (matplotlib)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    reading(p)
 
     p = command("cast-report", "what casting every tensor of a file to DTYPE would do")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--dtype", required=True, metavar="DTYPE", help="bf16, f16, float8_e4m3fn, ...")
     p.add_argument("--plot", metavar="PNG", help="draw the ULP histograms (matplotlib)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    reading(p)
 
     command("demo", "convert a small bf16 model's weights both ways and report, offline")
 
@@ -263,43 +290,93 @@ def _select(names: list[str], include: list[str], exclude: list[str]) -> list[st
 
 def _nbytes(f: TensorFile, name: str) -> int:
     """A tensor's size from the file's header, without reading its values."""
-    row, shape = f.info(name)
-    return int(np.prod(shape, dtype=np.int64)) * row.itemsize
+    return f.nbytes(name)
 
 
-def _written(dst: str) -> str:
-    """What ``save`` wrote for ``dst``: the shard index when a sharded save replaced the file."""
-    index = dst + ".index.json"
-    if dst.lower().endswith(".safetensors") and not os.path.exists(dst) and os.path.exists(index):
-        return index
-    return dst
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+
+
+def _open(path: str, args: argparse.Namespace) -> TensorFile:
+    """Open a source file, printing what is worth knowing about how it was read."""
+    f = tbio.open(path, dtype=_dtype_arg(args.as_dtype, "--as-dtype"))
+    if not args.quiet:
+        for note in f.notes:
+            print(f"note: {note}", file=sys.stderr)
+    return f
+
+
+def _dtype_arg(spec: str | None, option: str, floating: bool = False) -> Any:
+    """A dtype option's row; an unknown or (for ``floating``) non-float name is a usage error."""
+    if spec is None:
+        return None
+    try:
+        row = resolve_dtype(spec)
+    except TensorBridgeError:
+        row = None
+    if row is None or (floating and not row.is_floating):
+        rows = [r for r in dtype_table() if r.is_floating or not floating]
+        names = [r.name for r in rows] + [a for r in rows for a in r.aliases if a.isidentifier()]
+        what = "a floating-point dtype" if floating else "a dtype"
+        raise _UsageError(f"{option} {spec} is not {what}; pass one of {', '.join(names)}")
+    return row
+
+
+def _progress(args: argparse.Namespace) -> bool | None:
+    return False if args.quiet or getattr(args, "no_progress", False) else None
 
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
     report: list[dict[str, Any]] = []
     for path in args.files:
-        with tbio.open(path) as f:
+        with _open(path, args) as f:
+            unsupported = f.unsupported()
+            names = [n for n in f if n not in unsupported]
+            bar = progress_bar(
+                sum(f.nbytes(n) for n in names) if args.stats else 0,
+                f"stats {os.path.basename(path)}",
+                _progress(args),
+            )
             tensors = []
-            for name in f:
-                row, shape = f.info(name)
-                entry: dict[str, Any] = {
-                    "name": name,
-                    "dtype": row.name,
-                    "shape": list(shape),
-                    "nbytes": _nbytes(f, name),
+            try:
+                for name in f:
+                    if name in unsupported:
+                        tensors.append({"name": name, "unsupported": unsupported[name]})
+                        continue
+                    row, shape = f.info(name)
+                    entry: dict[str, Any] = {
+                        "name": name,
+                        "dtype": row.name,
+                        "shape": list(shape),
+                        "nbytes": f.nbytes(name),
+                    }
+                    if name in f.aliases:
+                        entry["tied_to"] = f.aliases[name]
+                    if args.stats:
+                        entry["stats"] = diagnostics.stats(f[name]).to_dict()
+                        bar.update(entry["nbytes"])
+                    tensors.append(entry)
+            finally:
+                bar.close()
+            report.append(
+                {
+                    "file": str(path),
+                    "metadata": dict(f.metadata),
+                    "notes": list(f.notes),
+                    "tensors": tensors,
                 }
-                if args.stats:
-                    entry["stats"] = diagnostics.stats(f[name]).to_dict()
-                tensors.append(entry)
-            report.append({"file": str(path), "metadata": dict(f.metadata), "tensors": tensors})
+            )
     if args.json:
-        _dump(report if len(report) > 1 else report[0], out)
+        _dump(report, out)
         return 0
     for i, file in enumerate(report):
         if i:
             out.write("\n")
-        total = sum(t["nbytes"] for t in file["tensors"])
-        out.write(f"{file['file']}: {len(file['tensors'])} tensors, {_size(total)}\n")
+        readable = [t for t in file["tensors"] if "unsupported" not in t]
+        total = sum(t["nbytes"] for t in readable if "tied_to" not in t)
+        line = f"{file['file']}: {_plural(len(readable), 'tensor')}, {_size(total)}"
+        skipped = len(file["tensors"]) - len(readable)
+        out.write(line + (f", {skipped} unsupported" if skipped else "") + "\n")
         if file["metadata"]:
             out.write("metadata: " + json.dumps(file["metadata"]) + "\n")
         headers = ["name", "dtype", "shape", "size"]
@@ -307,63 +384,98 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
             headers += ["min", "max", "mean", "std", "nan", "inf"]
         rows: list[list[str]] = []
         for t in file["tensors"]:
-            cells = [t["name"], t["dtype"], str(tuple(t["shape"])), _size(t["nbytes"])]
+            if "unsupported" in t:
+                rows.append([t["name"], "unsupported", "-", "-"] + ["-"] * (len(headers) - 4))
+                continue
+            size = f"tied to {t['tied_to']}" if "tied_to" in t else _size(t["nbytes"])
+            cells = [t["name"], t["dtype"], str(tuple(t["shape"])), size]
             if args.stats:
-                s = t["stats"]
-                cells += [_num(s.get(k)) for k in ("min", "max", "mean", "std", "nan_count")]
-                cells.append(_num(s.get("posinf_count", 0) + s.get("neginf_count", 0)))
+                st = t["stats"]
+                cells += [_num(st.get(k)) for k in ("min", "max", "mean", "std", "nan_count")]
+                cells.append(_num(st.get("posinf_count", 0) + st.get("neginf_count", 0)))
             rows.append(cells)
         _table(rows, headers, out)
+        for t in file["tensors"]:
+            if "unsupported" in t:
+                out.write(f"unsupported: {t['unsupported']}\n")
     return 0
 
 
 def _convert(args: argparse.Namespace, out: TextIO) -> int:
-    # an unknown name fails before anything is written; a non-float one would truncate
-    if args.float_dtype is not None and not resolve_dtype(args.float_dtype).is_floating:
-        floats = ", ".join(r.name for r in dtype_table() if r.is_floating)
-        raise _UsageError(
-            f"--float-dtype {args.float_dtype} is not a floating-point dtype; pass one of "
-            f"{floats} (or bf16, f16, f32, f64)"
-        )
-    sharded_dst = args.dst.lower().endswith(".safetensors") or os.path.isdir(args.dst)
-    if args.max_shard_size is not None and not sharded_dst:
+    float_dtype = _dtype_arg(args.float_dtype, "--float-dtype", floating=True)
+    try:
+        dst = tbio.destination(args.dst)
+        if args.max_shard_size is not None:
+            parse_size(args.max_shard_size)
+    except (TensorBridgeError, ValueError) as e:
+        raise _UsageError(str(e)) from None
+    if args.max_shard_size is not None and dst.format != "safetensors":
         raise _UsageError(
             f"--max-shard-size needs a .safetensors destination (or a directory), not {args.dst}"
         )
+    dst.check_overwrite(args.overwrite)  # before reading anything
     start = time.perf_counter()
-    with tbio.open(args.src) as src:
+    with _open(args.src, args) as src:
         names = _select(src.keys(), args.include, args.exclude)
+        if not src.keys():
+            raise TensorBridgeError(f"{args.src} holds no arrays or tensors; nothing to convert")
         if not names:
             raise _UsageError(f"no tensor of {args.src} matches --include/--exclude")
-        progress = False if args.no_progress else None
-        if args.dst.lower().endswith(".npy"):
-            if len(names) != 1:
-                raise _UsageError(
-                    f"a .npy file holds one array but {len(names)} tensors were selected; pick "
-                    "one with --include NAME or write .npz / .safetensors"
-                )
-            tbio.save(src[names[0]], args.dst, float_dtype=args.float_dtype, progress=progress)
+        unsupported = {n: why for n, why in src.unsupported().items() if n in names}
+        if unsupported and not args.skip_unsupported:
+            first = next(iter(unsupported))
+            raise TensorBridgeError(
+                f"{unsupported[first]}; {_plural(len(unsupported), 'entry')} cannot be "
+                f"converted: pass --exclude {first}{' (each)' if len(unsupported) > 1 else ''} "
+                "or --skip-unsupported"
+            )
+        for name, why in unsupported.items():
+            print(f"skipped {name}: {why}", file=sys.stderr)
+        names = [n for n in names if n not in unsupported]
+        if dst.path.suffix.lower() == ".npy" and len(names) != 1:
+            raise _UsageError(
+                f"a .npy file holds one array but {len(names)} tensors were selected; pick "
+                "one with --include NAME or write .npz / .safetensors"
+            )
+        meta, dropped = _carried_metadata(src, dst, names)
+        if dropped and not args.quiet:
+            print(
+                f"note: dropped metadata {', '.join(dropped)}: {dst.path.suffix} files have no "
+                "place for it (convert to .safetensors or .pt to keep it)",
+                file=sys.stderr,
+            )
+        progress = _progress(args)
+        if dst.path.suffix.lower() == ".npy":
+            tbio.save(
+                src[names[0]], dst.path, float_dtype=float_dtype, progress=progress, overwrite=True
+            )
         else:
             tbio.save(
                 _Lazy(src, names),
                 args.dst,
-                float_dtype=args.float_dtype,
+                float_dtype=float_dtype,
+                metadata=meta or None,
                 max_shard_size=args.max_shard_size,
                 progress=progress,
+                overwrite=True,
             )
         took = time.perf_counter() - start
-        in_bytes = sum(_nbytes(src, n) for n in names)
-        written = _written(args.dst)
+        in_bytes = sum(_nbytes(src, n) for n in names if n not in src.aliases)
+        out_bytes = sum(p.stat().st_size for p in dst.existing())
+        written = _written(dst)
         summary: dict[str, Any] = {
             "src": args.src,
             "dst": written,
             "tensors": len(names),
             "bytes_in": in_bytes,
+            "bytes_out": out_bytes,
             "seconds": round(took, 3),
+            "skipped": sorted(unsupported),
+            "dropped_metadata": dropped,
         }
         ok = True
         if args.verify:
-            problems = _verify(src, names, written, args.float_dtype)
+            problems = _verify(src, names, written, float_dtype, progress)
             summary["verified"] = not problems
             summary["problems"] = problems
             ok = not problems
@@ -371,20 +483,59 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         _dump(summary, out)
     else:
         out.write(
-            f"converted {len(names)} tensor(s) ({_size(in_bytes)}) {args.src} -> {written} "
-            f"in {took:.2f} s\n"
+            f"converted {_plural(len(names), 'tensor')} ({_size(in_bytes)} in, "
+            f"{_size(out_bytes)} out) {args.src} -> {written} in {took:.2f} s\n"
         )
         if args.verify:
-            verdict = "bit-exact" if ok else f"{len(summary['problems'])} mismatch(es)"
+            if not ok:
+                verdict = f"{len(summary['problems'])} mismatch(es)"
+            elif float_dtype is not None:
+                verdict = (
+                    f"bit-exact to the source cast to {float_dtype.name} (torch's kernel); "
+                    "the cast itself may round: see tensorbridge cast-report"
+                )
+            else:
+                verdict = "bit-exact"
             out.write("verify: " + _colour(verdict, ok, out) + "\n")
             for p in summary["problems"]:
                 out.write(f"  {p}\n")
     return 0 if ok else 1
 
 
-def _verify(src: TensorFile, names: list[str], dst_path: str, float_dtype: Any) -> list[str]:
+def _carried_metadata(
+    src: TensorFile, dst: tbio.Destination, names: list[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """The source's metadata as the destination can hold it, and the keys it cannot."""
+    values = src.plain_values()
+    if dst.format != "safetensors":
+        values = {k: v for k, v in values.items() if not (k == "format" and v in _WRITER_MARKS)}
+    if dst.format == "npy":
+        return {}, sorted(values)
+    clash = [k for k in values if k in names]
+    if dst.format == "pt" and clash:
+        raise TensorBridgeError(
+            f"metadata key {clash[0]!r} of {src.filename} is also a tensor's name; a .pt file "
+            "cannot hold both: write .safetensors"
+        )
+    return values, []
+
+
+# the "format" entry safetensors writers add for themselves: not the user's metadata
+_WRITER_MARKS = ("pt", "np", "tf", "flax", "mlx")
+
+
+def _written(dst: tbio.Destination) -> str:
+    """What ``save`` wrote: the shard index when the save was sharded, else the file."""
+    index = dst.path.with_name(dst.path.name + ".index.json")
+    return str(index if not dst.path.exists() and index.exists() else dst.path)
+
+
+def _verify(
+    src: TensorFile, names: list[str], dst_path: str, float_dtype: Any, progress: bool | None
+) -> list[str]:
     """Every output tensor must equal the source, or its cast with the same kernel, bit for bit."""
     problems = []
+    bar = progress_bar(sum(src.nbytes(n) for n in names), "verifying", progress)
     with tbio.open(dst_path) as written:
         keys = written.keys()
         if dst_path.lower().endswith(".npy"):  # one array, named after the file
@@ -392,19 +543,23 @@ def _verify(src: TensorFile, names: list[str], dst_path: str, float_dtype: Any) 
         else:
             stored = set(keys)
             where = {n: n for n in names if n in stored}
-        for name in names:
-            if name not in where:
-                problems.append(f"{name}: missing from the output")
-                continue
-            a, b = src[name], written[where[name]]
-            want = cast_target(row_of(a), float_dtype)
-            expected = to_numpy(a, dtype=want) if want.numpy != a.dtype else a
-            if expected.shape != b.shape or expected.dtype != b.dtype:
-                problems.append(
-                    f"{name}: {expected.dtype}{expected.shape} became {b.dtype}{b.shape}"
-                )
-            elif not np.array_equal(_bits(expected), _bits(b)):
-                problems.append(f"{name}: the bytes differ")
+        try:
+            for name in names:
+                bar.update(src.nbytes(name))
+                if name not in where:
+                    problems.append(f"{name}: missing from the output")
+                    continue
+                a, b = src[name], written[where[name]]
+                want = cast_target(row_of(a), float_dtype)
+                expected = to_numpy(a, dtype=want) if want.numpy != a.dtype else a
+                if expected.shape != b.shape or expected.dtype != b.dtype:
+                    problems.append(
+                        f"{name}: {expected.dtype}{expected.shape} became {b.dtype}{b.shape}"
+                    )
+                elif not np.array_equal(_bits(expected), _bits(b)):
+                    problems.append(f"{name}: the bytes differ")
+        finally:
+            bar.close()
     return problems
 
 
@@ -412,61 +567,92 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
-def _as_mapping(path: str) -> dict[str, Any]:
-    if path.lower().endswith(".npy"):
-        return {os.path.basename(path)[:-4]: tbio.load(path)}
-    result: dict[str, Any] = tbio.load(path)
-    return result
+def _as_mapping(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    with _open(path, args) as f:
+        if f.single:
+            return {f.keys()[0]: f[f.keys()[0]]}
+        unsupported = f.unsupported()
+        if unsupported:
+            first = next(iter(unsupported))
+            raise TensorBridgeError(
+                f"{unsupported[first]}; compare reads tensors only (convert the others with "
+                f"--exclude {first} or --skip-unsupported first)"
+            )
+        return {n: f[n] for n in f}
+
+
+def _check_tolerance(value: float | None, option: str) -> None:
+    if value is not None and not value >= 0:
+        raise _UsageError(f"{option} {value} is not a tolerance; pass a number >= 0")
 
 
 def _compare(args: argparse.Namespace, out: TextIO) -> int:
-    a, b = _as_mapping(args.a), _as_mapping(args.b)
+    _check_tolerance(args.rtol, "--rtol")
+    _check_tolerance(args.atol, "--atol")
+    a, b = _as_mapping(args.a, args), _as_mapping(args.b, args)
     if len(a) == 1 and len(b) == 1 and a.keys() != b.keys():
         a, b = {"tensor": next(iter(a.values()))}, {"tensor": next(iter(b.values()))}
-    result = diagnostics.compare(a, b, rtol=args.rtol, atol=args.atol)
+    result = diagnostics.compare(a, b, rtol=args.rtol, atol=args.atol, progress=_progress(args))
     if args.plot:
         _plot_errors(a, b, result, args.plot)
     if args.json:
-        _dump(result.to_dict(), out)
+        doc = result.to_dict()
+        doc["leaves"] = {_display(k): v for k, v in doc["leaves"].items()}
+        doc["missing"] = [_display(k) for k in doc["missing"]]
+        doc["extra"] = [_display(k) for k in doc["extra"]]
+        _dump(doc, out)
         return 0 if result.ok else 1
+    mixed = any(leaf.dtype_mismatch for leaf in result.leaves.values())
     rows = []
     for path, leaf in result.leaves.items():
         verdict = "ok" if leaf.ok else "DIFF"
         if leaf.problem:
             verdict = f"DIFF ({leaf.problem})"
-        rows.append(
-            [
-                _display(path),
-                f"{leaf.dtype_a}/{leaf.dtype_b}" if leaf.dtype_mismatch else str(leaf.dtype_a),
-                _num(leaf.max_abs_err),
-                _num(leaf.max_rel_err),
-                _num(leaf.max_ulp),
-                _num(leaf.mismatches),
-                _colour(verdict, leaf.ok, out),
-            ]
-        )
-    _table(rows, ["tensor", "dtype", "max abs", "max rel", "max ulp", "mismatches", "verdict"], out)
+        cells = [
+            _display(path),
+            f"{leaf.dtype_a}/{leaf.dtype_b}" if leaf.dtype_mismatch else str(leaf.dtype_a),
+            _num(leaf.max_abs_err),
+            _num(leaf.max_rel_err),
+            _num(leaf.max_ulp),
+        ]
+        if mixed:
+            cells.append(str(leaf.compared_in or "-"))
+        rows.append([*cells, _num(leaf.mismatches), _colour(verdict, leaf.ok, out)])
+    headers = ["tensor", "dtype", "max abs", "max rel", "max ulp"]
+    headers += ["ulps of"] if mixed else []
+    _table(rows, [*headers, "mismatches", "verdict"], out)
     for name in result.missing:
         out.write(f"only in {args.a}: {_display(name)}\n")
     for name in result.extra:
         out.write(f"only in {args.b}: {_display(name)}\n")
     bad = sum(not leaf.ok for leaf in result.leaves.values())
     unmatched = len(result.missing) + len(result.extra)
-    problems = [f"{bad} tensor(s) differ"] if bad else []
-    problems += [f"{unmatched} tensor(s) in only one file"] if unmatched else []
+    problems = [f"{_plural(bad, 'tensor')} {'differs' if bad == 1 else 'differ'}"] if bad else []
+    problems += [f"{_plural(unmatched, 'tensor')} in only one file"] if unmatched else []
     verdict = "within tolerance" if result.ok else ", ".join(problems) or "differ"
-    out.write(f"verdict: {_colour(verdict, result.ok, out)} (max ulp {_num(result.max_ulp)})\n")
+    units = {leaf.compared_in for leaf in result.leaves.values() if leaf.compared_in}
+    unit = f" {units.pop()}" if len(units) == 1 else ""
+    ulps = f"max ulp {_num(result.max_ulp)}" + (f", counted in{unit} ULPs" if mixed else "")
+    out.write(f"verdict: {_colour(verdict, result.ok, out)} ({ulps})\n")
     return 0 if result.ok else 1
 
 
 def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
-    target = resolve_dtype(args.dtype)
+    target = _dtype_arg(args.dtype, "--dtype", floating=True)
     reports = {}
-    with tbio.open(args.file) as f:
-        for name in f:
-            row, _ = f.info(name)
-            if row.category in ("float", "complex"):
+    with _open(args.file, args) as f:
+        names = [
+            n
+            for n in f
+            if n not in f.unsupported() and f.info(n)[0].category in ("float", "complex")
+        ]
+        bar = progress_bar(sum(f.nbytes(n) for n in names), "cast-report", _progress(args))
+        try:
+            for name in names:
                 reports[name] = diagnostics.cast_report(f[name], target)
+                bar.update(f.nbytes(name))
+        finally:
+            bar.close()
     if not reports:
         raise _UsageError(f"{args.file} has no floating-point or complex tensors to cast")
     if args.plot:

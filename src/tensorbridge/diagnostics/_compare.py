@@ -22,6 +22,7 @@ import torch
 
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import TensorBridgeError
+from ..io._common import progress_bar
 from ._record import _Record
 from ._values import (
     _LEAVES,
@@ -110,7 +111,14 @@ class Comparison(_Record):
     leaves: Mapping[str, Comparison] = field(default_factory=dict)
 
 
-def compare(a: Any, b: Any, *, rtol: float | None = None, atol: float | None = None) -> Comparison:
+def compare(
+    a: Any,
+    b: Any,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    progress: bool | None = False,
+) -> Comparison:
     """Compare ``b`` against the reference ``a``: errors, ULP distance, NaN/inf, a verdict.
 
     >>> import torch, tensorbridge as tb
@@ -126,6 +134,8 @@ def compare(a: Any, b: Any, *, rtol: float | None = None, atol: float | None = N
         a, b: tensors, arrays, numbers, or nested dicts/lists/tuples of them.
         rtol, atol: tolerances for every leaf; each one not given takes the default of
             the leaf's coarser dtype (:func:`default_tolerances`).
+        progress: a progress bar over the leaves' bytes on stderr (``None``: when it is
+            a terminal and the trees are large).
 
     Returns:
         A :class:`Comparison`; problems (shape differences, missing keys, unreadable
@@ -133,11 +143,25 @@ def compare(a: Any, b: Any, *, rtol: float | None = None, atol: float | None = N
     """
     if _is_tree(a) or _is_tree(b):
         fa, fb = _flatten(a), _flatten(b)
-        leaves = {p: _compare_leaf(fa[p], fb[p], p, rtol, atol) for p in fa if p in fb}
+        paths = [p for p in fa if p in fb]
+        bar = progress_bar(sum(_nbytes(fa[p]) for p in paths), "comparing", progress)
+        leaves = {}
+        try:
+            for p in paths:
+                leaves[p] = _compare_leaf(fa[p], fb[p], p, rtol, atol)
+                bar.update(_nbytes(fa[p]))
+        finally:
+            bar.close()
         missing = tuple(p for p in fa if p not in fb)
         extra = tuple(p for p in fb if p not in fa)
         return _summarise(leaves, missing, extra)
     return _compare_leaf(a, b, "", rtol, atol)
+
+
+def _nbytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    return int(getattr(x, "nbytes", 0))
 
 
 def _is_tree(x: Any) -> bool:

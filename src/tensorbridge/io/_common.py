@@ -267,11 +267,13 @@ class TensorFile(abc.ABC):
 
     metadata: dict[str, str]
     notes: list[str]  # what a user should know about how the file was read (shown by the CLI)
+    aliases: dict[str, str]  # a tied name -> the stored name it shares (written once)
     single: bool = False  # one bare array (.npy, a .pt of one tensor): load returns it alone
 
     def __init__(self) -> None:
         self.metadata = {}
         self.notes = []
+        self.aliases = {}
 
     @abc.abstractmethod
     def keys(self) -> list[str]:

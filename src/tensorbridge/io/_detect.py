@@ -77,10 +77,11 @@ def detect(path: str | os.PathLike[str]) -> str:
         return "gguf"
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         return _zip_kind(path)
-    if head[:1] == bytes([_PROTO]):
-        return "pt-legacy" if head[2:4] == b"\x8a\x0a" and head[4:14] == _LEGACY_MAGIC else "pickle"
+    # before pickle: a header length of 128 + 256k also starts with the PROTO byte
     if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8:
         return "safetensors"
+    if head[:1] == bytes([_PROTO]) and 2 <= head[1] <= 5:
+        return "pt-legacy" if head[2:4] == b"\x8a\x0a" and head[4:14] == _LEGACY_MAGIC else "pickle"
     if head.lstrip()[:1] == b"{":
         return "index"
     return "unknown"

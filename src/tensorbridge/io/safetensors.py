@@ -139,9 +139,9 @@ def save(
     target = Path(path)
     if target.is_dir():
         target = target / "model.safetensors"
-    items = _plan(tensors, float_dtype, target)
-    meta = _file_metadata(metadata)
-    limit = _parse_size(max_shard_size)
+    items, tied = _dedupe(_plan(tensors, float_dtype, target))
+    meta = _file_metadata({**tied, **(metadata or {})})
+    limit = parse_size(max_shard_size)
     shards = _split(items, limit) if limit is not None else [items]
     bar = progress_bar(sum(it.nbytes for it in items), f"saving {target.name}", progress)
     try:
@@ -178,6 +178,41 @@ def _plan(tensors: Mapping[str, Any], float_dtype: Any, target: Path) -> list[_I
         except (TypeError, ValueError) as e:
             raise type(e)(f"cannot save tensor {name!r} to {target}: {e}") from e
     return items
+
+
+def _dedupe(items: list[_Item]) -> tuple[list[_Item], dict[str, str]]:
+    """Tied weights written once: names whose values are the same memory, viewed the same way.
+
+    The first name in the mapping's order is kept (for a language model, the input
+    embedding before ``lm_head``, the one ``transformers`` keeps); each other name is
+    recorded in the metadata as ``{name: kept}``, the convention of safetensors'
+    ``save_model``, which this module's reader (and ``load_model``) restore ties from.
+    """
+    kept: dict[tuple[Any, ...], str] = {}
+    out, tied = [], {}
+    for it in items:
+        key = _alias_key(it)
+        if key is not None and key in kept:
+            tied[it.name] = kept[key]
+            continue
+        if key is not None:
+            kept[key] = it.name
+        out.append(it)
+    return out, tied
+
+
+def _alias_key(it: _Item) -> tuple[Any, ...] | None:
+    """What makes two values the same bytes on disk: memory, layout, dtype and the cast."""
+    v = it.value
+    if it.nbytes == 0:
+        return None
+    if isinstance(v, torch.Tensor):
+        where: tuple[Any, ...] = (str(v.device), v.data_ptr(), tuple(v.stride()))
+    elif isinstance(v, np.ndarray):
+        where = ("cpu", v.__array_interface__["data"][0], v.strides)
+    else:
+        return None
+    return (*where, it.shape, str(v.dtype), it.row.name)
 
 
 def _item(name: Any, value: Any, float_dtype: Any) -> _Item:
@@ -255,7 +290,7 @@ _UNITS = {
 }  # fmt: skip
 
 
-def _parse_size(size: int | str | None) -> int | None:
+def parse_size(size: int | str | None) -> int | None:
     """``max_shard_size`` in bytes: an int, or "5GB" (10**9, as Hugging Face) / "2GiB" (2**30)."""
     if size is None:
         return None
@@ -435,6 +470,11 @@ class SafetensorsFile(TensorFile):
             k: (shard, e) for k, e in shard.entries.items()
         }
         self.metadata = dict(shard.metadata)
+        for name, kept in shard.metadata.items():  # ties recorded as {name: kept}
+            if name not in self._where and kept in shard.entries:
+                self._where[name] = self._where[kept]
+                self.aliases[name] = kept
+                del self.metadata[name]
 
     def keys(self) -> list[str]:
         return list(self._where)

@@ -61,6 +61,9 @@ class ShardedFile(TensorFile):
                 for name in shard:
                     if weight_map.get(name) == file:
                         self._where[name] = shard
+                    elif name in shard.aliases and name not in weight_map:  # a tie, kept here
+                        self._where[name] = shard
+                        self.aliases[name] = shard.aliases[name]
             missing = [name for name in weight_map if name not in self._where]
             if missing:
                 raise FormatError(
