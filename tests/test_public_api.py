@@ -17,6 +17,7 @@ PUBLIC = [
     "CastReport",
     "Comparison",
     "CopyRequiredError",
+    "DestinationExistsError",
     "DTypeRow",
     "Description",
     "FormatError",

@@ -19,6 +19,7 @@ from .diagnostics import (
 from .dtypes import DTypeRow, dtype_table, numpy_dtype, resolve_dtype, torch_dtype
 from .errors import (
     CopyRequiredError,
+    DestinationExistsError,
     FormatError,
     NoDataError,
     ShapeMismatchError,
@@ -37,6 +38,7 @@ __all__ = [
     "CopyRequiredError",
     "DTypeRow",
     "Description",
+    "DestinationExistsError",
     "FormatError",
     "NoDataError",
     "ShapeMismatchError",

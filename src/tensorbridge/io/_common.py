@@ -66,7 +66,7 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     except OSError as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if err.errno is not None and tmp in (err.filename, err.filename2, None):
+        if err.errno is not None and err.filename in (tmp, None):
             # the temporary name means nothing to the user: report the file they asked for
             raise type(err)(err.errno, f"cannot write {target}: {err.strerror}") from None
         raise

@@ -25,6 +25,7 @@ stay tied), and a view saves its whole storage, as ``torch.save`` always does.
 
 from __future__ import annotations
 
+import builtins
 import os
 import pickle
 import re
@@ -39,6 +40,7 @@ from ..convert import to_numpy, to_torch
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedTensorError
 from ._common import TensorFile, atomic_write, cast_target, progress_bar, row_of
+from ._detect import detect
 
 __all__ = ["PtFile", "load", "open", "save"]
 
@@ -53,6 +55,11 @@ def _torch_load(path: Path) -> tuple[Any, bool]:
     """The archive's object through the restricted unpickler, and whether it is mapped."""
     where = repr(str(path))
     try:
+        if path.name.lower().endswith(".safetensors"):
+            # torch.load hands any path named so to the safetensors library; a file object
+            # keeps it on its own reader (without a map: torch maps only paths)
+            with builtins.open(path, "rb") as f:
+                return torch.load(f, weights_only=True, map_location="cpu"), False
         try:
             return torch.load(path, weights_only=True, mmap=True, map_location="cpu"), True
         except RuntimeError as err:
@@ -140,7 +147,9 @@ class PtFile(TensorFile):
         self.metadata = {k: str(v) for k, v in self._values.items()}
         self.mapped = entries.mapped
         if not self.mapped:
-            self.notes.append(f"{self._path.name}: {_LEGACY_NOTE}")
+            legacy = detect(self._path) == "pt-legacy"
+            note = _LEGACY_NOTE if legacy else "read into memory, not memory-mapped"
+            self.notes.append(f"{self._path.name}: {note}")
         self._writable: dict[str, torch.Tensor] | None = None
 
     def plain_values(self) -> dict[str, Any]:
