@@ -33,7 +33,8 @@ HEADINGS = [
     "## 6. Per-call overhead, 1,000 elements, every dtype",
     "## 7. Trees of many small tensors",
     "## 8. File layer: saving and loading a float32 state dict (issue 3's targets)",
-    "## 9. Device transfers of whole trees (CUDA)",
+    "## 9. Comparing and summarising tensors: tb.compare and tb.stats vs hand-written torch",
+    "## 10. Device transfers of whole trees (CUDA)",
 ]
 PLOTS = {"sizes.png", "casts.png", "models.png", "streaming.png"}
 

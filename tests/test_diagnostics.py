@@ -555,3 +555,48 @@ def test_every_row_compares_equal_to_itself_and_casts_safely_to_itself(
         assert r.safe and r.inexact == 0 and r.astype_differs == 0
         values = torch.view_as_real(t) if t.is_complex() else t
         assert r.exact == int(torch.isfinite(values.to(torch.float64)).sum())
+
+
+# --- the fast path for one float type agrees with the general one --------------------------------
+
+FAST = ["bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz"]
+
+
+@pytest.mark.parametrize("name", FAST)
+@pytest.mark.parametrize("seed", range(4))
+def test_fast_same_dtype_compare_matches_the_general_path(
+    name: str, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random bit patterns (finite ones; some pairs across zero, some equal, some far apart)."""
+    from tensorbridge.diagnostics import _compare
+
+    row = tb.resolve_dtype(name)
+    rng = np.random.default_rng(seed)
+    width = row.itemsize
+    raw = rng.integers(0, 256, 4096 * width, dtype=np.uint8).view(row.numpy)
+    with np.errstate(invalid="ignore"):  # NaN bit patterns warn when widened
+        a = raw[np.isfinite(raw.astype(np.float64))][:2000]
+    b = a.copy()
+    pick = rng.random(a.size) < 0.5
+    nudge = rng.integers(-3, 4, a.size)
+    bits = b.view(f"u{width}").astype(np.int64)
+    bits[pick] = (bits[pick] + nudge[pick]) % (1 << (8 * width))
+    b = bits.astype(f"u{width}").view(row.numpy)
+    with np.errstate(invalid="ignore"):
+        finite = np.isfinite(b.astype(np.float64))
+    b[~finite] = a[~finite]
+    b[:7] = -a[:7]  # across zero
+    fast = tb.compare(a, b, rtol=0.01, atol=1e-3)
+    monkeypatch.setattr(
+        _compare._LeafAccumulator, "_add_same_float", _compare._LeafAccumulator._add_general
+    )
+    general = tb.compare(a, b, rtol=0.01, atol=1e-3)
+    assert (fast.max_ulp, fast.worst_index, fast.mismatches, fast.ok) == (
+        general.max_ulp,
+        general.worst_index,
+        general.mismatches,
+        general.ok,
+    )
+    assert fast.max_abs_err == pytest.approx(general.max_abs_err, rel=1e-6)
+    assert fast.max_rel_err == pytest.approx(general.max_rel_err, rel=1e-6)
+    assert fast.bitwise_equal is general.bitwise_equal is False

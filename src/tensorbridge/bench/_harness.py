@@ -41,6 +41,7 @@ SECTIONS = (
     "overhead",
     "trees",
     "files",
+    "diagnostics",
     "cuda",
 )
 

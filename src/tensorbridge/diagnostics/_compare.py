@@ -333,8 +333,26 @@ class _LeafAccumulator:
         ca, cb = _paired(ta, tb)
         parts = ca.numel() // max(elements, 1)
         if self.same:
-            self.bitwise &= bool(torch.equal(_bits(ca), _bits(cb)))
+            if torch.equal(_raw(ca), _raw(cb)):  # the common case: nothing in this chunk differs
+                self.numel += elements
+                return
+            self.bitwise = False
+            if self.fmt is not None and self.fmt.signed and self.fmt.width <= 32:
+                self._add_same_float(ca, cb, elements, parts)
+                return
         va, vb = ca.to(torch.float64), cb.to(torch.float64)
+        self._accumulate(ca, cb, va, vb, elements, parts)
+
+    def _accumulate(
+        self,
+        ca: torch.Tensor,
+        cb: torch.Tensor,
+        va: torch.Tensor,
+        vb: torch.Tensor,
+        elements: int,
+        parts: int,
+    ) -> None:
+        """Every count, for any pair of dtypes: NaN and inf masks, casts to the coarser line."""
         nan_a, nan_b = va.isnan(), vb.isnan()
         fin = va.isfinite() & vb.isfinite()
         nan_bad = int((nan_a ^ nan_b).sum())
@@ -364,6 +382,76 @@ class _LeafAccumulator:
         self.nan_bad += nan_bad
         self.inf_bad += inf_bad
         self.numel += elements
+
+    def _add_same_float(
+        self, ca: torch.Tensor, cb: torch.Tensor, elements: int, parts: int
+    ) -> None:
+        """Two chunks of one float type of at most 32 bits: few passes, no float64 copies.
+
+        Differences are taken in float32 (exact for every narrower type, and for float32
+        within its own rounding), and ULP distances from the bits themselves: the
+        sign-magnitude integer turned into signed order, so no cast is needed.
+        """
+        va, vb = ca.to(torch.float32), cb.to(torch.float32)
+        diff = (va - vb).abs_()
+        max_abs = float(diff.max())
+        if not math.isfinite(max_abs):  # NaN/inf (or overflow) present: the full path
+            self._add_general(ca, cb, elements, parts)
+            return
+        ref = va.abs()
+        max_rel = float((diff / ref).nan_to_num_(nan=0.0, posinf=math.inf).max())
+        self.max_abs, self.max_rel = max(self.max_abs, max_abs), max(self.max_rel, max_rel)
+        # the exact count only when some element may be out of tolerance
+        if max_abs > self.atol and max_rel * (1 + 2**-20) > self.rtol:
+            self.bad += int((diff > ref.mul_(self.rtol).add_(self.atol)).sum())
+        del diff, ref
+        dist, i = _max_ulp(ca, cb)
+        if dist > self.max_ulp:
+            self.max_ulp = dist
+            self.worst = self.numel + i // max(parts, 1)
+        self.numel += elements
+
+    def _add_general(self, ca: torch.Tensor, cb: torch.Tensor, elements: int, parts: int) -> None:
+        va, vb = ca.to(torch.float64), cb.to(torch.float64)
+        self._accumulate(ca, cb, va, vb, elements, parts)
+
+
+_INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """The values' bits as same-width integers (``torch.equal`` on floats would compare values)."""
+    return t.view(_INT_OF_WIDTH[t.element_size()]) if t.dtype is not torch.bool else t
+
+
+def _max_ulp(ca: torch.Tensor, cb: torch.Tensor) -> tuple[int, int]:
+    """The largest ULP distance between finite floats of one type of at most 32 bits, and
+    its flat index, from the bits alone.
+
+    Sign-magnitude bits become signed order with ``i ^ (sign & mask)`` (negatives land
+    one below their true position, which cancels between two negatives). Pairs of one
+    sign are then exact in int32; the few pairs across zero are measured apart in int64.
+    """
+    width = ca.element_size() * 8
+    ia, ib = _raw(ca), _raw(cb)
+    if width < 32:
+        ia, ib = ia.to(torch.int32), ib.to(torch.int32)  # sign-extended
+    mask = (1 << (width - 1)) - 1
+    sa, sb = ia >> 31, ib >> 31  # -1 where negative, 0 elsewhere
+    dist = ((ia ^ (sa & mask)) - (ib ^ (sb & mask))).abs_()
+    cross = sa != sb
+    crossing = bool(cross.any())
+    if crossing:
+        dist.masked_fill_(cross, 0)
+    i = int(dist.argmax())
+    best = int(dist[i])
+    if crossing:  # across zero: the two magnitudes add up (-0 and +0 are one point)
+        where = cross.nonzero().squeeze(1)
+        both = (ia[where].to(torch.int64) & mask) + (ib[where].to(torch.int64) & mask)
+        j = int(both.argmax())
+        if (int(both[j]), -int(where[j])) > (best, -i):  # ties: the first index, as argmax
+            best, i = int(both[j]), int(where[j])
+    return best, i
 
 
 def _int_numpy(t: torch.Tensor) -> Array:
