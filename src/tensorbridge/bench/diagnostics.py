@@ -106,7 +106,7 @@ def run(ctx: Context, sec: Section) -> None:
         )
     sec.text(
         f"""Anonymous-memory growth during one call on {fmt_count(n)} float32 elements
-        ({fmt_mib(4 * n)} a tensor): tensorbridge works through 4M-element chunks, so its
+        ({fmt_mib(4 * n)} a tensor): tensorbridge works through 1M-element chunks, so its
         growth stays flat as the tensor grows; the hand-written calls allocate whole-tensor
         temporaries."""
     )

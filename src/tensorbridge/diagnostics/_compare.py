@@ -355,10 +355,12 @@ class _LeafAccumulator:
         """Every count, for any pair of dtypes: NaN and inf masks, casts to the coarser line."""
         nan_a, nan_b = va.isnan(), vb.isnan()
         fin = va.isfinite() & vb.isfinite()
-        nan_bad = int((nan_a ^ nan_b).sum())
-        inf_bad = int(((va.isinf() | vb.isinf()) & ~(nan_a | nan_b) & (va != vb)).sum())
+        nan_bad = int(torch.count_nonzero(nan_a ^ nan_b))
+        inf_bad = int(
+            torch.count_nonzero((va.isinf() | vb.isinf()) & ~(nan_a | nan_b) & (va != vb))
+        )
         if self.same and self.fmt is not None:
-            self.payload += int((nan_a & nan_b & (_bits(ca) != _bits(cb))).sum())
+            self.payload += int(torch.count_nonzero(nan_a & nan_b & (_bits(ca) != _bits(cb))))
         if self.fmt is None:  # integers: exact distances
             dist = _int_distance(_int_numpy(ca), _int_numpy(cb))
             diff = torch.from_numpy(dist.astype(np.float64))
@@ -369,7 +371,7 @@ class _LeafAccumulator:
             dist = _int_distance(oa.numpy(), ob.numpy())
         ref = va.abs()
         rel = torch.where(ref > 0, diff / ref, torch.where(diff > 0, math.inf, 0.0))
-        tol_bad = int((fin & (diff > self.atol + self.rtol * ref)).sum())
+        tol_bad = int(torch.count_nonzero(fin & (diff > self.atol + self.rtol * ref)))
         if fin.any():
             self.max_abs = max(self.max_abs, float(diff[fin].max()))
             self.max_rel = max(self.max_rel, float(rel[fin].max()))
@@ -403,7 +405,7 @@ class _LeafAccumulator:
         self.max_abs, self.max_rel = max(self.max_abs, max_abs), max(self.max_rel, max_rel)
         # the exact count only when some element may be out of tolerance
         if max_abs > self.atol and max_rel * (1 + 2**-20) > self.rtol:
-            self.bad += int((diff > ref.mul_(self.rtol).add_(self.atol)).sum())
+            self.bad += int(torch.count_nonzero(diff > ref.mul_(self.rtol).add_(self.atol)))
         del diff, ref
         dist, i = _max_ulp(ca, cb)
         if dist > self.max_ulp:

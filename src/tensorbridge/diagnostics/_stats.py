@@ -68,11 +68,11 @@ def stats(x: Any) -> Stats:
         finite_mask = v.isfinite()
         fin = v
         if not bool(finite_mask.all()):  # the common all-finite chunk skips these passes
-            nan += int(v.isnan().sum())
-            posinf += int((v == math.inf).sum())
-            neginf += int((v == -math.inf).sum())
+            nan += int(torch.count_nonzero(v.isnan()))
+            posinf += int(torch.count_nonzero(v == math.inf))
+            neginf += int(torch.count_nonzero(v == -math.inf))
             fin = v[finite_mask]
-        zeros += int((fin == 0).sum())
+        zeros += int(torch.count_nonzero(fin == 0))
         n = fin.numel()
         if not n:
             continue

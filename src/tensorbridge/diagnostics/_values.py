@@ -31,7 +31,7 @@ from ..convert import to_torch
 from ..dtypes import BY_NUMPY, DTypeRow, explain_numpy, resolve_dtype
 from ..errors import NoDataError, UnsupportedDtypeError, UnsupportedTensorError
 
-_CHUNK = 1 << 22  # values per chunk; tests shrink it to exercise the merging
+_CHUNK = 1 << 20  # values per chunk (cache-sized); tests shrink it to exercise the merging
 
 Array = npt.NDArray[Any]
 
