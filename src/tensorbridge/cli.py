@@ -316,10 +316,13 @@ def _dtype_arg(spec: str | None, option: str, floating: bool = False) -> Any:
         row = None
     if row is None or (floating and not row.is_floating):
         rows = [r for r in dtype_table() if r.is_floating or not floating]
-        names = [r.name for r in rows] + [a for r in rows for a in r.aliases if a.isidentifier()]
+        names = [r.name for r in rows] + [a for r in rows for a in r.aliases if a in _SHORT]
         what = "a floating-point dtype" if floating else "a dtype"
         raise _UsageError(f"{option} {spec} is not {what}; pass one of {', '.join(names)}")
     return row
+
+
+_SHORT = ("bf16", "f16", "f32", "f64")  # the aliases the help and the docs advertise
 
 
 def _progress(args: argparse.Namespace) -> bool | None:
