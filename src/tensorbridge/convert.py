@@ -39,6 +39,8 @@ from .dtypes import (
     BY_TORCH,
     FLOAT4_PACKED,
     FLOAT4_UNPACKED,
+    DeviceLike,
+    DTypeLike,
     DTypeRow,
     explain_numpy,
     native_row,
@@ -104,7 +106,7 @@ def _reader(a: np.ndarray, row: DTypeRow) -> torch.Tensor:
 def to_numpy(
     tensor: Any,
     *,
-    dtype: Any = None,
+    dtype: DTypeLike | None = None,
     copy: bool | None = None,
     readonly: bool = False,
     out: np.ndarray | None = None,
@@ -160,7 +162,7 @@ def to_numpy(
     return _to_numpy(tensor, dtype, copy, readonly, out)
 
 
-def _spec_row(spec: Any) -> DTypeRow | None:
+def _spec_row(spec: DTypeLike) -> DTypeRow | None:
     try:
         return BY_SPEC.get(spec)
     except TypeError:  # unhashable: the general path explains
@@ -459,8 +461,8 @@ def _sparse_to_scipy(t: torch.Tensor, dtype: Any, copy: bool | None, readonly: b
 def to_torch(
     array: Any,
     *,
-    dtype: Any = None,
-    device: Any = None,
+    dtype: DTypeLike | None = None,
+    device: DeviceLike | None = None,
     copy: bool | None = None,
     requires_grad: bool = False,
     out: torch.Tensor | None = None,

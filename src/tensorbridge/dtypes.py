@@ -24,7 +24,7 @@ torch.float32
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias, Union
 
 import ml_dtypes
 import numpy as np
@@ -84,6 +84,12 @@ _CARRIER_NUMPY: dict[torch.dtype, np.dtype[Any]] = {
     torch.int16: np.dtype(np.int16),
     torch.int32: np.dtype(np.int32),
 }
+# What every ``dtype=`` / ``float_dtype=`` accepts: a torch dtype, a NumPy dtype (or type), a
+# name ("bfloat16", "bf16", "torch.float8_e4m3fn") or a row of the table.
+DTypeLike: TypeAlias = Union[torch.dtype, "np.dtype[Any]", type, str, DTypeRow]
+# What every ``device=`` accepts, as torch does.
+DeviceLike: TypeAlias = Union[torch.device, str, int]  # noqa: UP007
+
 _CARRIER_BY_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 # (name, category, safetensors code, aliases); the NumPy side is NumPy's own type.
@@ -169,7 +175,7 @@ def dtype_table() -> tuple[DTypeRow, ...]:
     return _TABLE
 
 
-def resolve_dtype(spec: Any) -> DTypeRow:
+def resolve_dtype(spec: DTypeLike) -> DTypeRow:
     """Find the table row for a torch dtype, a NumPy dtype(-like) or a name.
 
     Names are the canonical ones ("bfloat16", "float8_e4m3fn"), "torch.*" spellings
@@ -198,7 +204,7 @@ def resolve_dtype(spec: Any) -> DTypeRow:
     try:
         if spec is None:  # np.dtype(None) would silently mean float64
             raise TypeError
-        ndt = np.dtype(spec)
+        ndt = np.dtype(spec)  # type: ignore[arg-type]  # anything NumPy can read
     except TypeError:
         raise UnsupportedDtypeError(
             f"{spec!r} is not a dtype; pass a torch dtype, a NumPy dtype or a name such as "
@@ -210,7 +216,7 @@ def resolve_dtype(spec: Any) -> DTypeRow:
     return row
 
 
-def numpy_dtype(spec: Any) -> np.dtype[Any]:
+def numpy_dtype(spec: DTypeLike) -> np.dtype[Any]:
     """The NumPy dtype that holds the same bits as ``spec`` (a torch dtype, NumPy dtype or name).
 
     >>> import torch
@@ -220,7 +226,7 @@ def numpy_dtype(spec: Any) -> np.dtype[Any]:
     return resolve_dtype(spec).numpy
 
 
-def torch_dtype(spec: Any) -> torch.dtype:
+def torch_dtype(spec: DTypeLike) -> torch.dtype:
     """The torch dtype that holds the same bits as ``spec`` (a NumPy dtype, torch dtype or name).
 
     >>> import ml_dtypes

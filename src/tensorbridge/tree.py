@@ -37,6 +37,8 @@ from .dtypes import (
     BY_TORCH,
     FLOAT4_PACKED,
     FLOAT4_UNPACKED,
+    DeviceLike,
+    DTypeLike,
     DTypeRow,
     native_row,
     resolve_dtype,
@@ -59,8 +61,8 @@ _NEVER_DATACLASS = frozenset({torch.Tensor, np.ndarray, int, float, str, bytes, 
 def tree_to_numpy(
     tree: Any,
     *,
-    dtype: Any = None,
-    float_dtype: Any = None,
+    dtype: DTypeLike | None = None,
+    float_dtype: DTypeLike | None = None,
     copy: bool | None = None,
     readonly: bool = False,
 ) -> Any:
@@ -113,9 +115,9 @@ def tree_to_numpy(
 def tree_to_torch(
     tree: Any,
     *,
-    dtype: Any = None,
-    float_dtype: Any = None,
-    device: Any = None,
+    dtype: DTypeLike | None = None,
+    float_dtype: DTypeLike | None = None,
+    device: DeviceLike | None = None,
     copy: bool | None = None,
 ) -> Any:
     """Convert every NumPy array in a nested structure to a tensor, keeping the structure.
@@ -307,11 +309,11 @@ class _Cast(NamedTuple):
         return None if dst is row else dst.torch
 
 
-def _is_fp4(spec: Any) -> bool:
+def _is_fp4(spec: DTypeLike) -> bool:
     if FLOAT4_PACKED is not None and (spec is FLOAT4_PACKED or str(spec) == "float4_e2m1fn_x2"):
         return True
     try:
-        return FLOAT4_UNPACKED is not None and np.dtype(spec) == FLOAT4_UNPACKED
+        return FLOAT4_UNPACKED is not None and np.dtype(spec) == FLOAT4_UNPACKED  # type: ignore[arg-type]
     except TypeError:
         return False
 

@@ -213,6 +213,7 @@ class Section:
     blocks: list[str] = field(default_factory=list)
     seconds: float = 0.0
     conditions: str = ""  # the load on the machine when the section started
+    skipped: str = ""  # why the section did not run here; a skipped section is left out
 
     def intro(self, text: str) -> None:
         """The section's opening paragraph, with the machine's load when it started."""
@@ -246,6 +247,7 @@ class Context:
     out_dir: Path | None = None  # where plots go; None: tables only (the benchmark scripts)
     log: TextIO | None = None  # progress lines (stderr for the CLI)
     checks: list[tuple[str, bool]] = field(default_factory=list)
+    highlights: list[str] = field(default_factory=list)  # what a user gains, for the summary
     spreads: list[float] = field(default_factory=list)  # median / min of every timing
     stalled: list[int] = field(default_factory=list)  # sections run while torch's threads stalled
     plots_missing: bool = False  # matplotlib could not be imported
@@ -261,6 +263,10 @@ class Context:
         stats = measure(candidates, repeats=repeats, sample_s=sample_s)
         self.spreads.extend(st.median / st.min for st in stats.values() if st.min > 0)
         return stats
+
+    def highlight(self, text: str) -> None:
+        """One line for the report's opening summary: what a user gains, measured here."""
+        self.highlights.append(" ".join(text.split()))
 
     def check(self, sec: Section, what: str, ok: bool) -> str:
         """Record a target's outcome for the summary; returns the table cell."""

@@ -96,12 +96,14 @@ def _summary(ctx: Context, seconds: float) -> str:
     lines = [
         "## Summary",
         "",
-        f"{len(ctx.checks) - len(failed)} of {len(ctx.checks)} targets pass"
-        + (" (a smoke run: its figures are not measurements)." if ctx.mode != "full" else "."),
+        f"tensorbridge meets {len(ctx.checks) - len(failed)} of the {len(ctx.checks)} speed "
+        "and memory goals this report checks"
+        + (" (a smoke run: its figures are not measurements)" if ctx.mode != "full" else "")
+        + (". It misses these, each explained in its section:" if failed else "."),
     ]
     if failed:
         lines.append("")
-        lines += [f"- FAIL: {what}" for what in failed]
+        lines += [f"- {what}" for what in failed]
     if ctx.stalled:
         lines += [
             "",
@@ -248,11 +250,14 @@ def run(
         for k, v in described
     ]
     command = "tensorbridge bench" + {"full": "", "quick": " --quick", "tiny": " (tiny)"}[mode]
+    shown = [sec for sec in done if not sec.skipped]
     parts = [
+        _FRONT_MATTER,
         "# tensorbridge benchmark report\n",
-        _preamble(command, stamp, seconds, ctx),
-        "## Machine\n\n" + table(["", ""], described) + "\n",
-        *(sec.markdown() for sec in done),
+        _glance(ctx),
+        _preamble(command, stamp, seconds, ctx, [s for s in done if s.skipped]),
+        "## Machine\n\n" + table(["", "this run"], described) + "\n",
+        *(sec.markdown() for sec in shown),
         _summary(ctx, seconds),
     ]
     report = out / "report.md"
@@ -262,7 +267,27 @@ def run(
     return report
 
 
-def _preamble(command: str, stamp: str, seconds: float, ctx: Context) -> str:
+# The report is a page of the documentation site: full width (no navigation or table of
+# contents beside it), so that its tables fit a 1280-pixel window.
+_FRONT_MATTER = "---\nhide:\n  - navigation\n  - toc\n---\n"
+
+
+def _glance(ctx: Context) -> str:
+    """What a user gains, measured in this run: the report opens with it."""
+    if not ctx.highlights:
+        return ""
+    lines = [
+        "What you gain against the calls you would otherwise write, on the machine "
+        "described below (each figure is from a table further down):",
+        "",
+        *(f"- {h}" for h in ctx.highlights),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _preamble(
+    command: str, stamp: str, seconds: float, ctx: Context, skipped: Sequence[Section] = ()
+) -> str:
     smoke = (
         " This is a smoke run (smaller sizes, fewer repeats): it shows that the harness "
         "works, and its figures are not measurements."
@@ -276,10 +301,17 @@ def _preamble(command: str, stamp: str, seconds: float, ctx: Context) -> str:
         "are timed interleaved (round-robin, the order rotated each repeat) so that other "
         "load on the machine slows them alike, and each cell gives the **minimum / "
         "median** over the repeats. Ratios are given from both; PASS / FAIL against the "
-        "targets of the issues uses the minima. Rows that report memory run in a fresh "
+        "goal each section states uses the minima. Rows that report memory run in a fresh "
         "child process whose memory is sampled from outside."
-        f"{plots}\n"
+        f"{plots}{_skipped(skipped)}\n"
     )
+
+
+def _skipped(skipped: Sequence[Section]) -> str:
+    if not skipped:
+        return ""
+    names = "; ".join(f"{s.title} ({s.skipped})" for s in skipped)
+    return f"\n\nNot run on this machine, so not shown: {names}."
 
 
 def script(keys: Sequence[str], argv: Sequence[str] | None, description: str) -> int:
@@ -301,7 +333,10 @@ def script(keys: Sequence[str], argv: Sequence[str] | None, description: str) ->
         try:
             for sec, error in _sections(ctx, keys):
                 failed = failed or error is not None
-                out.write(sec.markdown() + "\n")
+                if sec.skipped:
+                    out.write(f"{sec.heading}\n\nNot run: {sec.skipped}.\n\n")
+                else:
+                    out.write(sec.markdown() + "\n")
                 out.flush()
         finally:
             ctx.close()

@@ -162,7 +162,7 @@ def _trees(ctx: Context, sec: Section, sds: dict[str, dict[str, torch.Tensor]]) 
     sec.text(
         """**State dict to NumPy and back** (deploying to a float32-only target, and the
         zero-copy bf16 view). Ratio = tensorbridge time / baseline time (< 1: tensorbridge
-        is faster), minima / medians; target (from issue 3's trees) <= 1.1x for the float32
+        is faster), minima / medians; goal <= 1.1x for the float32
         export. Baselines cast only floating-point tensors, as `float_dtype=` does."""
     )
     rows = []

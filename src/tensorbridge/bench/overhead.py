@@ -45,7 +45,7 @@ def run(ctx: Context, sec: Section) -> None:
         cannot exchange by themselves (the ml_dtypes rows) it is the float32 one (marked
         f32). *hand* is the hand-written bit-cast `t.view(carrier).numpy().view(ml_dtype)`,
         the floor for those rows. Ratio = tb time / bare time, from the minima / from the
-        medians; target (issue 2) <= 4x (minima) in both directions."""
+        medians; goal <= 4x (minima) in both directions."""
     )
     n = 1000
     repeats = ctx.pick(15, 5, 3)

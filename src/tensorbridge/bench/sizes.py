@@ -110,7 +110,7 @@ def run(ctx: Context, sec: Section) -> None:
 def _flat_table(ctx: Context, sec: Section, results: dict[int, dict[str, Stats]]) -> None:
     sec.text(
         """**Zero-copy time is independent of size.** Growth = time at this size / time at
-        the smallest size, from the minima / from the medians; target (issue 2) <= 2x
+        the smallest size, from the minima / from the medians; goal <= 2x
         (minima) at every size. `t.float().numpy()` (median) is shown for scale."""
     )
     first = results[min(results)]
@@ -244,8 +244,8 @@ def _copy_cases(
 
 def _copies_at_size(ctx: Context, sec: Section, sizes_bytes: Sequence[int]) -> None:
     sec.text(
-        """**Copies at 64 MiB and up: `copy=True` and `out=` against `np.copyto`** (issue 2's
-        target). GB/s = payload bytes / minimum time. *vs copyto* = copyto time / row time
+        """**Copies at 64 MiB and up: `copy=True` and `out=` against `np.copyto`**.
+        GB/s = payload bytes / minimum time. *vs copyto* = copyto time / row time
         (minima / medians), the fraction of `np.copyto`'s bandwidth; target >= 0.8 on the
         minima for every tensorbridge row. `a.copy()` and `t.clone()` are what NumPy and
         torch charge for a copy into *fresh* memory (allocated per call and freed before

@@ -78,7 +78,7 @@ def run(ctx: Context, sec: Section) -> None:
     sec.intro(
         """A flat dict of 1,000 float32 4x4 tensors (a state dict of small layers) and the
         same as arrays for the way back. Ratio = tensorbridge time / baseline time (< 1:
-        tensorbridge is faster); target (issue 3) <= 2x on the minima."""
+        tensorbridge is faster); goal <= 2x on the minima."""
     )
     sd = {f"layers.{i}.weight": torch.randn(4, 4) for i in range(1000)}
     tensors = list(sd.values())

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..convert import to_numpy, to_torch
-from ..dtypes import DTypeRow, resolve_dtype
+from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import UnsupportedDtypeError
 from ._record import _Record
 from ._values import (
@@ -88,7 +88,7 @@ class CastReport(_Record):
     safe: bool
 
 
-def cast_report(x: Any, dtype: Any) -> CastReport:
+def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
     """What casting ``x`` to ``dtype`` would do, with torch's kernel (``to_numpy(x, dtype=)``).
 
     >>> import torch, tensorbridge as tb

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..dtypes import DeviceLike, DTypeLike
 from ..errors import DestinationExistsError, FormatError
 from . import npy, pt, safetensors
 from ._common import TensorFile
@@ -132,7 +133,7 @@ def destination(path: str | os.PathLike[str]) -> Destination:
     raise FormatError(f"{text}: cannot tell the format from the suffix {p.suffix!r}; use {formats}")
 
 
-def _reader(path: Path, dtype: Any = None) -> TensorFile:
+def _reader(path: Path, dtype: DTypeLike | None = None) -> TensorFile:
     """Open ``path`` with the reader its first bytes call for (the suffix's when unrecognised)."""
     kind = detect(path)
     where = repr(str(path))
@@ -210,7 +211,7 @@ def save(
     obj: Any,
     path: str | os.PathLike[str],
     *,
-    float_dtype: Any = None,
+    float_dtype: DTypeLike | None = None,
     metadata: Mapping[str, Any] | None = None,
     max_shard_size: int | str | None = None,
     overwrite: bool = False,
@@ -287,10 +288,10 @@ def load(
     *,
     framework: str = "numpy",
     mmap: bool = True,
-    device: Any = None,
-    float_dtype: Any = None,
+    device: DeviceLike | None = None,
+    float_dtype: DTypeLike | None = None,
     keys: Any = None,
-    dtype: Any = None,
+    dtype: DTypeLike | None = None,
 ) -> Any:
     """Load a file's tensors as NumPy arrays (default) or torch tensors.
 
@@ -304,7 +305,7 @@ def load(
         return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
 
 
-def open(path: str | os.PathLike[str], *, dtype: Any = None) -> TensorFile:
+def open(path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> TensorFile:
     """Open a file, shard index or checkpoint directory lazily; nothing is read until asked.
 
     ``.keys()``, ``[name]``, ``.metadata``, ``.notes`` (how it was read, when that is

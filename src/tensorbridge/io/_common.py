@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..convert import _as_tensor, _numpy_row, _reader, to_numpy, to_torch
-from ..dtypes import DTypeRow, resolve_dtype
+from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
 from ..errors import FormatError, UnsupportedDtypeError
 
 DEFAULT_CHUNK = 64 << 20
@@ -326,8 +326,8 @@ class TensorFile(abc.ABC):
         *,
         framework: str = "numpy",
         mmap: bool = True,
-        device: Any = None,
-        float_dtype: Any = None,
+        device: DeviceLike | None = None,
+        float_dtype: DTypeLike | None = None,
     ) -> Any:
         """One entry as a NumPy array (read-only when ``mmap``) or a torch tensor.
 

@@ -52,7 +52,15 @@ import numpy as np
 import torch
 from numpy.lib import format as npformat
 
-from ..dtypes import BY_NUMPY, DTypeRow, dtype_table, explain_numpy, resolve_dtype
+from ..dtypes import (
+    BY_NUMPY,
+    DeviceLike,
+    DTypeLike,
+    DTypeRow,
+    dtype_table,
+    explain_numpy,
+    resolve_dtype,
+)
 from ..errors import (
     FormatError,
     NoDataError,
@@ -329,7 +337,7 @@ def save(
     obj: Any,
     path: str | os.PathLike[str],
     *,
-    float_dtype: Any = None,
+    float_dtype: DTypeLike | None = None,
     progress: bool | None = None,
     chunk_bytes: int = DEFAULT_CHUNK,
 ) -> None:
@@ -448,7 +456,7 @@ class NpyFile(_Mapped):
 
     single = True
 
-    def __init__(self, path: str | os.PathLike[str], *, dtype: Any = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> None:
         p = Path(path)
         with builtins.open(p, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -482,7 +490,7 @@ class NpyFile(_Mapped):
 class NpzFile(_Mapped):
     """A ``.npz`` archive: keys are the member names without ``.npy``; nothing read until asked."""
 
-    def __init__(self, path: str | os.PathLike[str], *, dtype: Any = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> None:
         p = Path(path)
         where = repr(str(p))
         self._raw = _raw_row(dtype)
@@ -601,7 +609,7 @@ def _member(path: Path, info: zipfile.ZipInfo, where: str) -> Iterator[BinaryIO]
         raise FormatError(f"{where}: corrupt member data: {err}") from None
 
 
-def open(path: str | os.PathLike[str], *, dtype: Any = None) -> TensorFile:
+def open(path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> TensorFile:
     """Open a ``.npy`` (one key: the file's stem) or ``.npz`` lazily; headers are validated.
 
     ``dtype`` names the type of raw-byte members (``np.save`` of an ml_dtypes array
@@ -640,10 +648,10 @@ def load(
     *,
     framework: str = "numpy",
     mmap: bool = True,
-    device: Any = None,
-    float_dtype: Any = None,
+    device: DeviceLike | None = None,
+    float_dtype: DTypeLike | None = None,
     keys: Iterable[str] | None = None,
-    dtype: Any = None,
+    dtype: DTypeLike | None = None,
 ) -> Any:
     """Read a ``.npy`` (the one array or tensor) or ``.npz`` (a dict of them).
 

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from ..convert import to_numpy, to_torch
-from ..dtypes import DTypeRow, resolve_dtype
+from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedTensorError
 from ._common import TensorFile, atomic_write, cast_target, progress_bar, row_of
 from ._detect import detect
@@ -211,8 +211,8 @@ def load(
     *,
     framework: str = "numpy",
     mmap: bool = True,
-    device: Any = None,
-    float_dtype: Any = None,
+    device: DeviceLike | None = None,
+    float_dtype: DTypeLike | None = None,
     keys: Iterable[str] | None = None,
 ) -> Any:
     """A dict of the archive's tensors by dotted key (the tensor itself for a single-tensor file).
@@ -238,7 +238,7 @@ def save(
     obj: Any,
     path: str | os.PathLike[str],
     *,
-    float_dtype: Any = None,
+    float_dtype: DTypeLike | None = None,
     metadata: Mapping[str, Any] | None = None,
     progress: bool | None = None,
 ) -> None:

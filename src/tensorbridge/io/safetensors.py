@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from ..convert import pack_nibbles, to_numpy, to_torch, unpack_nibbles
-from ..dtypes import FLOAT4_PACKED, FLOAT4_UNPACKED, DTypeRow
+from ..dtypes import FLOAT4_PACKED, FLOAT4_UNPACKED, DeviceLike, DTypeLike, DTypeRow
 from ..errors import FormatError, NoDataError, UnsupportedDtypeError, UnsupportedTensorError
 from ._common import (
     DEFAULT_CHUNK,
@@ -92,7 +92,7 @@ def save(
     tensors: Mapping[str, torch.Tensor | np.ndarray],
     path: str | os.PathLike[str],
     *,
-    float_dtype: Any = None,
+    float_dtype: DTypeLike | None = None,
     metadata: Mapping[str, str] | None = None,
     max_shard_size: int | str | None = None,
     index: bool = False,
@@ -524,8 +524,8 @@ class SafetensorsFile(TensorFile):
         *,
         framework: str = "numpy",
         mmap: bool = True,
-        device: Any = None,
-        float_dtype: Any = None,
+        device: DeviceLike | None = None,
+        float_dtype: DTypeLike | None = None,
     ) -> Any:
         """One tensor: a NumPy array (read-only view when ``mmap``) or a torch tensor (COW).
 
@@ -599,8 +599,8 @@ def load(
     *,
     framework: str = "numpy",
     mmap: bool = True,
-    device: Any = None,
-    float_dtype: Any = None,
+    device: DeviceLike | None = None,
+    float_dtype: DTypeLike | None = None,
     keys: Any = None,
 ) -> Any:
     """Load every tensor (or ``keys``) of a safetensors file, index or directory.
