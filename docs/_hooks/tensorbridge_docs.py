@@ -30,7 +30,7 @@ import tensorbridge as tb
 from tensorbridge.cli import _parser
 
 _MARKER = re.compile(r"^<!-- tb:([a-z0-9-]+) -->$", re.M)
-HELP_COLUMNS = 88  # argparse wraps help at the terminal width; fix it for a stable page
+HELP_COLUMNS = 82  # argparse wraps help at the terminal width; fix it for a stable page
 
 
 def _code(s: str) -> str:

@@ -34,8 +34,8 @@ _EXAMPLES = {
     "inspect": "examples:\n  tensorbridge inspect model.safetensors\n"
     "  tensorbridge inspect ckpt/ --stats --json",
     "convert": "examples:\n  tensorbridge convert pytorch_model.bin model.safetensors\n"
-    "  tensorbridge convert model.safetensors out/model.safetensors --float-dtype bf16 "
-    "--max-shard-size 5GB --verify\n"
+    "  tensorbridge convert model.safetensors out/ --float-dtype bf16 \\\n"
+    "      --max-shard-size 5GB --verify\n"
     "  tensorbridge convert model.safetensors emb.npy --include 'embed*'",
     "compare": "examples:\n  tensorbridge compare a.safetensors b.safetensors\n"
     "  tensorbridge compare ref.npz out.npz --rtol 1e-3 --plot errors.png",
@@ -86,8 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command(
         "inspect",
-        "list the tensors of safetensors, .npz, .npy, torch.save files, shard indexes and "
-        "checkpoint directories",
+        "list the tensors of checkpoint files, shard indexes and checkpoint directories",
     )
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--stats", action="store_true", help="add min/max/mean/std and NaN/inf counts")

@@ -144,7 +144,8 @@ def tree_to_torch(
 
     >>> import numpy as np, tensorbridge as tb
     >>> w = np.arange(4.0)
-    >>> out = tb.tree_to_torch({"w": w, "head": w[2:]}, float_dtype="float32", copy=True)
+    >>> tree = {"w": w, "head": w[2:]}
+    >>> out = tb.tree_to_torch(tree, float_dtype="float32", copy=True)
     >>> out["head"].dtype, out["head"].data_ptr() == out["w"].data_ptr() + 8
     (torch.float32, True)
     """

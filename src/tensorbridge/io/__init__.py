@@ -235,7 +235,7 @@ def save(
     >>> tb.save({"w": torch.ones(2, dtype=torch.bfloat16)}, p)
     >>> tb.load(p)["w"].dtype
     dtype(bfloat16)
-    >>> tb.save({"w": torch.zeros(2)}, p, overwrite=True)  # without it: DestinationExistsError
+    >>> tb.save({"w": torch.zeros(2)}, p, overwrite=True)  # replaces it
 
     Raises:
         DestinationExistsError: ``path`` (or a file of its sharded checkpoint) exists and
