@@ -251,6 +251,48 @@ def check_page(chromium: str, copy_root: Path, base_url: str, page: str, out: Pa
     return result
 
 
+# What a reader types into the search box; each must find at least one page.
+SEARCH_QUERIES = ("bfloat16", "overwrite")
+# The search index loads in a web worker: give it longer than a page's layout.
+SEARCH_TIME_BUDGET_MS = 20000
+SEARCH_ATTEMPTS = 4
+_SEARCH_META_RE = re.compile(r'<div class="md-search-result__meta">\s*([^<]*)<')
+
+
+def check_search(chromium: str, base_url: str, query: str) -> str | None:
+    """Open the home page with ``?q=query`` (Material runs the search box on it); None if it
+    lists matching documents, else what it showed instead.
+
+    The index loads in a web worker, which headless Chromium's virtual time does not wait
+    for, so a run may dump the page while it still says "Initializing search": each query
+    gets ``SEARCH_ATTEMPTS`` tries, and only a search that never answers is a failure.
+    """
+    problem: str | None = "not tried"
+    for _ in range(SEARCH_ATTEMPTS):
+        problem = _search_once(chromium, base_url, query)
+        if problem is None:
+            return None
+    return problem
+
+
+def _search_once(chromium: str, base_url: str, query: str) -> str | None:
+    try:
+        run = run_chromium(
+            chromium,
+            f"--virtual-time-budget={SEARCH_TIME_BUDGET_MS}",
+            "--dump-dom",
+            f"{base_url}?q={query}",
+        )
+    except subprocess.TimeoutExpired:
+        return f"chromium took over {CHROMIUM_TIMEOUT_S} s"
+    match = _SEARCH_META_RE.search(run.stdout)
+    meta = match.group(1).strip() if match else "(no search results panel)"
+    found = re.match(r"(\d+) matching document", meta)
+    if meta.startswith("1 matching document") or (found and int(found.group(1)) > 0):
+        return None
+    return meta
+
+
 def describe(result: PageResult) -> list[str]:
     """The summary lines printed for one page."""
     if result.report is None:
@@ -312,12 +354,29 @@ def main(argv: list[str] | None = None) -> int:
         with serve(copy_root) as base_url:
             for page in args.pages:
                 results.append(check_page(chromium, copy_root, base_url, page, out.resolve()))
+            searches = {query: check_search(chromium, base_url, query) for query in SEARCH_QUERIES}
 
     for result in results:
         for line in describe(result):
             print(line)
+    for query, problem in searches.items():
+        print(
+            f"{'OK' if problem is None else 'NO HITS':<8} search box: {query!r}"
+            + (f": {problem}" if problem else "")
+        )
     failed = [result for result in results if result.overflows or result.report is None]
-    print(f"browser_check: {len(results)} pages, {len(failed)} failing; screenshots in {out}")
+    bad_search = [query for query, problem in searches.items() if problem is not None]
+    print(
+        f"browser_check: {len(results)} pages, {len(failed)} failing; search box: "
+        f"{len(searches) - len(bad_search)} of {len(searches)} queries answered; screenshots "
+        f"in {out}"
+    )
+    if bad_search:  # the worker's timing under headless Chromium varies: a warning, not a failure
+        print(
+            "browser_check: warning: the search box did not answer "
+            + ", ".join(repr(q) for q in bad_search)
+            + " in time; check_site.py verifies the search index itself"
+        )
     return 1 if failed else 0
 
 

@@ -287,11 +287,6 @@ def _select(names: list[str], include: list[str], exclude: list[str]) -> list[st
 # --- commands ---------------------------------------------------------------------------------
 
 
-def _nbytes(f: TensorFile, name: str) -> int:
-    """A tensor's size from the file's header, without reading its values."""
-    return f.nbytes(name)
-
-
 def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 
@@ -462,7 +457,7 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 overwrite=True,
             )
         took = time.perf_counter() - start
-        in_bytes = sum(_nbytes(src, n) for n in names if n not in src.aliases)
+        in_bytes = sum(src.nbytes(n) for n in names if n not in src.aliases)
         out_bytes = sum(p.stat().st_size for p in dst.existing())
         written = _written(dst)
         summary: dict[str, Any] = {

@@ -44,7 +44,7 @@ from ..dtypes import DeviceLike, DTypeLike
 from ..errors import DestinationExistsError, FormatError
 from . import npy, pt, safetensors
 from ._common import TensorFile
-from ._detect import DESCRIPTION, INDEX_SUFFIX, detect, mismatch_note, resolve
+from ._detect import DESCRIPTION, INDEX_SUFFIX, SUFFIX_KIND, detect, mismatch_note, resolve
 from .sharded import ShardedFile
 
 __all__ = ["Destination", "destination", "load", "open", "save"]
@@ -138,8 +138,7 @@ def _reader(path: Path, dtype: DTypeLike | None = None) -> TensorFile:
     kind = detect(path)
     where = repr(str(path))
     if kind == "unknown":  # let the suffix's reader say precisely what is wrong
-        named = {"safetensors": "safetensors", "npy": "npy", "npz": "npz", "pt": "pt"}
-        kind = named.get(_detect_suffix(path), "unknown")
+        kind = SUFFIX_KIND.get(path.suffix.lower(), "unknown")
     refusals = {
         "torchscript": pt.TORCHSCRIPT_MESSAGE.format(where=where),
         "gguf": f"{where} is a GGUF file (llama.cpp's format); tensorbridge does not read GGUF "
@@ -174,10 +173,6 @@ def _reader(path: Path, dtype: DTypeLike | None = None) -> TensorFile:
     if note:
         f.notes.insert(0, note)
     return f
-
-
-def _detect_suffix(path: Path) -> str:
-    return {".pth": "pt", ".bin": "pt"}.get(path.suffix.lower(), path.suffix.lower().lstrip("."))
 
 
 def flatten_state(obj: Any, prefix: str = "") -> dict[str, Any]:

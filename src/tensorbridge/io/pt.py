@@ -3,7 +3,11 @@
 **Reading** goes through ``torch.load(path, weights_only=True, mmap=True,
 map_location="cpu")`` and nothing else: torch's restricted unpickler builds tensors,
 containers and plain values and refuses every other global, so a file can never make
-tensorbridge import or call anything. A refusal becomes :class:`~tensorbridge.FormatError`.
+tensorbridge import or call anything. A refusal becomes :class:`~tensorbridge.FormatError`;
+a pickled whole ``nn.Module`` and a TorchScript archive each get a message of their own.
+Legacy (pre-1.6) files, a pickle stream rather than a zip, go through the same restricted
+unpickler without ``mmap`` (the format cannot be mapped): their tensors are read into
+memory, and the reader's ``notes`` say so.
 Storages are memory-mapped copy-on-write by torch; NumPy results are read-only views of
 them, torch results writable tensors whose writes never reach the file (the entries of
 one opened file share that private mapping, so tied weights stay tied).
