@@ -553,3 +553,19 @@ def test_npz_members_named_like_zip_paths(tmp_path: Path) -> None:
     with zipfile.ZipFile(tmp_path / "nested.npz", "w") as zf, zf.open("dir/a.npy", "w") as f:
         np.save(f, np.arange(3))
     assert tb.load(tmp_path / "nested.npz")["dir/a"].tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("order", ["kept-first", "kept-last"])
+def test_ties_survive_sharding(tmp_path: Path, order: str) -> None:
+    w = torch.randn(64, 64)
+    names = ["embed.weight", "mid", "lm_head.weight"]
+    sd = {"embed.weight": w, "mid": torch.ones(64, 64), "lm_head.weight": w}
+    if order == "kept-last":
+        sd = {"mid": torch.ones(64, 64), "embed.weight": w, "lm_head.weight": w}
+    tb.save(sd, f"{tmp_path}/", max_shard_size=64 * 64 * 4)
+    with tb.open(tmp_path) as f:
+        assert sorted(f.keys()) == sorted(names)
+        assert f.aliases == {"lm_head.weight": "embed.weight"}
+        assert "lm_head.weight" not in f.metadata
+        assert np.shares_memory(f["embed.weight"], f["lm_head.weight"])
+        assert bits(f["lm_head.weight"]) == bits(w)

@@ -638,10 +638,9 @@ def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
     target = _dtype_arg(args.dtype, "--dtype", floating=True)
     reports = {}
     with _open(args.file, args) as f:
+        unsupported = f.unsupported()
         names = [
-            n
-            for n in f
-            if n not in f.unsupported() and f.info(n)[0].category in ("float", "complex")
+            n for n in f if n not in unsupported and f.info(n)[0].category in ("float", "complex")
         ]
         bar = progress_bar(sum(f.nbytes(n) for n in names), "cast-report", _progress(args))
         try:
