@@ -569,3 +569,19 @@ def test_ties_survive_sharding(tmp_path: Path, order: str) -> None:
         assert "lm_head.weight" not in f.metadata
         assert np.shares_memory(f["embed.weight"], f["lm_head.weight"])
         assert bits(f["lm_head.weight"]) == bits(w)
+
+
+def test_progress_bars_show_when_asked_and_stay_quiet_otherwise(
+    src: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = {"w": torch.randn(1000)}
+    tb.compare(x, x, progress=True)
+    assert "comparing" in capsys.readouterr().err  # tqdm's bar, on stderr
+    tb.compare(x, x)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr("tensorbridge.io._common.DEFAULT_CHUNK", 1)  # every size is "long"
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    rc, _, err = run(capsys, "inspect", src, "--stats")
+    assert rc == 0 and "stats src.safetensors" in err
+    rc, _, err = run(capsys, "inspect", src, "--stats", "--quiet")
+    assert (rc, err) == (0, "")
