@@ -287,6 +287,15 @@ class TensorFile(abc.ABC):
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
         """The stored array: a read-only view, or copy-on-write when asked, where possible."""
 
+    def _restore_ties(self, where: dict[str, Any]) -> None:
+        """Tied names, saved once and recorded in metadata as ``{name: kept}`` (safetensors'
+        ``save_model`` convention), become aliases of ``kept`` in the name table ``where``."""
+        for name, kept in list(self.metadata.items()):
+            if kept in where and (name not in where or name in self.aliases):
+                where.setdefault(name, where[kept])
+                self.aliases[name] = kept
+                del self.metadata[name]
+
     def plain_values(self) -> dict[str, Any]:
         """The file's non-tensor values, as typed as the format keeps them (strings by default)."""
         return dict(self.metadata)

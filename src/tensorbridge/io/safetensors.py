@@ -470,11 +470,7 @@ class SafetensorsFile(TensorFile):
             k: (shard, e) for k, e in shard.entries.items()
         }
         self.metadata = dict(shard.metadata)
-        for name, kept in shard.metadata.items():  # ties recorded as {name: kept}
-            if name not in self._where and kept in shard.entries:
-                self._where[name] = self._where[kept]
-                self.aliases[name] = kept
-                del self.metadata[name]
+        self._restore_ties(self._where)
 
     def keys(self) -> list[str]:
         return list(self._where)

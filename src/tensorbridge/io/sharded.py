@@ -75,11 +75,7 @@ class ShardedFile(TensorFile):
             self.close()
             raise
         self.metadata = dict(self._shards[0].metadata) if self._shards else {}
-        for name, kept in list(self.metadata.items()):  # a tie whose kept name is in another shard
-            if kept in self._where and (name not in self._where or name in self.aliases):
-                self._where.setdefault(name, self._where[kept])
-                self.aliases[name] = kept
-                del self.metadata[name]
+        self._restore_ties(self._where)  # ties whose kept name is in another shard
 
     def keys(self) -> list[str]:
         return list(self._where)
