@@ -7,7 +7,7 @@ duplicate keys, no NaN or Infinity); string-to-string ``__metadata__``; for each
 tensor a known dtype code and a shape of non-negative integers whose size is the
 byte count its ``data_offsets`` give; and offsets that tile the data section
 exactly, with no gap and no overlap. A shard index (``*.safetensors.index.json``)
-gets the same strictness from :func:`_read_index`. Every fault raises
+gets the same strictness from :func:`read_index`. Every fault raises
 :class:`~tensorbridge.errors.FormatError` naming the file, the tensor and what is
 wrong. The codes known are the dtype table's plus ``F4``, which is no table row.
 """
@@ -55,7 +55,7 @@ class _ReadAt(Protocol):
     def read(self, n: int, offset: int) -> bytes: ...
 
 
-def _short(x: Any, limit: int = 60) -> str:
+def short(x: Any, limit: int = 60) -> str:
     r = repr(x)
     return r if len(r) <= limit else r[: limit - 3] + "..."
 
@@ -84,7 +84,7 @@ def _parse(path: Path, f: _ReadAt, size: int) -> tuple[dict[str, _Entry], dict[s
     except UnicodeDecodeError as e:
         raise FormatError(f"{path}: the header is not UTF-8 (byte {e.start}); corrupt") from None
     except (ValueError, RecursionError) as e:
-        raise FormatError(f"{path}: the header is not valid JSON ({_short(str(e), 120)})") from None
+        raise FormatError(f"{path}: the header is not valid JSON ({short(str(e), 120)})") from None
     if not isinstance(obj, dict):
         raise FormatError(f"{path}: the header is a JSON {type(obj).__name__}, not an object")
     metadata = _check_metadata(path, obj.pop("__metadata__", None))
@@ -97,12 +97,12 @@ def _parse(path: Path, f: _ReadAt, size: int) -> tuple[dict[str, _Entry], dict[s
     for name, _, begin, end, _ in entries:
         if begin != cursor:
             what = (
-                f"overlaps tensor {_short(prev)} (which ends at {cursor})"
+                f"overlaps tensor {short(prev)} (which ends at {cursor})"
                 if begin < cursor
                 else f"leaves bytes {cursor}..{begin} unused"
             )
             raise FormatError(
-                f"{path}: tensor {_short(name)}: data_offsets [{begin}, {end}] {what}; "
+                f"{path}: tensor {short(name)}: data_offsets [{begin}, {end}] {what}; "
                 "tensors must tile the data section exactly"
             )
         cursor, prev = end, name
@@ -124,7 +124,7 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise ValueError(f"duplicate key {_short(key)}")
+                raise ValueError(f"duplicate key {short(key)}")
             seen.add(key)
     return out
 
@@ -141,7 +141,7 @@ def _check_metadata(path: Path, meta: Any) -> dict[str, str]:
     for k, v in meta.items():
         if not isinstance(v, str):
             raise FormatError(
-                f"{path}: __metadata__[{_short(k)}] is {_short(v)}; metadata values must be strings"
+                f"{path}: __metadata__[{short(k)}] is {short(v)}; metadata values must be strings"
             )
     return meta
 
@@ -149,18 +149,18 @@ def _check_metadata(path: Path, meta: Any) -> dict[str, str]:
 def _check_entry(
     path: Path, name: str, spec: Any, data_len: int
 ) -> tuple[DTypeRow, int, int, tuple[int, ...]]:
-    where = f"{path}: tensor {_short(name)}"
+    where = f"{path}: tensor {short(name)}"
     if not isinstance(spec, dict):
-        raise FormatError(f"{where}: the entry is {_short(spec)}, not an object")
+        raise FormatError(f"{where}: the entry is {short(spec)}, not an object")
     code = spec.get("dtype")
     row = _BY_CODE.get(code) if isinstance(code, str) else None
     if row is None:
         raise FormatError(
-            f"{where}: unknown dtype {_short(code)}; tensorbridge reads {', '.join(_BY_CODE)}"
+            f"{where}: unknown dtype {short(code)}; tensorbridge reads {', '.join(_BY_CODE)}"
         )
     shape = spec.get("shape")
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise FormatError(f"{where}: shape {_short(shape)} is not a list of non-negative integers")
+        raise FormatError(f"{where}: shape {short(shape)} is not a list of non-negative integers")
     offsets = spec.get("data_offsets")
     if not (
         isinstance(offsets, list)
@@ -169,7 +169,7 @@ def _check_entry(
         and 0 <= offsets[0] <= offsets[1]
     ):
         raise FormatError(
-            f"{where}: data_offsets {_short(offsets)} is not [begin, end] with 0 <= begin <= end"
+            f"{where}: data_offsets {short(offsets)} is not [begin, end] with 0 <= begin <= end"
         )
     begin, end = offsets
     if end > data_len:
@@ -181,13 +181,13 @@ def _check_entry(
     count = _count(shape, cap=1 << 64)
     if count is not None and count * bits % 8:
         raise FormatError(
-            f"{where}: {code} shape {_short(shape)} has an odd number of 4-bit "
+            f"{where}: {code} shape {short(shape)} has an odd number of 4-bit "
             "values, which do not fill whole bytes"
         )
     if count is None or count * bits // 8 != end - begin:
         need = "more bytes than the file holds" if count is None else f"{count * bits // 8} bytes"
         raise FormatError(
-            f"{where}: {code} with shape {_short(shape)} needs {need}, but data_offsets "
+            f"{where}: {code} with shape {short(shape)} needs {need}, but data_offsets "
             f"[{begin}, {end}] hold {end - begin}"
         )
     return row, begin, end, tuple(shape)
@@ -205,7 +205,7 @@ def _count(shape: list[int], cap: int) -> int | None:
     return count
 
 
-def _read_index(path: Path) -> dict[str, str]:
+def read_index(path: Path) -> dict[str, str]:
     with path.open("rb") as f:
         raw = f.read(MAX_HEADER + 1)
     if len(raw) > MAX_HEADER:
@@ -213,14 +213,14 @@ def _read_index(path: Path) -> dict[str, str]:
     try:
         obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique, parse_constant=_no_nan)
     except (ValueError, RecursionError) as e:
-        raise FormatError(f"{path}: the index is not valid JSON ({_short(str(e), 120)})") from None
+        raise FormatError(f"{path}: the index is not valid JSON ({short(str(e), 120)})") from None
     weight_map = obj.get("weight_map") if isinstance(obj, dict) else None
     if not isinstance(weight_map, dict):
         raise FormatError(f'{path}: the index has no "weight_map" object of names to files')
     for name, file in weight_map.items():
         if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
             raise FormatError(
-                f"{path}: weight_map[{_short(name)}] = {_short(file)} is not a file name in the "
+                f"{path}: weight_map[{short(name)}] = {short(file)} is not a file name in the "
                 "index's directory"
             )
     return weight_map

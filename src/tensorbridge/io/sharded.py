@@ -31,7 +31,7 @@ import numpy as np
 from ..dtypes import DTypeRow
 from ..errors import FormatError
 from ._common import TensorFile
-from ._safetensors_header import _read_index, _short
+from ._safetensors_header import read_index, short
 
 __all__ = ["ShardedFile"]
 
@@ -42,7 +42,7 @@ class ShardedFile(TensorFile):
     def __init__(self, index: str | os.PathLike[str], opener: Callable[[Path], TensorFile]) -> None:
         super().__init__()
         self.path = Path(index)
-        weight_map = _read_index(self.path)
+        weight_map = read_index(self.path)
         self._shards: list[TensorFile] = []
         self._where: dict[str, TensorFile] = {}
         self._file: dict[int, str] = {}
@@ -67,7 +67,7 @@ class ShardedFile(TensorFile):
             missing = [name for name in weight_map if name not in self._where]
             if missing:
                 raise FormatError(
-                    f"{self.path}: tensor {_short(missing[0])} is not in "
+                    f"{self.path}: tensor {short(missing[0])} is not in "
                     f"{weight_map[missing[0]]}, the shard the index names ({len(missing)} such "
                     "tensors)"
                 )
