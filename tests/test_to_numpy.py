@@ -601,7 +601,9 @@ def test_fp4_without_dtype_names_the_fix() -> None:
 def test_fp4_unpacking_is_a_copy() -> None:
     t = torch.zeros(2, 2, dtype=torch.uint8).view(FLOAT4_X2)  # type: ignore[arg-type]
 
-    with pytest.raises(tb.CopyRequiredError, match=r"is packed fp4 \(unpacking makes a new"):
+    with pytest.raises(
+        tb.CopyRequiredError, match=r"is packed float4_e2m1fn_x2 \(unpacking makes a new"
+    ):
         tb.to_numpy(t, dtype=FLOAT4, copy=False)
 
 

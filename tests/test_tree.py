@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensorbridge as tb
+from tensorbridge import _memory as M
 from tensorbridge import _staging as S
 from tensorbridge import tree as T
 from tensorbridge.tree import tree_to_numpy, tree_to_torch
@@ -588,10 +589,10 @@ def layout(
     size: int = 4,
     where: Any = ("cuda:0", 1000),
     dtype: str = "float32",
-) -> S._Layout:
+) -> S.Layout:
     row = tb.resolve_dtype(dtype)
     assert row.itemsize == size
-    return S._Layout.of(where, start, shape, strides, row)
+    return S.Layout.of(where, start, shape, strides, row)
 
 
 def test_plan_merges_overlapping_leaves_transitively() -> None:
@@ -601,9 +602,9 @@ def test_plan_merges_overlapping_leaves_transitively() -> None:
         (layout(24, (2,), (4,)), None),  # [24, 32): overlaps only the second
         (layout(64, (2,), (4,)), None),  # [64, 72): alone
     ]
-    assert S._plan_groups(entries) == [
-        S._Group((0, 1, 2), 0, 32, True),
-        S._Group((3,), 64, 72, False),
+    assert S.plan_groups(entries) == [
+        S.Group((0, 1, 2), 0, 32, True),
+        S.Group((3,), 64, 72, False),
     ]
 
 
@@ -614,33 +615,33 @@ def test_plan_keeps_storages_devices_and_casts_apart() -> None:
         (layout(0, (4,), (4,), where=("cuda:1", 1000)), None),
         (layout(0, (4,), (4,)), ("float32", "float16")),
     ]
-    assert [g.members for g in S._plan_groups(entries)] == [(0,), (1,), (2,), (3,)]
+    assert [g.members for g in S.plan_groups(entries)] == [(0,), (1,), (2,), (3,)]
 
 
 def test_plan_alike_leaves_convert_once_without_a_span() -> None:
     same = layout(8, (2, 2), (4, 8))
     entries = [(same, None), (layout(8, (2, 2), (4, 8)), None)]
-    assert S._plan_groups(entries) == [S._Group((0, 1), 8, 8 + 16, False)]
+    assert S.plan_groups(entries) == [S.Group((0, 1), 8, 8 + 16, False)]
     other_dtype = layout(8, (2, 2), (4, 8), dtype="int32")  # same bytes, other dtype
-    assert S._plan_groups([(same, None), (other_dtype, None)])[0].shared
+    assert S.plan_groups([(same, None), (other_dtype, None)])[0].shared
 
 
 def test_plan_empty_and_misaligned_leaves_stand_alone() -> None:
     empty = layout(4, (0, 3), (12, 4))
     bytes_view = layout(1, (8,), (1,), size=1, dtype="uint8")  # [1, 9)
     word = layout(4, (2,), (4,))  # [4, 12): 3 bytes into the span, not a whole word
-    groups = S._plan_groups([(empty, None), (bytes_view, None), (word, None)])
+    groups = S.plan_groups([(empty, None), (bytes_view, None), (word, None)])
     assert groups == [
-        S._Group((0,), 4, 4, False),
-        S._Group((1,), 1, 9, False),
-        S._Group((2,), 4, 12, False),
+        S.Group((0,), 4, 4, False),
+        S.Group((1,), 1, 9, False),
+        S.Group((2,), 4, 12, False),
     ]
 
 
 def test_plan_staging_aligns_every_slot() -> None:
-    offsets, total = S._plan_staging([10, 0, 64, 65, 1])
+    offsets, total = S.plan_staging([10, 0, 64, 65, 1])
     assert offsets == [0, 64, 64, 128, 256] and total == 320
-    assert S._plan_staging([]) == ([], 0)
+    assert S.plan_staging([]) == ([], 0)
 
 
 # --- the staging path, driven with CPU tensors ------------------------------------------------
@@ -653,24 +654,24 @@ def staged(values: list[Any], cast: str | None, direction: str) -> list[torch.Te
         row = tb.resolve_dtype(v.dtype)
         dst = tb.resolve_dtype(cast) if cast and row.is_floating else row
         if isinstance(v, np.ndarray):
-            lay = S._array_layout(v, row)
+            lay = S.array_layout(v, row)
         else:  # as device tensors are planned: by storage
-            lay = S._tensor_layout(v, row, by_address=direction == "scatter")
-        planned.append(S._Leaf(i, v, row, dst, lay))
-    cursor = S._Cursor()
-    jobs = S._jobs(planned, cursor)
+            lay = S.tensor_layout(v, row, by_address=direction == "scatter")
+        planned.append(S.Leaf(i, v, row, dst, lay))
+    cursor = S.Cursor()
+    jobs = S.plan_jobs(planned, cursor)
     if direction == "gather":
-        bufs = S._gather(jobs, cursor)
+        bufs = S.gather(jobs, cursor)
     else:
-        bufs = S._scatter(jobs, torch.device("cpu"), cursor)
-    made = S._rebuild(zip(jobs, bufs, strict=True), planned)
+        bufs = S.scatter(jobs, torch.device("cpu"), cursor)
+    made = S.rebuild(zip(jobs, bufs, strict=True), planned)
     return [made[i] for i in range(len(values))]
 
 
 @pytest.mark.parametrize("cast", [None, "float32", "float8_e4m3fn"], ids=str)
 def test_gather_stages_once_and_waits_once(cast: str | None, monkeypatch: Any) -> None:
     waits: list[torch.device] = []
-    monkeypatch.setattr(S, "_wait", waits.append)
+    monkeypatch.setattr(M, "wait", waits.append)
     w = torch.randn(6, 5).to(torch.bfloat16)
     other = torch.randn(3)
     values = [w, w[2:], w.t(), other, torch.arange(4), w[:, 1]]
@@ -707,13 +708,13 @@ def test_scatter_stages_host_leaves_and_keeps_ties(cast: str | None) -> None:
 @needs_cuda
 def test_cuda_tree_to_numpy_is_bit_exact_and_waits_once(monkeypatch: Any) -> None:
     waits: list[torch.device] = []
-    real_wait = S._wait
+    real_wait = M.wait
 
     def counting_wait(device: torch.device) -> None:
         waits.append(device)
         real_wait(device)
 
-    monkeypatch.setattr(S, "_wait", counting_wait)
+    monkeypatch.setattr(M, "wait", counting_wait)
     w = random_tensor(tb.resolve_dtype("bfloat16"), (64, 32)).cuda()
     sd = {f"l{i}": torch.randn(16, device="cuda") for i in range(50)}
     sd.update(w=w, tail=w[8:], n=torch.arange(3, device="cuda"))

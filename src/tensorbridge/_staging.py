@@ -1,7 +1,7 @@
 """How the tree functions convert many leaves as few copies: tie planning and staging.
 
 ``tree_to_numpy`` / ``tree_to_torch`` hand over the leaves that need a copy, a cast
-or a device transfer, each as a :class:`_Leaf` with its :class:`_Layout` (where its
+or a device transfer, each as a :class:`Leaf` with its :class:`Layout` (where its
 bytes are). Planning groups the leaves whose bytes overlap in one memory, so that
 each group converts once, as one span, and its members come back as views of it
 with the same offsets and strides: ties survive a copy, a cast or a transfer.
@@ -9,7 +9,7 @@ Executing runs the groups: those that stay on their device convert there;
 device -> host ones go through one pinned staging buffer, every copy
 ``non_blocking``, one wait per device; host -> device ones are staged likewise and
 nothing waits. Shrinking casts run before a transfer and widening ones after, so
-the fewest bytes cross the bus. A :class:`_Cursor` follows the leaf being worked
+the fewest bytes cross the bus. A :class:`Cursor` follows the leaf being worked
 on, so that an error can name its key path.
 """
 
@@ -22,17 +22,17 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .convert import _as_tensor
+from . import _memory as mem
 from .dtypes import BY_TORCH, DTypeRow
 
-_HOST = "host"  # the `where` of CPU memory: one address space shared by tensors and arrays
-_ALIGN = 64  # staging slots start on cache-line boundaries (and so suit every dtype)
+HOST = "host"  # the `where` of CPU memory: one address space shared by tensors and arrays
+ALIGN = 64  # staging slots start on cache-line boundaries (and so suit every dtype)
 
 
 # --- the leaves handed over, and the cursor that follows them ---------------------------------
 
 
-class _Cursor:
+class Cursor:
     """The index of the leaf being converted, for the key path of an error."""
 
     __slots__ = ("index",)
@@ -41,30 +41,23 @@ class _Cursor:
         self.index: int | None = None
 
 
-class _Leaf(NamedTuple):
+class Leaf(NamedTuple):
     """A leaf converted together with the leaves it shares memory with."""
 
     at: int  # its position among the tree's leaves
     value: Any  # a plain (detached) tensor or an ndarray
     src: DTypeRow
     dst: DTypeRow
-    layout: _Layout
-
-
-def _indexed(device: torch.device) -> torch.device:
-    """``cuda`` -> ``cuda:0`` (the current device), so devices compare as torch places them."""
-    if device.type == "cpu" or device.index is not None:
-        return device
-    return torch.empty(0, device=device).device
+    layout: Layout
 
 
 # --- planning: which leaves share memory, and where staged bytes go ---------------------------
 
 
-class _Layout(NamedTuple):
+class Layout(NamedTuple):
     """Where a leaf's bytes are: ``where`` names the memory, the rest are in bytes."""
 
-    where: Hashable  # _HOST (absolute addresses) or (device, storage address)
+    where: Hashable  # HOST (absolute addresses) or (device, storage address)
     start: int  # the address of element 0 within ``where``
     stop: int  # one past the last byte (``start`` for an empty leaf)
     shape: tuple[int, ...]
@@ -75,15 +68,15 @@ class _Layout(NamedTuple):
     @staticmethod
     def of(
         where: Hashable, start: int, shape: tuple[int, ...], strides: tuple[int, ...], row: DTypeRow
-    ) -> _Layout:
+    ) -> Layout:
         stop = start
         if 0 not in shape:
             reach = sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
             stop = start + reach + row.itemsize
-        return _Layout(where, start, stop, shape, strides, row.itemsize, row.name)
+        return Layout(where, start, stop, shape, strides, row.itemsize, row.name)
 
 
-class _Group(NamedTuple):
+class Group(NamedTuple):
     """Leaves converted as one: ``shared`` means views into one converted span [lo, hi)."""
 
     members: tuple[int, ...]  # positions in the planned list, in tree order
@@ -92,21 +85,20 @@ class _Group(NamedTuple):
     shared: bool  # False: every member has the same layout; convert the first one itself
 
 
-def _tensor_layout(t: torch.Tensor, row: DTypeRow, by_address: bool) -> _Layout:
+def tensor_layout(t: torch.Tensor, row: DTypeRow, by_address: bool) -> Layout:
     size = row.itemsize
     strides = tuple(s * size for s in t.stride())
     if by_address:  # host memory: comparable with arrays' addresses
-        return _Layout.of(_HOST, t.data_ptr(), tuple(t.shape), strides, row)
+        return Layout.of(HOST, t.data_ptr(), tuple(t.shape), strides, row)
     where = (t.device, t.untyped_storage().data_ptr())
-    return _Layout.of(where, int(t.storage_offset()) * size, tuple(t.shape), strides, row)
+    return Layout.of(where, int(t.storage_offset()) * size, tuple(t.shape), strides, row)
 
 
-def _array_layout(a: np.ndarray, row: DTypeRow) -> _Layout:
-    address = a.__array_interface__["data"][0]
-    return _Layout.of(_HOST, address, tuple(a.shape), tuple(a.strides), row)
+def array_layout(a: np.ndarray, row: DTypeRow) -> Layout:
+    return Layout.of(HOST, mem.address(a), tuple(a.shape), tuple(a.strides), row)
 
 
-def _plan_groups(entries: Sequence[tuple[_Layout, Hashable]]) -> list[_Group]:
+def plan_groups(entries: Sequence[tuple[Layout, Hashable]]) -> list[Group]:
     """Partition leaves into groups converted as one, so copies overlap as their sources did.
 
     ``entries[k]`` is a leaf's layout and its transform (``None`` for a plain copy, or
@@ -116,10 +108,10 @@ def _plan_groups(entries: Sequence[tuple[_Layout, Hashable]]) -> list[_Group]:
     (it cannot be a view there); it loses the tie but still converts correctly.
     """
     by_key: dict[Hashable, list[int]] = defaultdict(list)
-    groups: list[_Group] = []
+    groups: list[Group] = []
     for k, (layout, transform) in enumerate(entries):
         if layout.stop == layout.start:  # empty: no memory to share
-            groups.append(_Group((k,), layout.start, layout.start, False))
+            groups.append(Group((k,), layout.start, layout.start, False))
         else:
             by_key[(layout.where, transform)].append(k)
     for members in by_key.values():
@@ -132,30 +124,34 @@ def _plan_groups(entries: Sequence[tuple[_Layout, Hashable]]) -> list[_Group]:
                 component.append(k)
                 hi = max(hi, layout.stop)
             else:
-                groups.extend(_close(component, entries))
+                groups.extend(close_component(component, entries))
                 component, hi = [k], layout.stop
-        groups.extend(_close(component, entries))
+        groups.extend(close_component(component, entries))
     groups.sort(key=lambda g: g.members[0])
     return groups
 
 
-def _close(component: list[int], entries: Sequence[tuple[_Layout, Hashable]]) -> list[_Group]:
+def close_component(
+    component: list[int], entries: Sequence[tuple[Layout, Hashable]]
+) -> list[Group]:
     if len(component) < 2:
-        return [_Group((k,), entries[k][0].start, entries[k][0].stop, False) for k in component]
+        return [Group((k,), entries[k][0].start, entries[k][0].stop, False) for k in component]
     layouts = [entries[k][0] for k in component]
     members = tuple(sorted(component))
     if all(layout == layouts[0] for layout in layouts):
-        return [_Group(members, layouts[0].start, layouts[0].stop, False)]
+        return [Group(members, layouts[0].start, layouts[0].stop, False)]
     lo = min(layout.start for layout in layouts)
     misaligned = [k for k in component if (entries[k][0].start - lo) % entries[k][0].itemsize]
     if misaligned:
         rest = [k for k in component if k not in misaligned]
-        return _close(rest, entries) + [g for k in misaligned for g in _close([k], entries)]
+        return close_component(rest, entries) + [
+            g for k in misaligned for g in close_component([k], entries)
+        ]
     hi = max(layout.stop for layout in layouts)
-    return [_Group(members, lo, hi, True)]
+    return [Group(members, lo, hi, True)]
 
 
-def _plan_staging(nbytes: Sequence[int], align: int = _ALIGN) -> tuple[list[int], int]:
+def plan_staging(nbytes: Sequence[int], align: int = ALIGN) -> tuple[list[int], int]:
     """Offsets of consecutive slots in one staging buffer, each ``align``-ed, and its size."""
     offsets = []
     total = 0
@@ -168,138 +164,90 @@ def _plan_staging(nbytes: Sequence[int], align: int = _ALIGN) -> tuple[list[int]
 # --- executing a plan -------------------------------------------------------------------------
 
 
-class _Job(NamedTuple):
+class Job(NamedTuple):
     """One group's conversion: ``source`` is a tensor over its bytes, ``cast`` its new dtype."""
 
-    group: _Group
+    group: Group
     source: torch.Tensor
     cast: torch.dtype | None
     at: int  # the tree position of the group's first leaf, for errors
 
 
-class _Window:
-    """Presents host memory to ``np.asarray`` as a (writable) array, to be *read* by torch.
-
-    Only ever the source of a copy tensorbridge runs itself, never handed to the caller;
-    writable so that torch does not warn about read-only arrays.
-    """
-
-    def __init__(
-        self, address: int, shape: tuple[int, ...], strides: Any, typestr: str, owner: Any
-    ) -> None:
-        self.__array_interface__ = {
-            "data": (address, False),
-            "shape": shape,
-            "strides": strides,
-            "typestr": typestr,
-            "version": 3,
-        }
-        self._owner = owner
-
-
-def _host_view(
-    address: int, shape: tuple[int, ...], strides: Any, row: DTypeRow, owner: Any
-) -> torch.Tensor:
-    typestr = row.carrier_numpy.str
-    t = torch.from_numpy(np.asarray(_Window(address, shape, strides, typestr, owner)))
-    return t if row.carrier is None else t.view(row.torch)
-
-
-def _array_tensor(a: np.ndarray, row: DTypeRow) -> torch.Tensor:
-    """A tensor over ``a``'s memory, to copy from (through a window if ``a`` is read-only)."""
-    if not a.flags.writeable:
-        return _host_view(_array_layout(a, row).start, a.shape, a.strides, row, a)
-    t = torch.from_numpy(a.view(np.ndarray) if row.carrier is None else a.view(row.carrier_numpy))
-    return t if row.carrier is None else t.view(row.torch)
-
-
-_BYTE = BY_TORCH[torch.uint8]
-
-
-def _job(group: _Group, planned: Sequence[_Leaf]) -> _Job:
+def make_job(group: Group, planned: Sequence[Leaf]) -> Job:
     first = planned[group.members[0]]
     cast = None if first.dst is first.src else first.dst.torch
     if not group.shared:
         value = first.value
         if isinstance(value, np.ndarray):
-            value = _array_tensor(value, first.src)
-        return _Job(group, value, cast, first.at)
+            value = mem.reader(value, first.src)
+        return Job(group, value, cast, first.at)
     n = group.hi - group.lo
-    if first.layout.where == _HOST:
+    if first.layout.where == HOST:
         owners = [planned[k].value for k in group.members]
-        span = _host_view(group.lo, (n,), None, _BYTE, owners)
+        span = mem.host_view(group.lo, (n,), None, mem.BYTE, owners)
     else:
         t = first.value
         span = torch.empty(0, dtype=torch.uint8, device=t.device)
         span.set_(t.untyped_storage(), group.lo, (n,), (1,))
-    return _Job(group, span if cast is None else span.view(first.src.torch), cast, first.at)
+    return Job(group, span if cast is None else span.view(first.src.torch), cast, first.at)
 
 
-def _jobs(planned: Sequence[_Leaf], cursor: _Cursor) -> list[_Job]:
+def plan_jobs(planned: Sequence[Leaf], cursor: Cursor) -> list[Job]:
     """The plan for the planned leaves: one job for each group that shares memory."""
     entries = [
         (leaf.layout, None if leaf.dst is leaf.src else (leaf.src, leaf.dst)) for leaf in planned
     ]
     jobs = []
-    for group in _plan_groups(entries):
+    for group in plan_groups(entries):
         cursor.index = planned[group.members[0]].at
-        jobs.append(_job(group, planned))
+        jobs.append(make_job(group, planned))
     return jobs
 
 
-def _convert_planned(
-    planned: Sequence[_Leaf], target: torch.device | None, cursor: _Cursor
+def convert_planned(
+    planned: Sequence[Leaf], target: torch.device | None, cursor: Cursor
 ) -> dict[int, torch.Tensor]:
     """Convert planned leaves group by group; leaf index -> tensor (on the host for NumPy)."""
     cursor.index = None  # a target torch cannot reach is no one leaf's fault
-    dest_all = None if target is None else _indexed(target)
-    done: list[tuple[_Job, torch.Tensor]] = []
-    to_host: list[_Job] = []
-    to_device: list[_Job] = []
-    for job in _jobs(planned, cursor):
+    dest_all = None if target is None else mem.indexed(target)
+    done: list[tuple[Job, torch.Tensor]] = []
+    to_host: list[Job] = []
+    to_device: list[Job] = []
+    for job in plan_jobs(planned, cursor):
         here = job.source.device
         dest = here if dest_all is None else dest_all
         if dest == here:
             cursor.index = job.at
-            done.append((job, _copy_here(job.source, job.cast)))
+            done.append((job, copy_here(job.source, job.cast)))
         elif dest.type == "cpu":
             to_host.append(job)
         else:
             to_device.append(job)
     if to_host:
-        done.extend(zip(to_host, _gather(to_host, cursor), strict=True))
+        done.extend(zip(to_host, gather(to_host, cursor), strict=True))
     if to_device:
         assert dest_all is not None  # only a target can be another device
-        done.extend(zip(to_device, _scatter(to_device, dest_all, cursor), strict=True))
-    return _rebuild(done, planned)
+        done.extend(zip(to_device, scatter(to_device, dest_all, cursor), strict=True))
+    return rebuild(done, planned)
 
 
-def _copy_here(src: torch.Tensor, cast: torch.dtype | None) -> torch.Tensor:
+def copy_here(src: torch.Tensor, cast: torch.dtype | None) -> torch.Tensor:
     """A same-device copy (cast on the way). On the host NumPy allocates and torch converts,
     as in ``to_numpy``: NumPy's large allocations fault in far faster than torch's."""
     row = BY_TORCH.get(cast or src.dtype)
     if src.device.type != "cpu" or row is None or not src.is_contiguous():
         return src.to(cast) if cast is not None else src.clone()
-    return _as_tensor(np.empty(tuple(src.shape), row.numpy), row).copy_(src)
+    return mem.empty(tuple(src.shape), row).copy_(src)
 
 
-def _staging(nbytes: int, pin: bool) -> torch.Tensor:
-    if pin:
-        try:
-            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        except RuntimeError:
-            pass  # no pinned-memory allocator here: the copies simply block
-    return torch.empty(nbytes, dtype=torch.uint8)
-
-
-def _slot(
+def slot_view(
     staging: torch.Tensor, offset: int, dtype: torch.dtype, shape: torch.Size
 ) -> torch.Tensor:
     size = dtype.itemsize * shape.numel()
     return staging[offset : offset + size].view(dtype).view(shape)
 
 
-def _gather(jobs: Sequence[_Job], cursor: _Cursor) -> list[torch.Tensor]:
+def gather(jobs: Sequence[Job], cursor: Cursor) -> list[torch.Tensor]:
     """Device -> host for every job: one pinned buffer, non-blocking copies, one wait a device.
 
     Casts that shrink the data run on the device before the copy; casts that widen it
@@ -312,17 +260,17 @@ def _gather(jobs: Sequence[_Job], cursor: _Cursor) -> list[torch.Tensor]:
         if job.cast is not None and job.cast.itemsize <= src.element_size():
             src = src.to(job.cast)
         sources.append(src)
-    offsets, total = _plan_staging([s.numel() * s.element_size() for s in sources])
-    staging = _staging(total, pin=True)
+    offsets, total = plan_staging([s.numel() * s.element_size() for s in sources])
+    staging = mem.staging(total)
     slots = []
     for job, src, offset in zip(jobs, sources, offsets, strict=True):
         cursor.index = job.at
-        slot = _slot(staging, offset, src.dtype, src.shape)
+        slot = slot_view(staging, offset, src.dtype, src.shape)
         slot.copy_(src, non_blocking=True)
         slots.append(slot)
     cursor.index = None
     for device in {s.device for s in sources}:
-        _wait(device)
+        mem.wait(device)
     bufs = []
     for job, slot in zip(jobs, slots, strict=True):
         cursor.index = job.at
@@ -330,7 +278,7 @@ def _gather(jobs: Sequence[_Job], cursor: _Cursor) -> list[torch.Tensor]:
     return bufs
 
 
-def _scatter(jobs: Sequence[_Job], device: torch.device, cursor: _Cursor) -> list[torch.Tensor]:
+def scatter(jobs: Sequence[Job], device: torch.device, cursor: Cursor) -> list[torch.Tensor]:
     """Host -> device for every job through one pinned buffer, copies issued non-blocking.
 
     Nothing waits: the copies are ordered on the current stream, and torch's pinned
@@ -344,44 +292,30 @@ def _scatter(jobs: Sequence[_Job], device: torch.device, cursor: _Cursor) -> lis
         for j in jobs
     ]
     sizes = [j.source.numel() * d.itemsize for j, d in zip(jobs, dtypes, strict=True)]
-    offsets, total = _plan_staging(sizes)
-    staging = _staging(total, pin=True)
+    offsets, total = plan_staging(sizes)
+    staging = mem.staging(total)
     bufs = []
     for job, dtype, offset in zip(jobs, dtypes, offsets, strict=True):
         cursor.index = job.at
-        slot = _slot(staging, offset, dtype, job.source.shape)
+        slot = slot_view(staging, offset, dtype, job.source.shape)
         slot.copy_(job.source)
         moved = slot.to(device, non_blocking=True)
         bufs.append(moved if job.cast is None or moved.dtype is job.cast else moved.to(job.cast))
     return bufs
 
 
-def _wait(device: torch.device) -> None:
-    """Wait for the copies queued on ``device``'s current stream."""
-    if device.type == "cpu":
-        return
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
-        return
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None:
-        acc.synchronize(device)
-    else:  # pragma: no cover - torch < 2.6 with a non-CUDA accelerator
-        getattr(torch, device.type).synchronize()
-
-
-def _rebuild(
-    done: Iterable[tuple[_Job, torch.Tensor]], planned: Sequence[_Leaf]
+def rebuild(
+    done: Iterable[tuple[Job, torch.Tensor]], planned: Sequence[Leaf]
 ) -> dict[int, torch.Tensor]:
     """Leaf position -> its converted tensor, from each job and its converted buffer."""
     made: dict[int, torch.Tensor] = {}
     for job, buf in done:
-        _members(job.group, buf, planned, made)
+        place_members(job.group, buf, planned, made)
     return made
 
 
-def _members(
-    group: _Group, buf: torch.Tensor, planned: Sequence[_Leaf], made: dict[int, torch.Tensor]
+def place_members(
+    group: Group, buf: torch.Tensor, planned: Sequence[Leaf], made: dict[int, torch.Tensor]
 ) -> None:
     """Each member of a converted group, as a view of ``buf`` laid out like its source."""
     if not group.shared:

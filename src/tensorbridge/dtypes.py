@@ -154,11 +154,101 @@ BY_SPEC: dict[Any, DTypeRow] = {
     **{r: r for r in _TABLE},
 }
 
-# torch's packed fp4: two values a byte, element 0 in the low nibble (see convert.py).
-FLOAT4_PACKED: torch.dtype | None = getattr(torch, "float4_e2m1fn_x2", None)
+
+@dataclass(frozen=True, eq=False)
+class PackedRow:
+    """A torch dtype that packs several values into each byte, and NumPy's one-a-byte dtype.
+
+    NumPy (ml_dtypes) keeps one sub-byte value a byte; torch's packed dtypes keep
+    ``per_byte`` of them, value ``k * i + j`` in bits ``[j * bits, (j + 1) * bits)`` of
+    byte ``i`` (low bits first: torch's ``Float4_e2m1fn_x2.h`` and safetensors' ``F4``).
+    Converting between the two is an explicit pack / unpack (``dtype=`` names the other
+    side), and the last dimension changes by ``per_byte``. Adding a packed type is one
+    row in ``_PACKED``.
+
+    >>> row = PACKED[0]
+    >>> row.name, row.per_byte, row.unpack(np.array([0x21], np.uint8)).view(np.uint8)
+    ('float4_e2m1fn_x2', 2, array([1, 2], dtype=uint8))
+    """
+
+    name: str
+    torch: TorchDType
+    numpy: np.dtype[Any]  # one value a byte
+    per_byte: int
+    safetensors: str | None
+    category: Category
+
+    @property
+    def bits(self) -> int:
+        return 8 // self.per_byte
+
+    def unpack(self, packed: np.ndarray) -> np.ndarray:
+        """Packed bytes (uint8) -> one value a byte; the last axis grows ``per_byte`` times."""
+        k, bits = self.per_byte, self.bits
+        out = np.empty((*packed.shape[:-1], packed.shape[-1] * k), np.uint8)
+        mask = (1 << bits) - 1
+        for j in range(k):
+            np.bitwise_and(np.right_shift(packed, j * bits), mask, out=out[..., j::k])
+        return out.view(self.numpy)
+
+    def pack(self, values: np.ndarray) -> np.ndarray:
+        """One value a byte (last axis a multiple of ``per_byte``) -> packed uint8 bytes."""
+        k, bits = self.per_byte, self.bits
+        u = values.view(np.uint8)
+        mask = (1 << bits) - 1
+        packed: np.ndarray = u[..., 0::k] & mask
+        for j in range(1, k):
+            packed = packed | ((u[..., j::k] & mask) << (j * bits)).astype(np.uint8)
+        return packed.astype(np.uint8, copy=False)
+
+    def __repr__(self) -> str:
+        return f"PackedRow({self.name})"
+
+
+# (torch name, ml_dtypes name of one value, values a byte, safetensors code, category)
+_PACKED_SPEC: tuple[tuple[str, str, int, str | None, Category], ...] = (
+    ("float4_e2m1fn_x2", "float4_e2m1fn", 2, "F4", "float"),
+)
+
+
+def _build_packed() -> tuple[PackedRow, ...]:
+    rows = []
+    for name, unpacked, per_byte, code, category in _PACKED_SPEC:
+        tdt = getattr(torch, name, None)
+        ndt = getattr(ml_dtypes, unpacked, None)
+        if tdt is not None and ndt is not None:
+            rows.append(PackedRow(name, tdt, np.dtype(ndt), per_byte, code, category))
+    return tuple(rows)
+
+
+# Packed dtypes are not rows of the table above (their two sides differ in size).
+PACKED: tuple[PackedRow, ...] = _build_packed()
+PACKED_BY_TORCH: dict[torch.dtype, PackedRow] = {r.torch: r for r in PACKED}
+PACKED_BY_NUMPY: dict[np.dtype[Any], PackedRow] = {r.numpy: r for r in PACKED}
+FLOAT4_PACKED: torch.dtype | None = getattr(torch, "float4_e2m1fn_x2", None)  # TODO(merge)
 FLOAT4_UNPACKED: np.dtype[Any] | None = (
     np.dtype(ml_dtypes.float4_e2m1fn) if hasattr(ml_dtypes, "float4_e2m1fn") else None
 )
+
+
+def packed_target(spec: Any) -> PackedRow | None:
+    """The packed row that ``spec`` (a ``dtype=`` as given) names on the torch side."""
+    if isinstance(spec, torch.dtype):
+        return PACKED_BY_TORCH.get(spec)
+    if isinstance(spec, str):
+        name = spec.removeprefix("torch.")
+        return next((r for r in PACKED if r.name == name), None)
+    return None
+
+
+def unpacked_target(spec: Any) -> PackedRow | None:
+    """The packed row whose one-a-byte NumPy dtype ``spec`` names (``ml_dtypes.float4_e2m1fn``)."""
+    if spec is None or isinstance(spec, (torch.dtype, DTypeRow)):
+        return None
+    try:
+        return PACKED_BY_NUMPY.get(np.dtype(spec))
+    except TypeError:
+        return None
 
 
 def native_row(dt: np.dtype[Any]) -> DTypeRow | None:
@@ -296,13 +386,18 @@ def explain_numpy(ndt: np.dtype[Any]) -> str:
     return f"NumPy dtype {ndt} has no torch dtype"
 
 
+_COUNT = {2: "two", 4: "four", 8: "eight"}
+_TIMES = {2: "doubles", 4: "quadruples", 8: "grows eightfold"}
+
+
 def _explain_torch(tdt: torch.dtype) -> str:
     name = str(tdt).removeprefix("torch.")
-    if tdt is FLOAT4_PACKED:
+    packed = PACKED_BY_TORCH.get(tdt)
+    if packed is not None:
         return (
-            f"{tdt} packs two values a byte and has no NumPy dtype; pass "
-            "dtype=ml_dtypes.float4_e2m1fn to unpack (the last dimension doubles) or "
-            "tensor.view(torch.uint8) for the packed bytes"
+            f"{tdt} packs {_COUNT[packed.per_byte]} values a byte and has no NumPy dtype; pass "
+            f"dtype=ml_dtypes.{packed.numpy} to unpack (the last dimension "
+            f"{_TIMES[packed.per_byte]}) or tensor.view(torch.uint8) for the packed bytes"
         )
     if name.startswith(("qint", "quint")):
         return (

@@ -31,8 +31,9 @@ import numpy as np
 import optree
 import torch
 
-from ._staging import _array_layout, _convert_planned, _Cursor, _indexed, _Leaf, _tensor_layout
-from .convert import to_numpy, to_torch
+from . import _memory as mem
+from ._plan import plain_tensor, plan_numpy, plan_torch
+from ._staging import Cursor, Leaf, array_layout, convert_planned, tensor_layout
 from .dtypes import (
     BY_TORCH,
     FLOAT4_PACKED,
@@ -49,9 +50,6 @@ __all__ = ["tree_to_numpy", "tree_to_torch"]
 
 _NAMESPACE = "tensorbridge"
 _CPU = torch.device("cpu")
-_PLAIN_TYPES: tuple[type, ...] = tuple(
-    cls for cls in (torch.nn.Parameter, getattr(torch.nn, "Buffer", None)) if cls is not None
-)
 _NEVER_DATACLASS = frozenset({torch.Tensor, np.ndarray, int, float, str, bytes, bool})
 
 
@@ -98,16 +96,10 @@ def tree_to_numpy(
     """
     cast = _Cast.of(dtype, float_dtype)
     leaves, spec = _flatten(tree)
-    cursor = _Cursor()
+    cursor = Cursor()
 
     def convert() -> list[Any]:
-        if cast.none and copy is None:
-            out, rest = _numpy_fast(leaves, readonly, cursor)
-        else:
-            out, rest = list(leaves), list(range(len(leaves)))
-        if rest:
-            _numpy_rest(leaves, out, rest, cast, copy, readonly, cursor)
-        return out
+        return _numpy_pass(leaves, cast, copy, readonly, cursor)
 
     return _rebuilt(spec, cursor, convert)
 
@@ -152,21 +144,15 @@ def tree_to_torch(
     cast = _Cast.of(dtype, float_dtype)
     target = None if device is None else torch.device(device)
     leaves, spec = _flatten(tree)
-    cursor = _Cursor()
+    cursor = Cursor()
 
     def convert() -> list[Any]:
-        if cast.none and copy is None and target is None:
-            out, rest = _torch_fast(leaves, cursor)
-        else:
-            out, rest = list(leaves), list(range(len(leaves)))
-        if rest:
-            _torch_rest(leaves, out, rest, cast, target, copy, cursor)
-        return out
+        return _torch_pass(leaves, cast, target, copy, cursor)
 
     return _rebuilt(spec, cursor, convert)
 
 
-def _rebuilt(spec: optree.PyTreeSpec, cursor: _Cursor, convert: Callable[[], list[Any]]) -> Any:
+def _rebuilt(spec: optree.PyTreeSpec, cursor: Cursor, convert: Callable[[], list[Any]]) -> Any:
     """Run a leaf pass and rebuild the tree; an error gains the failing leaf's key path."""
     try:
         out = convert()
@@ -302,6 +288,14 @@ class _Cast(NamedTuple):
             return self.floats
         return row
 
+    def spec_of(self, x: Any) -> Any:
+        """The ``dtype=`` for one leaf (a tensor or an array)."""
+        if self.given is None and self.floats is None:
+            return None
+        if isinstance(x, torch.Tensor):
+            return self.spec(BY_TORCH.get(x.dtype))
+        return self.spec(native_row(x.dtype))
+
     def spec(self, row: DTypeRow | None) -> Any:
         """The ``dtype=`` to hand to ``to_numpy`` / ``to_torch`` for one leaf (``None``: keep)."""
         if row is None or self.per_leaf:
@@ -319,91 +313,92 @@ def _is_fp4(spec: DTypeLike) -> bool:
         return False
 
 
-# --- the per-leaf passes ----------------------------------------------------------------------
+# --- the leaf passes ---------------------------------------------------------------------------
 
 
-def _numpy_fast(leaves: list[Any], readonly: bool, cursor: _Cursor) -> tuple[list[Any], list[int]]:
-    """No cast, no forced copy: CPU tensors become views in one lean loop; the rest waits."""
-    out: list[Any] = []
-    rest: list[int] = []
-    seen: dict[int, Any] = {}
+def _numpy_pass(
+    leaves: list[Any], cast: _Cast, copy: bool | None, readonly: bool, cursor: Cursor
+) -> list[Any]:
+    """Plan every array leaf (once per signature), run the plans that share, batch the copies."""
+    out = list(leaves)
+    planned: list[Leaf] = []
+    firsts, repeats = _firsts(leaves)
+    i = 0
     try:
-        for x in leaves:
-            if type(x) is torch.Tensor and x.is_cpu:
-                arr = seen.get(id(x))
-                if arr is None:
-                    arr = seen[id(x)] = to_numpy(x, readonly=readonly)
-                out.append(arr)
-            elif isinstance(x, (torch.Tensor, np.ndarray)):
-                rest.append(len(out))
-                out.append(x)
+        for i in firsts:
+            x = leaves[i]
+            plan = plan_numpy(x, cast.spec_of(x), copy, readonly)
+            if plan.batch and _stageable(x):
+                planned.append(_leaf(i, x, plan.src, plan.dst))
             else:
-                out.append(x)
+                out[i] = plan.run(x, None)
     except Exception:
-        cursor.index = len(out)  # the leaf being converted
+        cursor.index = i
         raise
-    return out, rest
+    if planned:
+        made = convert_planned(planned, _CPU, cursor)
+        for leaf in planned:
+            arr = mem.as_numpy(made[leaf.at], leaf.dst)
+            if readonly:
+                arr.flags.writeable = False
+            out[leaf.at] = arr
+    for i, j in repeats.items():
+        out[i] = out[j]
+    return out
 
 
-def _torch_fast(leaves: list[Any], cursor: _Cursor) -> tuple[list[Any], list[int]]:
-    """No cast, copy or device: writable arrays become views; tensors pass through."""
-    out: list[Any] = []
-    rest: list[int] = []
-    seen: dict[int, Any] = {}
+def _torch_pass(
+    leaves: list[Any],
+    cast: _Cast,
+    target: torch.device | None,
+    copy: bool | None,
+    cursor: Cursor,
+) -> list[Any]:
+    """As :func:`_numpy_pass`, towards torch (and ``device=``)."""
+    out = list(leaves)
+    planned: list[Leaf] = []
+    firsts, repeats = _firsts(leaves, torch_side=True)
+    device = None if target is None else str(target)
+    indexed: list[torch.device] = []  # the target with its index, found once when needed
+    i = 0
     try:
-        for x in leaves:
-            if type(x) is np.ndarray and x.flags.writeable:
-                t = seen.get(id(x))
-                if t is None:
-                    t = seen[id(x)] = to_torch(x)
-                out.append(t)
-            elif isinstance(x, (np.ndarray, np.generic)):
-                rest.append(len(out))
-                out.append(x)
+        for i in firsts:
+            x = leaves[i]
+            if isinstance(x, np.generic):
+                x = np.asarray(x)
+            plan = plan_torch(x, cast.spec_of(x), device, copy)
+            if plan.batch and _stageable(x):
+                if isinstance(x, torch.Tensor) and target is not None and not x.is_cpu:
+                    if not indexed:
+                        indexed.append(mem.indexed(target))
+                    if indexed[0].type != "cpu" and indexed[0] != x.device:
+                        out[i] = plan.run(x, None)  # between two accelerators: torch's path
+                        continue
+                planned.append(_leaf(i, x, plan.src, plan.dst))
             else:
-                out.append(x)
+                out[i] = plan.run(x, None)
     except Exception:
-        cursor.index = len(out)  # the leaf being converted
+        cursor.index = i
         raise
-    return out, rest
+    if planned:
+        made = convert_planned(planned, target, cursor)
+        for leaf in planned:
+            out[leaf.at] = made[leaf.at]
+    for i, j in repeats.items():
+        out[i] = out[j]
+    return out
 
 
-def _plain_tensor(x: torch.Tensor) -> torch.Tensor | None:
-    """``x`` as a plain strided tensor whose storage holds its values, or ``None``."""
-    if type(x) is torch.Tensor:
-        t = x.detach() if x.requires_grad else x
-    elif isinstance(x, _PLAIN_TYPES):
-        t = x.detach()
-    else:
-        return None  # a subclass: to_numpy / to_torch say what to do with it
-    if (
-        t.layout is not torch.strided
-        or t.is_nested
-        or t.is_quantized
-        or t.is_conj()
-        or t.is_neg()
-        or t.device.type == "meta"
-    ):
-        return None
-    return t
-
-
-def _plain_array(a: np.ndarray, row: DTypeRow) -> bool:
-    """Whether ``a``'s memory can be viewed from torch as it is (strides, alignment, order)."""
-    return (
-        type(a) in (np.ndarray, np.memmap)
-        and a.dtype.isnative
-        and a.flags.aligned
-        and all(s >= 0 and s % row.itemsize == 0 for s in a.strides)
-    )
-
-
-def _first_of(leaves: list[Any], rest: Iterable[int]) -> tuple[list[int], dict[int, int]]:
-    """Split ``rest`` into first occurrences and repeats (repeat index -> first index)."""
+def _firsts(leaves: list[Any], torch_side: bool = False) -> tuple[Iterable[int], dict[int, int]]:
+    """The positions of array leaves to convert, and repeats (repeat -> first occurrence)."""
+    kinds = (torch.Tensor, np.ndarray, np.generic) if torch_side else (torch.Tensor, np.ndarray)
+    arrays = [i for i, x in enumerate(leaves) if isinstance(x, kinds)]
+    if len({id(leaves[i]) for i in arrays}) == len(arrays):
+        return arrays, {}
     first: dict[int, int] = {}
     unique: list[int] = []
     repeats: dict[int, int] = {}
-    for i in rest:
+    for i in arrays:
         j = first.setdefault(id(leaves[i]), i)
         if j == i:
             unique.append(i)
@@ -412,124 +407,14 @@ def _first_of(leaves: list[Any], rest: Iterable[int]) -> tuple[list[int], dict[i
     return unique, repeats
 
 
-def _numpy_rest(
-    leaves: list[Any],
-    out: list[Any],
-    rest: Iterable[int],
-    cast: _Cast,
-    copy: bool | None,
-    readonly: bool,
-    cursor: _Cursor,
-) -> None:
-    unique, repeats = _first_of(leaves, rest)
-    planned: list[_Leaf] = []
-    for i in unique:
-        x = leaves[i]
-        cursor.index = i
-        if isinstance(x, torch.Tensor):
-            t = _plain_tensor(x)
-            row = None if t is None else BY_TORCH.get(t.dtype)
-            if t is None or row is None or cast.per_leaf:
-                out[i] = to_numpy(x, dtype=cast.spec(row), copy=copy, readonly=readonly)
-                continue
-            dst = cast.dst(row)
-            on_host = t.device.type == "cpu"
-            if on_host and dst is row and not copy:
-                out[i] = to_numpy(t, readonly=readonly)
-            elif copy is False:
-                out[i] = to_numpy(t, dtype=cast.spec(row), copy=False)  # raises, saying why
-            else:
-                planned.append(_Leaf(i, t, row, dst, _tensor_layout(t, row, on_host)))
-        elif isinstance(x, np.ndarray):
-            row = native_row(x.dtype)
-            if row is None or not _plain_array(x, row) or cast.per_leaf:
-                out[i] = to_numpy(x, dtype=cast.spec(row), copy=copy, readonly=readonly)
-                continue
-            dst = cast.dst(row)
-            if dst is row and not copy:
-                out[i] = to_numpy(x, readonly=readonly)
-            elif copy is False:
-                out[i] = to_numpy(x, dtype=dst.numpy, copy=False)  # raises, saying why
-            else:
-                planned.append(_Leaf(i, x, row, dst, _array_layout(x, row)))
-    if planned:
-        made = _convert_planned(planned, _CPU, cursor)
-        for leaf in planned:
-            arr = _as_array(made[leaf.at])
-            if readonly:
-                arr.flags.writeable = False
-            out[leaf.at] = arr
-    cursor.index = None
-    for i, j in repeats.items():
-        out[i] = out[j]
+def _stageable(x: Any) -> bool:
+    """Whether a leaf the plan would copy can join the batched staging (aligned memory)."""
+    return not isinstance(x, np.ndarray) or bool(x.flags.aligned)
 
 
-def _torch_rest(
-    leaves: list[Any],
-    out: list[Any],
-    rest: Iterable[int],
-    cast: _Cast,
-    target: torch.device | None,
-    copy: bool | None,
-    cursor: _Cursor,
-) -> None:
-    unique, repeats = _first_of(leaves, rest)
-    planned: list[_Leaf] = []
-    device = None if target is None else str(target)
-    indexed: list[torch.device] = []  # the target with its index, found once when needed
-    for i in unique:
-        x = leaves[i]
-        cursor.index = i
-        if isinstance(x, np.ndarray):
-            row = native_row(x.dtype)
-            dest = target if target is not None else _CPU
-            if row is None or not _plain_array(x, row) or not _stageable(dest) or cast.per_leaf:
-                out[i] = to_torch(x, dtype=cast.spec(row), device=device, copy=copy)
-                continue
-            dst = cast.dst(row)
-            if dst is row and dest.type == "cpu" and not copy and x.flags.writeable:
-                out[i] = to_torch(x)
-            elif copy is False:
-                out[i] = to_torch(x, dtype=dst.torch, device=device, copy=False)  # raises
-            else:
-                planned.append(_Leaf(i, x, row, dst, _array_layout(x, row)))
-        elif isinstance(x, np.generic):
-            out[i] = to_torch(x, dtype=cast.spec(native_row(x.dtype)), device=device, copy=copy)
-        elif isinstance(x, torch.Tensor):
-            t = _plain_tensor(x)
-            row = None if t is None else BY_TORCH.get(t.dtype)
-            if t is None or row is None or cast.per_leaf:
-                out[i] = to_torch(x, dtype=cast.spec(row), device=device, copy=copy)
-                continue
-            dst = cast.dst(row)
-            if target is not None and not indexed:
-                indexed.append(_indexed(target))
-            dest = t.device if target is None else indexed[0]
-            on_host = t.device.type == "cpu"
-            if dest == t.device and dst is row and not copy:
-                out[i] = x
-            elif copy is False or not (
-                dest == t.device or (on_host and _stageable(dest)) or dest.type == "cpu"
-            ):
-                # a refusal to copy, or a move between two accelerators: torch's own path
-                out[i] = to_torch(x, dtype=cast.spec(row), device=device, copy=copy)
-            else:
-                planned.append(_Leaf(i, t, row, dst, _tensor_layout(t, row, on_host)))
-    if planned:
-        made = _convert_planned(planned, target, cursor)
-        for leaf in planned:
-            out[leaf.at] = made[leaf.at]
-    cursor.index = None
-    for i, j in repeats.items():
-        out[i] = out[j]
-
-
-def _stageable(device: torch.device) -> bool:
-    """Whether host memory can be staged for ``device`` (the CPU itself or an accelerator)."""
-    return device.type != "meta"
-
-
-def _as_array(t: torch.Tensor) -> np.ndarray:
-    """The NumPy view of a converted host tensor (zero-copy, like every plain to_numpy)."""
-    arr: np.ndarray = to_numpy(t)
-    return arr
+def _leaf(at: int, x: Any, src: DTypeRow | None, dst: DTypeRow | None) -> Leaf:
+    assert src is not None and dst is not None  # batchable plans have rows
+    if isinstance(x, np.ndarray):
+        return Leaf(at, x, src, dst, array_layout(x, src))
+    t = plain_tensor(x)
+    return Leaf(at, t, src, dst, tensor_layout(t, src, t.is_cpu))

@@ -3,15 +3,14 @@
 It gathers the dtype on each side, strides in elements and in bytes, where the view
 starts in its storage and how big that is, autograd state and the conj/neg bits,
 without reading a value. The verdict for each converter is not a second copy of
-the conversion rules: the converter itself is called with ``copy=False``, which
-returns a view or raises :class:`~tensorbridge.CopyRequiredError` before anything
-is copied, and its reason is reported. Notes add what matters before sharing
-memory: stride-0 dimensions, non-contiguous views, writes autograd cannot see.
+the conversion rules: it is the conversion plan itself (the one that ``to_numpy`` /
+``to_torch`` would run), its steps and the reason a copy is needed. Notes add what
+matters before sharing memory: stride-0 dimensions, non-contiguous views, writes
+autograd cannot see.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -19,10 +18,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from ..convert import to_numpy, to_torch
+from .._plan import Plan, plan_numpy, plan_torch
 from ..dtypes import BY_NUMPY, DTypeRow, explain_numpy, resolve_dtype
 from ..errors import (
-    CopyRequiredError,
     TensorBridgeError,
     UnsupportedDtypeError,
     UnsupportedTensorError,
@@ -33,10 +31,15 @@ from ._values import Array
 
 @dataclass(frozen=True)
 class ConversionPlan(_Record):
-    """What one converter would do with a value: share its memory, copy it, or refuse."""
+    """What one converter would do with a value: share its memory, copy it, or refuse.
+
+    ``steps`` are the conversion plan's steps (``("view",)``, ``("transfer", "cast")``,
+    ...); empty for an error.
+    """
 
     verdict: Literal["share", "copy", "error"]
     reason: str
+    steps: tuple[str, ...] = ()
 
     @property
     def shares(self) -> bool:
@@ -91,19 +94,15 @@ class Description(_Record):
     notes: tuple[str, ...] = ()
 
 
-_COPY_REASON = re.compile(r"cannot share memory: the input (.*); pass copy=None", re.S)
-
-
-def _plan(convert: Callable[[], Any], share_reason: str) -> ConversionPlan:
-    """Ask the converter itself (``copy=False`` never copies: it views or raises)."""
+def _plan(make: Callable[[], Plan], share_reason: str) -> ConversionPlan:
+    """The converter's own plan for the value (the default ``copy=None``)."""
     try:
-        convert()
-    except CopyRequiredError as e:
-        m = _COPY_REASON.search(str(e))
-        return ConversionPlan("copy", f"the input {m.group(1)}" if m else str(e))
+        plan = make()
     except TensorBridgeError as e:
         return ConversionPlan("error", str(e))
-    return ConversionPlan("share", share_reason)
+    if plan.reason is not None:
+        return ConversionPlan("copy", f"the input {plan.reason}", plan.steps)
+    return ConversionPlan("share", share_reason, plan.steps)
 
 
 def describe(x: Any) -> Description:
@@ -225,10 +224,8 @@ def _describe_tensor(t: torch.Tensor) -> Description:
         f_contiguous=f,
         readonly=False,
         byteswapped=False,
-        to_numpy=_plan(lambda: to_numpy(t, copy=False), share),
-        to_torch=_plan(
-            lambda: to_torch(t, copy=False), "already a tensor: to_torch returns it as is"
-        ),
+        to_numpy=_plan(lambda: plan_numpy(t), share),
+        to_torch=_plan(lambda: plan_torch(t), "already a tensor: to_torch returns it as is"),
         notes=tuple(notes),
     )
 
@@ -286,11 +283,7 @@ def _describe_array(a: Array) -> Description:
         f_contiguous=f,
         readonly=not a.flags.writeable,
         byteswapped=swapped,
-        to_numpy=_plan(
-            lambda: to_numpy(a, copy=False), "already an array: to_numpy returns it as is"
-        ),
-        to_torch=_plan(
-            lambda: to_torch(a, copy=False), "to_torch returns a tensor over the array's memory"
-        ),
+        to_numpy=_plan(lambda: plan_numpy(a), "already an array: to_numpy returns it as is"),
+        to_torch=_plan(lambda: plan_torch(a), "to_torch returns a tensor over the array's memory"),
         notes=tuple(_aliasing_notes(tuple(a.shape), strides, c, f)),
     )

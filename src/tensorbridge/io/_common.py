@@ -27,7 +27,9 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from ..convert import _as_tensor, _numpy_row, _reader, to_numpy, to_torch
+from .. import _memory as mem
+from .._plan import numpy_row
+from ..convert import to_numpy, to_torch
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
 from ..errors import FormatError, UnsupportedDtypeError
 
@@ -90,7 +92,7 @@ def row_of(x: Any) -> DTypeRow:
     """The table row of a tensor's or array's dtype (byte-swapped arrays: their native row)."""
     if isinstance(x, torch.Tensor):
         return resolve_dtype(x.dtype)
-    return _numpy_row(x)
+    return numpy_row(x)
 
 
 def cast_target(src: DTypeRow, float_dtype: Any) -> DTypeRow:
@@ -138,7 +140,7 @@ def iter_bytes(
                 np.copyto(out, piece)
             else:
                 native = piece if piece.dtype.isnative else piece.astype(src.numpy)
-                _as_tensor(out, dst).copy_(_reader(native, src))
+                mem.as_tensor(out, dst).copy_(mem.reader(native, src))
             yield out.reshape(-1).view(dst.carrier_numpy).view(np.uint8).data
         release(piece)
 

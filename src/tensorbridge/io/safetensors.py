@@ -45,8 +45,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..convert import pack_nibbles, to_numpy, to_torch, unpack_nibbles
-from ..dtypes import FLOAT4_PACKED, FLOAT4_UNPACKED, DeviceLike, DTypeLike, DTypeRow
+from ..convert import to_numpy, to_torch
+from ..dtypes import (
+    FLOAT4_PACKED,
+    FLOAT4_UNPACKED,
+    PACKED_BY_TORCH,
+    DeviceLike,
+    DTypeLike,
+    DTypeRow,
+    PackedRow,
+)
 from ..errors import FormatError, NoDataError, UnsupportedDtypeError, UnsupportedTensorError
 from ._common import (
     DEFAULT_CHUNK,
@@ -62,6 +70,14 @@ from ._detect import INDEX_SUFFIX, resolve
 from ._safetensors_header import _F4, _bits, _Entry, _parse
 from ._safetensors_header import MAX_HEADER as MAX_HEADER  # the limit on a header's JSON
 from .sharded import ShardedFile
+
+
+def _fp4() -> PackedRow:
+    """The packed-fp4 row (only asked for where an ``F4`` entry exists, so where it does)."""
+    row = PACKED_BY_TORCH.get(FLOAT4_PACKED)  # type: ignore[arg-type]
+    assert row is not None
+    return row
+
 
 __all__ = ["SafetensorsFile", "load", "open", "save"]
 
@@ -370,14 +386,14 @@ def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
     if isinstance(v, torch.Tensor):
         packed = to_numpy(v.view(torch.uint8).cpu()).reshape(-1)
         pieces = (
-            unpack_nibbles(packed[i : i + step // 2]) for i in range(0, packed.size, step // 2)
+            _fp4().unpack(packed[i : i + step // 2]) for i in range(0, packed.size, step // 2)
         )
     else:
         flat = np.ravel(v)
         pieces = (flat[i : i + step] for i in range(0, flat.size, step))
     for piece in pieces:
         if it.row is _F4:
-            yield pack_nibbles(piece).data
+            yield _fp4().pack(piece).data
         else:  # float_dtype: float4 values are exact in float32, then torch's cast
             yield from iter_bytes(piece.astype(np.float32), it.row, chunk_bytes)
 
@@ -504,14 +520,16 @@ class SafetensorsFile(TensorFile):
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
         shard, e = self._lookup(name)
         if e.row is _F4:
-            return unpack_nibbles(self._bytes(name, copy_on_write=False)).reshape(e.shape)
+            values: np.ndarray = _fp4().unpack(self._bytes(name, copy_on_write=False))
+            return values.reshape(e.shape)
         return array_at(shard.buffer(copy_on_write), e.begin, e.shape, e.row, name=name)
 
     def _owned(self, name: str) -> np.ndarray:
         _, e = self._lookup(name)
         raw = self._bytes(name, copy_on_write=None)
         if e.row is _F4:
-            return unpack_nibbles(raw).reshape(e.shape)
+            unpacked: np.ndarray = _fp4().unpack(raw)
+            return unpacked.reshape(e.shape)
         return raw.view(e.row.carrier_numpy).view(e.row.numpy).reshape(e.shape)
 
     def get(

@@ -1,0 +1,209 @@
+"""Memory primitives: bit-cast views, read-only sources, fresh host memory, pinned staging.
+
+Everything that touches raw memory lives here, once: the zero-copy views between a
+tensor and an array of the same bits, the window through which torch's kernels
+*read* read-only memory (never handed to a caller), the choice of allocator for a
+fresh host copy, and the pinned staging of device transfers. The conversion plan
+(:mod:`tensorbridge._plan`) and the batched tree staging (:mod:`tensorbridge._staging`)
+both build on these; neither re-implements them.
+
+>>> import numpy as np, torch
+>>> from tensorbridge.dtypes import BY_TORCH
+>>> t = torch.ones(2, dtype=torch.bfloat16)
+>>> a = as_numpy(t, BY_TORCH[torch.bfloat16])
+>>> a.dtype, np.shares_memory(a, as_numpy(t, BY_TORCH[torch.bfloat16]))
+(dtype(bfloat16), True)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .dtypes import BY_TORCH, DTypeRow
+
+# Tensor subclasses whose storage holds their values as a plain tensor's does.
+PLAIN_SUBCLASSES: tuple[type, ...] = tuple(
+    cls for cls in (torch.nn.Parameter, getattr(torch.nn, "Buffer", None)) if cls is not None
+)
+BYTE = BY_TORCH[torch.uint8]
+
+# Below this many bytes torch's caching allocator wins a fresh copy; above it NumPy's
+# (large allocations are fresh pages that fault in faster). Measured by the benchmarks'
+# cast table; see docs/bench/report.md.
+NUMPY_ALLOC_BYTES = 1 << 24
+
+
+# --- the one bit-cast, both ways -------------------------------------------------------------
+
+
+def as_numpy(t: torch.Tensor, row: DTypeRow) -> np.ndarray:
+    """A NumPy view of a plain CPU strided tensor (no conj/neg bit): same memory, same bits."""
+    if row.carrier is None:
+        return t.numpy()
+    return t.view(row.carrier).numpy().view(row.numpy)
+
+
+def as_tensor(a: np.ndarray, row: DTypeRow) -> torch.Tensor:
+    """A tensor view of a native-order, non-negatively strided array: same memory, same bits."""
+    if row.carrier is None:
+        return torch.from_numpy(a)
+    return torch.from_numpy(a.view(row.carrier_numpy)).view(row.torch)
+
+
+# --- reading memory that must not be written ---------------------------------------------------
+
+
+class Window:
+    """Presents host memory to ``np.asarray`` as a writable array, to be *read* by torch.
+
+    Only ever the source of a copy tensorbridge runs itself, never handed to a caller;
+    writable so that torch does not warn about read-only arrays. ``owner`` keeps the
+    memory alive for as long as the window is.
+    """
+
+    def __init__(
+        self, address: int, shape: tuple[int, ...], strides: Any, typestr: str, owner: Any
+    ) -> None:
+        self.__array_interface__ = {
+            "data": (address, False),
+            "shape": shape,
+            "strides": strides,
+            "typestr": typestr,
+            "version": 3,
+        }
+        self.owner = owner
+
+
+def address(a: np.ndarray) -> int:
+    """The address of ``a``'s first element."""
+    return int(a.__array_interface__["data"][0])
+
+
+def host_view(
+    start: int, shape: tuple[int, ...], strides: Any, row: DTypeRow, owner: Any
+) -> torch.Tensor:
+    """A tensor over host memory at ``start`` (to copy *from*); ``owner`` keeps it alive."""
+    typestr = row.carrier_numpy.str
+    t = torch.from_numpy(np.asarray(Window(start, shape, strides, typestr, owner)))
+    return t if row.carrier is None else t.view(row.torch)
+
+
+def reader(a: np.ndarray, row: DTypeRow) -> torch.Tensor:
+    """A tensor over ``a``'s memory to copy *from* (through a window if ``a`` is read-only).
+
+    ``a`` must be native-order with non-negative strides that are whole items.
+    """
+    if not a.flags.writeable:
+        return host_view(address(a), a.shape, a.strides, row, a)
+    return as_tensor(a.view(np.ndarray), row)
+
+
+def host_tensor(a: np.ndarray, row: DTypeRow) -> torch.Tensor:
+    """A CPU tensor with ``a``'s values, to copy from: a view where torch can see the memory."""
+    if not a.dtype.isnative:
+        a = a.astype(row.numpy)
+    elif any(s < 0 or s % a.itemsize for s in a.strides):
+        a = a.copy(order="K")
+    return reader(a, row)
+
+
+# --- fresh host memory -------------------------------------------------------------------------
+
+
+def empty(shape: tuple[int, ...], row: DTypeRow) -> torch.Tensor:
+    """Uninitialised host memory for a copy, from whichever allocator is faster at its size."""
+    count = 1
+    for n in shape:
+        count *= n
+    if count * row.itemsize < NUMPY_ALLOC_BYTES:
+        return torch.empty(shape, dtype=row.torch)
+    return as_tensor(np.empty(shape, row.numpy), row)
+
+
+def fresh_copy(t: torch.Tensor, dst: DTypeRow, keep_order: bool) -> np.ndarray:
+    """A host copy of a CPU tensor as an array, cast to ``dst`` by torch's kernel.
+
+    ``keep_order`` keeps a non-contiguous tensor's memory order, like
+    ``copy(order="K")`` (for plain same-dtype copies); otherwise the result is
+    C-contiguous. Conjugate and negative bits are resolved on the way.
+    """
+    if keep_order and not t.is_contiguous():
+        fresh = np.empty_like(as_numpy(t, dst), subok=False)
+        as_tensor(fresh, dst).copy_(t)
+        return fresh
+    made = empty(tuple(t.shape), dst)
+    made.copy_(t)
+    return as_numpy(made, dst)
+
+
+def fresh_array_copy(a: np.ndarray) -> np.ndarray:
+    """An independent copy of a native array, in its memory order (``a.copy(order="K")``)."""
+    fresh: np.ndarray = a.copy(order="K")
+    return fresh
+
+
+# --- devices and staging -----------------------------------------------------------------------
+
+
+def accelerator_available() -> bool:
+    """Whether torch has an accelerator here (pinned memory helps only then)."""
+    acc = getattr(torch, "accelerator", None)  # torch >= 2.6
+    return bool(acc.is_available()) if acc is not None else torch.cuda.is_available()
+
+
+def indexed(device: torch.device) -> torch.device:
+    """``cuda`` -> ``cuda:0`` (the current device), so devices compare as torch places them."""
+    if device.type == "cpu" or device.index is not None:
+        return device
+    return torch.empty(0, device=device).device
+
+
+def staging(nbytes: int) -> torch.Tensor:
+    """A host byte buffer for device copies: pinned where torch can pin, plain otherwise."""
+    if accelerator_available():
+        try:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        except RuntimeError:
+            pass  # no pinned-memory allocator here: the copies simply block
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def wait(device: torch.device) -> None:
+    """Wait for the copies queued on ``device``'s current stream."""
+    if device.type == "cpu":
+        return
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+        return
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None:
+        acc.synchronize(device)
+    else:  # pragma: no cover - torch < 2.6 with a non-CUDA accelerator
+        getattr(torch, device.type).synchronize()
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """Device -> host through a pinned buffer (DMA at full speed; torch caches the block).
+
+    For the "preallocate once, copy every step" loop: the pinned block is reused from
+    torch's host-allocator cache, and the final copy into the caller's buffer is a
+    host memcpy.
+    """
+    if not accelerator_available():
+        return t.cpu()
+    buf = staging(t.numel() * t.element_size())
+    staged = buf.view(t.dtype).view(t.shape) if t.numel() else t.new_empty(t.shape, device="cpu")
+    staged.copy_(t, non_blocking=True)
+    wait(t.device)
+    return staged
+
+
+def to_device(t: torch.Tensor, device: Any) -> torch.Tensor:
+    """Host -> ``device`` through pinned memory, ``non_blocking`` (nothing waits)."""
+    if device is None or torch.device(device).type == "cpu":
+        return t
+    staged = t.pin_memory() if accelerator_available() else t
+    return staged.to(device, non_blocking=True)
