@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import _dlpack
 from .dtypes import (
     BY_NUMPY,
     BY_SPEC,
@@ -159,6 +160,10 @@ def to_numpy(
                     arr = arr.view()
                     arr.flags.writeable = False
                 return arr
+    if _dlpack.is_producer(tensor):  # JAX, CuPy, MLX, ... or a capsule
+        return _dlpack.numpy_from(
+            tensor, to_numpy, dtype=dtype, copy=copy, readonly=readonly, out=out
+        )
     return _to_numpy(tensor, dtype, copy, readonly, out)
 
 
@@ -503,6 +508,11 @@ def to_torch(
                 return _as_tensor(array, row)
             except ValueError:
                 pass  # negative strides: the general path copies
+    if _dlpack.is_producer(array):  # JAX, CuPy, MLX, ... or a capsule
+        return _dlpack.torch_from(
+            array, to_torch, dtype=dtype, device=device, copy=copy,
+            requires_grad=requires_grad, out=out,
+        )  # fmt: skip
     return _to_torch(array, dtype, device, copy, requires_grad, out)
 
 
