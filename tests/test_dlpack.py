@@ -490,3 +490,12 @@ def test_mlx_arrays(name: str) -> None:
     assert a.dtype == row.numpy and a.tobytes() == bits.tobytes()
     assert not a.flags.writeable  # MLX exports unversioned capsules
     assert t.dtype is row.torch and tensor_bytes(t) == bits.tobytes()
+
+
+def test_module_doctests() -> None:
+    import doctest
+
+    import tensorbridge._dlpack as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
