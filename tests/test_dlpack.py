@@ -30,7 +30,8 @@ _pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
 )
 FLAGS_OFFSET = 8 + 2 * ctypes.sizeof(ctypes.c_void_p)  # after version, manager_ctx, deleter
 # DLManagedTensorVersioned: flags, then DLTensor {data, device(8), ndim(4), dtype{u8,u8,u16}}
-DTYPE_OFFSET = FLAGS_OFFSET + 8 + ctypes.sizeof(ctypes.c_void_p) + 8 + 4
+DEVICE_OFFSET = FLAGS_OFFSET + 8 + ctypes.sizeof(ctypes.c_void_p)
+DTYPE_OFFSET = DEVICE_OFFSET + 8 + 4
 
 
 def mark_read_only(capsule: Any) -> Any:
@@ -432,6 +433,18 @@ def test_a_dtype_torch_cannot_import_is_refused_with_its_dlpack_name() -> None:
     code.value = 17  # kDLFloat4_e2m1fn, 8 bits: no torch dtype
     with pytest.raises(tb.UnsupportedDtypeError, match="cannot import the float4_e2m1fn DLPack"):
         tb.to_torch(capsule)
+
+
+def test_a_device_torch_cannot_import_names_the_device() -> None:
+    capsule = torch.zeros(4).__dlpack__(max_version=(1, 0))
+    kind = ctypes.c_int32.from_address(_pointer(capsule, VERSIONED) + DEVICE_OFFSET)
+    assert kind.value == 1  # kDLCPU
+    kind.value = 12  # kDLExtDev: no torch build reads it
+    with pytest.raises(tb.UnsupportedTensorError) as info:
+        tb.to_numpy(capsule)
+    assert not isinstance(info.value, tb.UnsupportedDtypeError)
+    assert "cannot import the float32 DLPack array on kDLExtDev:0" in str(info.value)
+    assert str(info.value).endswith("; move it to the CPU with its own library first")
 
 
 # --- real producers ------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.utils.dlpack
 
+from .dtypes import BY_NAME
 from .errors import CopyRequiredError, UnsupportedDtypeError, UnsupportedTensorError
 
 __all__ = ["Imported", "import_array", "is_producer", "numpy_from", "torch_from"]
@@ -321,11 +322,16 @@ def import_array(x: Any, what: str = "import", *, host_copy_allowed: bool = True
         return Imported(arr, readonly, copied)
     try:
         tensor = torch.utils.dlpack.from_dlpack(capsule)
-    except (BufferError, RuntimeError, TypeError, ValueError) as e:
+    except (BufferError, ImportError, RuntimeError, TypeError, ValueError) as e:
+        what_failed = f"the {header.dtype} DLPack array on {device_name(header.device)}"
+        if header.dtype in BY_NAME:  # a dtype torch has: the device or layout failed
+            raise UnsupportedTensorError(
+                f"torch {torch.__version__} cannot import {what_failed} ({e}); move it to "
+                "the CPU with its own library first"
+            ) from e
         raise UnsupportedDtypeError(
-            f"torch {torch.__version__} cannot import the {header.dtype} DLPack array on "
-            f"{device_name(header.device)} ({e}); cast it to a dtype torch has (e.g. "
-            "float32) with its own library first"
+            f"torch {torch.__version__} cannot import {what_failed} ({e}); cast it to a "
+            "dtype torch has (e.g. float32) with its own library first"
         ) from e
     return Imported(tensor, readonly, copied)
 
