@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import _dlpack as dlpack
 from . import _memory as mem
 from .dtypes import (
     BY_NUMPY,
@@ -220,7 +221,22 @@ def run_numpy(
                 return quick(x, None)
             except _REFUSALS:
                 pass  # a flag the quick plan does not cover: the full signature decides
+    if dlpack.is_producer(x):  # JAX, CuPy, MLX, ... or a capsule: import once, then plan
+        return dlpack.numpy_from(x, _numpy_call, dtype=dtype, copy=copy, readonly=readonly, out=out)
     return plan_numpy(x, dtype, copy, readonly, out is not None).run(x, out)
+
+
+def _numpy_call(x: Any, *, dtype: Any, copy: bool | None, readonly: bool, out: Any) -> Any:
+    return plan_numpy(x, dtype, copy, readonly, out is not None).run(x, out)
+
+
+def _torch_call(
+    x: Any, *, dtype: Any, device: Any, copy: bool | None, requires_grad: bool, out: Any
+) -> torch.Tensor:
+    made: torch.Tensor = plan_torch(x, dtype, device, copy, requires_grad, out is not None).run(
+        x, out
+    )
+    return made
 
 
 def run_torch(
@@ -248,6 +264,11 @@ def run_torch(
                 return made
             except _REFUSALS:
                 pass
+    if dlpack.is_producer(x):  # JAX, CuPy, MLX, ... or a capsule: import once, then plan
+        return dlpack.torch_from(
+            x, _torch_call, dtype=dtype, device=device, copy=copy,
+            requires_grad=requires_grad, out=out,
+        )  # fmt: skip
     if not isinstance(x, (np.ndarray, torch.Tensor)):
         x = np.asarray(x)
     result: torch.Tensor = plan_torch(x, dtype, device, copy, requires_grad, out is not None).run(

@@ -51,7 +51,9 @@ def to_numpy(
 
     Args:
         tensor: a ``torch.Tensor`` (any dtype in the table, any device, strided,
-            sparse, nested or quantized) or an ``nn.Parameter``.
+            sparse, nested or quantized) or an ``nn.Parameter``; or any DLPack
+            producer (JAX, CuPy, MLX, ...) or capsule, imported once, zero-copy where
+            the device allows, and read-only when its memory is (or cannot say).
         dtype: ``None`` for the exact counterpart (bfloat16 -> ``ml_dtypes.bfloat16``),
             or a NumPy dtype, torch dtype or name ("f32") to cast with torch's kernel.
         copy: ``None`` shares when possible, ``True`` always copies, ``False`` raises
@@ -87,7 +89,10 @@ def to_torch(
 
     Args:
         array: an ``np.ndarray`` of any dtype in the table (ml_dtypes included), a
-            NumPy or ml_dtypes scalar, a ``np.memmap``, or anything ``np.asarray`` takes.
+            NumPy or ml_dtypes scalar, a ``np.memmap``, any DLPack producer (JAX,
+            CuPy, MLX, ...) or capsule, or anything ``np.asarray`` takes. A producer is
+            shared where the device allows; read-only memory (DLPack's read-only flag,
+            or an unversioned capsule that cannot say) is copied like a read-only array.
         dtype: ``None`` for the exact counterpart, or a dtype / name to cast to.
         device: where the tensor should live; accelerators are fed through pinned
             memory with ``non_blocking=True``.
