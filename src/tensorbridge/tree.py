@@ -186,6 +186,19 @@ def _flatten(tree: Any) -> tuple[list[Any], optree.PyTreeSpec]:
             _register_dataclass(cls)
 
 
+def flatten_with_paths(tree: Any) -> dict[str, Any]:
+    """Every leaf of ``tree`` by its key path: the package's one key-path convention.
+
+    Mapping keys are repr'd, sequence indices are ints, namedtuple and dataclass fields
+    are ``.name``; the flattening is the tree functions' own (optree, dataclasses too).
+
+    >>> flatten_with_paths({"enc": [1, 2], "lr": 0.1})
+    {"['enc'][0]": 1, "['enc'][1]": 2, "['lr']": 0.1}
+    """
+    leaves, spec = _flatten(tree)
+    return {a.codify(""): leaf for a, leaf in zip(spec.accessors(), leaves, strict=True)}
+
+
 class _Instance:
     """A dataclass node's original object (optree wants hashable metadata: this is, by id)."""
 

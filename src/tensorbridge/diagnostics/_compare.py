@@ -12,6 +12,7 @@ has them and to one ULP of the format elsewhere.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -23,6 +24,7 @@ import torch
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import TensorBridgeError
 from ..io._common import progress_bar
+from ..tree import flatten_with_paths
 from ._record import _Record
 from ._values import (
     _LEAVES,
@@ -142,7 +144,7 @@ def compare(
         leaves) are reported in it, not raised.
     """
     if _is_tree(a) or _is_tree(b):
-        fa, fb = _flatten(a), _flatten(b)
+        fa, fb = flatten_with_paths(a), flatten_with_paths(b)
         paths = [p for p in fa if p in fb]
         bar = progress_bar(sum(_nbytes(fa[p]) for p in paths), "comparing", progress)
         leaves = {}
@@ -165,20 +167,9 @@ def _nbytes(x: Any) -> int:
 
 
 def _is_tree(x: Any) -> bool:
-    return isinstance(x, (Mapping, list, tuple))
-
-
-def _flatten(x: Any, prefix: str = "", out: dict[str, Any] | None = None) -> dict[str, Any]:
-    out = {} if out is None else out
-    if isinstance(x, Mapping):
-        for k, v in x.items():
-            _flatten(v, f"{prefix}[{k!r}]", out)
-    elif isinstance(x, (list, tuple)):
-        for i, v in enumerate(x):
-            _flatten(v, f"{prefix}[{i}]", out)
-    else:
-        out[prefix] = x
-    return out
+    if isinstance(x, (Mapping, list, tuple)):
+        return True
+    return dataclasses.is_dataclass(x) and not isinstance(x, type)
 
 
 def _summarise(
