@@ -59,6 +59,7 @@ from ._common import (
     row_of,
 )
 from ._detect import INDEX_SUFFIX, resolve
+from ._formats import by_name
 from ._safetensors_header import _F4, _bits, _Entry, _parse
 from ._safetensors_header import MAX_HEADER as MAX_HEADER  # the limit on a header's JSON
 from .sharded import ShardedFile
@@ -584,7 +585,7 @@ def open(path: str | os.PathLike[str]) -> SafetensorsFile | ShardedFile:
             tensor and what is wrong.
         FileNotFoundError: no such file, or a directory without one.
     """
-    p = resolve(Path(path), ("*.safetensors" + INDEX_SUFFIX, "*.safetensors"))
+    p = resolve(Path(path), by_name("safetensors").in_directory)
     if p.name.endswith(INDEX_SUFFIX):
         return ShardedFile(p, SafetensorsFile)
     return SafetensorsFile(p)
