@@ -95,9 +95,9 @@ def save(
     *,
     float_dtype: DTypeLike | None = None,
     metadata: Mapping[str, str] | None = None,
+    progress: bool | None = None,
     max_shard_size: int | str | None = None,
     index: bool = False,
-    progress: bool | None = None,
     chunk_bytes: int = DEFAULT_CHUNK,
 ) -> None:
     """Write tensors or arrays to a safetensors file (or shards), streamed and atomic.
