@@ -399,6 +399,8 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _convert(args: argparse.Namespace, out: TextIO) -> int:
+    from .io._formats import listing  # what each format can hold, for the messages
+
     float_dtype = _dtype_arg(args.float_dtype, "--float-dtype", floating=True)
     try:
         dst = tbio.destination(args.dst)
@@ -407,8 +409,6 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
     except (TensorBridgeError, ValueError) as e:
         raise _UsageError(str(e)) from None
     if args.max_shard_size is not None and not dst.format.sharding:
-        from .io._formats import listing
-
         raise _UsageError(
             f"--max-shard-size needs a {listing(lambda f: f.sharding, ' or ')} destination "
             f"(or a directory), not {args.dst}"
@@ -432,8 +432,6 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         for name, why in unsupported.items():
             print(f"skipped {name}: {why}", file=sys.stderr)
         names = [n for n in names if n not in unsupported]
-        from .io._formats import listing
-
         if not dst.format.many_arrays and len(names) != 1:
             raise _UsageError(
                 f"a {dst.path.suffix} file holds one array but {len(names)} tensors were "
