@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..errors import FormatError
+
 if TYPE_CHECKING:
     from ._common import TensorFile
 
@@ -92,8 +94,6 @@ class Format:
     def save(self) -> Callable[..., None]:
         """The module's ``save`` (the signature in this module's docstring)."""
         if not self.writes:
-            from ..errors import FormatError
-
             raise FormatError(
                 f"tensorbridge reads {self.description} but does not write one; save to "
                 f"{listing(lambda f: f.writes, ' or ')}"

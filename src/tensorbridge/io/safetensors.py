@@ -117,6 +117,7 @@ def save(
             integers and bools keep theirs.
         metadata: strings to strings for the header's ``__metadata__``, after
             ``{"format": "pt"}`` (a ``"format"`` key given here wins).
+        progress: show a progress bar (``None``: when stderr is a terminal).
         max_shard_size: bytes (int) or a string like ``"5GB"`` (10**9), ``"2GiB"``
             (2**30), ``"500MB"``. When the data exceeds it, tensors fill shards
             ``model-00001-of-0000N.safetensors`` greedily in the mapping's order (one
@@ -124,7 +125,6 @@ def save(
             ``model.safetensors.index.json`` maps each name to its shard.
         index: write the sharded layout (shards and index) even when everything fits
             in one file, as a destination named ``model.safetensors.index.json`` asks.
-        progress: show a progress bar (``None``: when stderr is a terminal).
         chunk_bytes: about how many bytes to hold at once when casting or copying.
 
     Each file is written to a temporary file, fsynced and renamed, so an interrupted
