@@ -10,13 +10,16 @@ plus one row of :data:`FORMATS`.
 
 Every format module's ``save`` has one signature::
 
-    save(obj, path, *, float_dtype=None, metadata=None, progress=None, **options)
+    save(tensors, path, *, float_dtype=None, metadata=None, progress=None, **options)
 
-``obj`` is a flat mapping of names to tensors or arrays (``many_arrays``) or one
+``tensors`` is a flat mapping of names to tensors or arrays (``many_arrays``) or one
 tensor or array (``single_array``); a format that keeps no metadata raises when
 ``metadata`` is not empty; ``options`` are the format's own keyword-only options
 (``chunk_bytes``, ``max_shard_size``). The module-level writers replace an existing
-file; ``tb.save`` is the entry point that refuses to unless asked.
+file; ``tb.save`` is the entry point that refuses to unless asked. Reading goes
+through the row's reader class rather than the module's ``open``, which may look at
+the name (``safetensors.open`` resolves directories, ``npy.open`` hands ``.npz``
+paths on): a file is read as what its bytes are, whatever it is called.
 
 This module imports nothing heavy: a format's module is imported when its reader or
 writer is first used.
