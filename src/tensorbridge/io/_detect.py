@@ -18,6 +18,11 @@ kind               how it is recognised
 ``index``          JSON: a shard index (``*.safetensors.index.json``, ``*.bin.index.json``)
 =================  ===================================================================
 
+A fixed magic (``npy``'s) is the format's own, read from its row in
+``tensorbridge.io._formats``; the structural rules above are this module's. Which
+format reads a kind, what it is called in messages, and which names a directory is
+searched for come from those rows too.
+
 >>> import os, tempfile, numpy as np
 >>> p = os.path.join(tempfile.mkdtemp(), "weights.npz")
 >>> np.save(p, np.arange(3))  # np.save keeps the name it was given: an .npy named .npz
