@@ -256,7 +256,13 @@ def test_cli_messages_come_from_the_table(
 
 
 @pytest.mark.parametrize(
-    "module", ["tensorbridge.io._formats", "tensorbridge.io._keys", "tensorbridge.io.npz"]
+    "module",
+    [
+        "tensorbridge.io._detect",
+        "tensorbridge.io._formats",
+        "tensorbridge.io._keys",
+        "tensorbridge.io.npz",
+    ],
 )
 def test_docstring_examples_run(module: str) -> None:
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)

@@ -25,7 +25,8 @@ searched for come from those rows too.
 
 >>> import os, tempfile, numpy as np
 >>> p = os.path.join(tempfile.mkdtemp(), "weights.npz")
->>> np.save(p, np.arange(3))  # np.save keeps the name it was given: an .npy named .npz
+>>> with open(p, "wb") as f:  # an .npy named .npz
+...     np.save(f, np.arange(3))
 >>> detect(p)
 'npy'
 """
