@@ -494,10 +494,10 @@ def test_reads_in_short_chunks() -> None:
     a = np.arange(100, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(10, 10)
     data = npy.header_bytes(tb.resolve_dtype("bfloat16"), a.shape) + a.tobytes()
     h = npy.parse_header(data, len(data), "mem")
-    got = npy._read_into(_Trickle(data[h.offset :]), h, "mem")  # type: ignore[arg-type]
+    got = npy.read_data(_Trickle(data[h.offset :]), h, "mem")  # type: ignore[arg-type]
     assert got.dtype == a.dtype and got.tobytes() == a.tobytes()
     with pytest.raises(FormatError, match=r"mem: truncated"):
-        npy._read_into(_Trickle(data[h.offset : -3]), h, "mem")  # type: ignore[arg-type]
+        npy.read_data(_Trickle(data[h.offset : -3]), h, "mem")  # type: ignore[arg-type]
 
 
 @settings(

@@ -34,6 +34,7 @@ RENDERED_MODULES = {
     "tensorbridge.errors",
     "tensorbridge.io.safetensors",
     "tensorbridge.io.npy",
+    "tensorbridge.io.npz",
     "tensorbridge.io.pt",
 }
 _ROLE = re.compile(r":(?:py:)?(?:class|func|mod|meth|attr|data|exc|obj):`(~?)([\w.]+)`")

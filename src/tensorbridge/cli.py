@@ -399,6 +399,8 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _convert(args: argparse.Namespace, out: TextIO) -> int:
+    from .io._formats import listing  # what each format can hold, for the messages
+
     float_dtype = _dtype_arg(args.float_dtype, "--float-dtype", floating=True)
     try:
         dst = tbio.destination(args.dst)
@@ -406,9 +408,10 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             parse_size(args.max_shard_size)
     except (TensorBridgeError, ValueError) as e:
         raise _UsageError(str(e)) from None
-    if args.max_shard_size is not None and dst.format != "safetensors":
+    if args.max_shard_size is not None and not dst.format.sharding:
         raise _UsageError(
-            f"--max-shard-size needs a .safetensors destination (or a directory), not {args.dst}"
+            f"--max-shard-size needs a {listing(lambda f: f.sharding, ' or ')} destination "
+            f"(or a directory), not {args.dst}"
         )
     dst.check_overwrite(args.overwrite)  # before reading anything
     start = time.perf_counter()
@@ -429,20 +432,21 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         for name, why in unsupported.items():
             print(f"skipped {name}: {why}", file=sys.stderr)
         names = [n for n in names if n not in unsupported]
-        if dst.path.suffix.lower() == ".npy" and len(names) != 1:
+        if not dst.format.many_arrays and len(names) != 1:
             raise _UsageError(
-                f"a .npy file holds one array but {len(names)} tensors were selected; pick "
-                "one with --include NAME or write .npz / .safetensors"
+                f"a {dst.path.suffix} file holds one array but {len(names)} tensors were "
+                f"selected; pick one with --include NAME or write "
+                f"{listing(lambda f: f.many_arrays)}"
             )
         meta, dropped = _carried_metadata(src, dst, names)
         if dropped and not args.quiet:
             print(
                 f"note: dropped metadata {', '.join(dropped)}: {dst.path.suffix} files have no "
-                "place for it (convert to .safetensors or .pt to keep it)",
+                f"place for it (convert to {listing(lambda f: f.metadata, ' or ')} to keep it)",
                 file=sys.stderr,
             )
         progress = _progress(args)
-        if dst.path.suffix.lower() == ".npy":
+        if not dst.format.many_arrays:
             tbio.save(
                 src[names[0]], dst.path, float_dtype=float_dtype, progress=progress, overwrite=True
             )
@@ -503,28 +507,31 @@ def _carried_metadata(
     src: TensorFile, dst: tbio.Destination, names: list[str]
 ) -> tuple[dict[str, Any], list[str]]:
     """The source's metadata as the destination can hold it, and the keys it cannot."""
+    from .io._formats import FORMATS
+
     values = src.plain_values()
-    if dst.format != "safetensors":
-        values = {k: v for k, v in values.items() if not (k == "format" and v in _WRITER_MARKS)}
-    if dst.format == "npy":
+    # a key other formats' writers set for themselves: not the user's metadata
+    marks = {f.metadata_mark for f in FORMATS} - {dst.format.metadata_mark, None}
+    values = {k: v for k, v in values.items() if not (k in marks and v in _WRITER_MARKS)}
+    if not dst.format.metadata:
         return {}, sorted(values)
     clash = [k for k in values if k in names]
-    if dst.format == "pt" and clash:
+    if dst.format.metadata_with_tensors and clash:
+        apart = (f for f in FORMATS if f.metadata and not f.metadata_with_tensors)
         raise TensorBridgeError(
-            f"metadata key {clash[0]!r} of {src.filename} is also a tensor's name; a .pt file "
-            "cannot hold both: write .safetensors"
+            f"metadata key {clash[0]!r} of {src.filename} is also a tensor's name; a "
+            f"{dst.path.suffix} file cannot hold both: write {next(apart).suffixes[0]}"
         )
     return values, []
 
 
-# the "format" entry safetensors writers add for themselves: not the user's metadata
+# the values of safetensors' "format" mark: the framework that wrote the file
 _WRITER_MARKS = ("pt", "np", "tf", "flax", "mlx")
 
 
 def _written(dst: tbio.Destination) -> str:
     """What ``save`` wrote: the shard index when the save was sharded, else the file."""
-    index = dst.path.with_name(dst.path.name + ".index.json")
-    return str(index if not dst.path.exists() and index.exists() else dst.path)
+    return str(dst.index if not dst.path.exists() and dst.index.exists() else dst.path)
 
 
 def _verify(
@@ -535,7 +542,7 @@ def _verify(
     bar = progress_bar(sum(src.nbytes(n) for n in names), "verifying", progress)
     with tbio.open(dst_path) as written:
         keys = written.keys()
-        if dst_path.lower().endswith(".npy"):  # one array, named after the file
+        if written.single:  # one bare array, named after the file
             where = {names[0]: keys[0]} if keys else {}
         else:
             stored = set(keys)

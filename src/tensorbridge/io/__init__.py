@@ -4,7 +4,8 @@
 what                                   module
 =====================================  =========================================
 safetensors                            :mod:`tensorbridge.io.safetensors`
-``.npy``, ``.npz``                     :mod:`tensorbridge.io.npy`
+``.npy``                               :mod:`tensorbridge.io.npy`
+``.npz``                               :mod:`tensorbridge.io.npz`
 ``torch.save`` archives (``.pt``,      :mod:`tensorbridge.io.pt` (read with
 ``.pth``, ``.bin``; zip and legacy)    ``weights_only=True``: never unpickles
                                        arbitrary objects)
@@ -25,16 +26,18 @@ ending in ``/``) means ``model.safetensors`` in it; ``NAME.safetensors.index.jso
 sharded checkpoint with that index; any other suffix that is no format is an error. An
 existing destination is replaced only with ``overwrite=True``.
 
-Every format module has the same verbs, so a new format is one new module, one kind in
-:mod:`tensorbridge.io._detect` and one row in :data:`_WRITERS`.
+Every format module has the same verbs and one ``save`` signature, and says what it can
+hold (one array or many, metadata, shards) in its row of ``tensorbridge.io._formats``;
+this module and the command line ask those rows instead of testing suffixes, so a new
+format is one new module and one row.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -42,50 +45,44 @@ import torch
 
 from ..dtypes import DeviceLike, DTypeLike
 from ..errors import DestinationExistsError, FormatError
-from . import npy, pt, safetensors
+from . import npy, npz, pt, safetensors  # noqa: F401 - tb.io.<format> without an import
 from ._common import TensorFile
-from ._detect import DESCRIPTION, INDEX_SUFFIX, SUFFIX_KIND, detect, mismatch_note, resolve
+from ._detect import describe, detect, kind_by_suffix, mismatch_note, resolve
+from ._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, listing
+from ._keys import flatten
 from .sharded import ShardedFile
 
 __all__ = ["Destination", "destination", "load", "open", "save"]
 
-_WRITERS: dict[str, ModuleType] = {
-    ".safetensors": safetensors,
-    ".npy": npy,
-    ".npz": npy,
-    ".pt": pt,
-    ".pth": pt,
-    ".bin": pt,
-}
-_SAFETENSORS_INDEX = ".safetensors" + INDEX_SUFFIX
 
-
+@dataclass(frozen=True)
 class Destination:
-    """Where a save goes: the format module, the file it writes, and every file it may replace.
+    """Where a save goes: the format, the file it writes, and every file it may replace.
 
     >>> import tempfile
     >>> d = destination(tempfile.mkdtemp() + "/")
-    >>> d.module.__name__, d.path.name, d.sharded
-    ('tensorbridge.io.safetensors', 'model.safetensors', False)
+    >>> d.format.name, d.path.name, d.sharded
+    ('safetensors', 'model.safetensors', False)
     """
 
-    def __init__(self, module: ModuleType, path: Path, sharded: bool) -> None:
-        self.module, self.path, self.sharded = module, path, sharded
+    format: Format
+    path: Path
+    sharded: bool  # shards and an index, as a NAME.safetensors.index.json destination asks
 
     @property
-    def format(self) -> str:
-        return self.module.__name__.rsplit(".", 1)[-1]
+    def index(self) -> Path:
+        """The shard index a sharded save of :attr:`path` writes beside it."""
+        return self.path.with_name(self.path.name + INDEX_SUFFIX)
 
     def existing(self) -> list[Path]:
         """The files already there that this save would replace."""
-        if self.module is not safetensors:
+        if not self.format.sharding:
             return [self.path] if self.path.exists() else []
-        found = [
-            p for p in (self.path, self.path.with_name(self.path.name + INDEX_SUFFIX)) if p.exists()
-        ]
-        stem = self.path.name.removesuffix(".safetensors")
+        found = [p for p in (self.path, self.index) if p.exists()]
+        suffix = self.path.suffix
+        stem = self.path.name[: -len(suffix)] if suffix else self.path.name
         if self.path.parent.is_dir():
-            found += sorted(self.path.parent.glob(f"{stem}-?????-of-?????.safetensors"))
+            found += sorted(self.path.parent.glob(f"{stem}-?????-of-?????{suffix}"))
         return found
 
     def check_overwrite(self, overwrite: bool) -> None:
@@ -112,23 +109,31 @@ def destination(path: str | os.PathLike[str]) -> Destination:
     text = os.fspath(path)
     p = Path(text)
     if p.is_dir() or text.endswith(("/", os.sep)):
-        return Destination(safetensors, p / "model.safetensors", sharded=False)
+        return Destination(DIRECTORY_FORMAT, p / f"model{DIRECTORY_FORMAT.suffixes[0]}", False)
     name = p.name.lower()
-    if name.endswith(_SAFETENSORS_INDEX) and len(name) > len(_SAFETENSORS_INDEX):
-        return Destination(safetensors, p.with_name(p.name[: -len(INDEX_SUFFIX)]), sharded=True)
-    module = _WRITERS.get(p.suffix.lower())
-    if module is not None:
-        return Destination(module, p, sharded=False)
-    formats = ", ".join(sorted(_WRITERS))
-    if p.suffix.lower() == ".json":
+    if name.endswith(INDEX_SUFFIX):
+        fmt = by_suffix(Path(name.removesuffix(INDEX_SUFFIX)).suffix)
+        if fmt is not None and fmt.sharding and len(name) > len(fmt.suffixes[0] + INDEX_SUFFIX):
+            return Destination(fmt, p.with_name(p.name[: -len(INDEX_SUFFIX)]), sharded=True)
+    fmt = by_suffix(p.suffix)
+    writable = sorted(s for f in FORMATS if f.writes for s in f.suffixes)
+    formats = ", ".join(writable)
+    if fmt is not None and fmt.writes:
+        return Destination(fmt, p, sharded=False)
+    if fmt is not None:  # a format tensorbridge reads only
         raise FormatError(
-            f"{text}: a .json destination holds no tensors; write NAME.safetensors, or "
-            "NAME.safetensors.index.json for a sharded checkpoint in that directory"
+            f"{text}: tensorbridge reads {fmt.description} but does not write one; use {formats}"
+        )
+    if p.suffix.lower() == ".json":
+        sharded = next(f.suffixes[0] for f in FORMATS if f.sharding)
+        raise FormatError(
+            f"{text}: a .json destination holds no tensors; write NAME{sharded}, or "
+            f"NAME{sharded}{INDEX_SUFFIX} for a sharded checkpoint in that directory"
         )
     if not p.suffix:
         raise FormatError(
             f"{text} has no format suffix and is not a directory; end it with / for a "
-            f"directory (model.safetensors inside), or add one of {formats}"
+            f"directory (model{DIRECTORY_FORMAT.suffixes[0]} inside), or add one of {formats}"
         )
     raise FormatError(f"{text}: cannot tell the format from the suffix {p.suffix!r}; use {formats}")
 
@@ -138,8 +143,33 @@ def _reader(path: Path, dtype: DTypeLike | None = None) -> TensorFile:
     kind = detect(path)
     where = repr(str(path))
     if kind == "unknown":  # let the suffix's reader say precisely what is wrong
-        kind = SUFFIX_KIND.get(path.suffix.lower(), "unknown")
-    refusals = {
+        kind = kind_by_suffix(path)
+    fmt = by_kind(kind)
+    if fmt is None and kind != "index":
+        raise FormatError(_refusal(kind, where))
+    if dtype is not None and not (fmt is None or fmt.raw_dtype):
+        raise ValueError(
+            f"dtype= names the type of raw bytes np.save wrote from ml_dtypes arrays "
+            f"({listing(lambda f: f.raw_dtype)}); {where} is {describe(kind)}: to cast "
+            "values pass float_dtype="
+        )
+    f: TensorFile
+    if fmt is None:  # a shard index: each shard by its own reader
+        f = ShardedFile(path, lambda shard: _reader(shard, dtype))
+    elif fmt.raw_dtype:
+        f = fmt.reader(path, dtype=dtype)
+    else:
+        f = fmt.reader(path)
+    note = mismatch_note(path, kind)
+    if note:
+        f.notes.insert(0, note)
+    return f
+
+
+def _refusal(kind: str, where: str) -> str:
+    """Why a file of ``kind``, which no format reads, is refused, and what to do instead."""
+    readable = ", ".join(f.description for f in FORMATS)
+    return {
         "torchscript": pt.TORCHSCRIPT_MESSAGE.format(where=where),
         "gguf": f"{where} is a GGUF file (llama.cpp's format); tensorbridge does not read GGUF "
         "yet (the gguf package's GGUFReader does)",
@@ -148,37 +178,17 @@ def _reader(path: Path, dtype: DTypeLike | None = None) -> TensorFile:
         "tb.save)",
         "zip": f"{where} is a zip archive that is neither a .npz (only .npy members) nor a "
         "torch.save archive (a data.pkl member)",
-        "unknown": f"{where}: the first bytes match no format tensorbridge reads (safetensors, "
-        ".npy, .npz, torch.save, a shard index)",
-    }
-    if kind in refusals:
-        raise FormatError(refusals[kind])
-    if dtype is not None and kind not in ("npy", "npz", "index"):
-        raise ValueError(
-            f"dtype= names the type of raw bytes np.save wrote from ml_dtypes arrays (.npy / "
-            f".npz); {where} is {DESCRIPTION[kind]}: to cast values pass float_dtype="
-        )
-    f: TensorFile
-    if kind == "index":
-        f = ShardedFile(path, lambda shard: _reader(shard, dtype))
-    elif kind == "safetensors":
-        f = safetensors.SafetensorsFile(path)
-    elif kind == "npy":
-        f = npy.NpyFile(path, dtype=dtype)
-    elif kind == "npz":
-        f = npy.NpzFile(path, dtype=dtype)
-    else:
-        f = pt.PtFile(path)
-    note = mismatch_note(path, kind)
-    if note:
-        f.notes.insert(0, note)
-    return f
+    }.get(
+        kind,
+        f"{where}: the first bytes match no format tensorbridge reads ({readable}, a shard index)",
+    )
 
 
-def flatten_state(obj: Any, prefix: str = "") -> dict[str, Any]:
-    """A flat ``{name: tensor | array}`` from a state dict, a module, or nested mappings.
+def _tensors(obj: Any, where: str) -> dict[str, Any]:
+    """A flat ``{name: tensor | array}`` from a state dict, a module, or nested containers.
 
-    Nested mappings join their keys with ``.`` (the ``state_dict`` convention).
+    Names follow the file layer's one rule (``tensorbridge.io._keys``): keys and list
+    indices joined with ``.``.
     """
     if isinstance(obj, torch.nn.Module):
         obj = obj.state_dict()
@@ -187,14 +197,11 @@ def flatten_state(obj: Any, prefix: str = "") -> dict[str, Any]:
             f"expected a mapping of names to tensors or arrays, got {type(obj).__qualname__}; "
             "pass a state dict, e.g. {'weight': tensor}"
         )
-    flat: dict[str, Any] = {}
-    for key, value in obj.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten_state(value, f"{name}."))
-        elif isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
-            flat[name] = np.asarray(value) if isinstance(value, np.generic) else value
-        else:
+    flat = flatten(obj, where=where)
+    for name, value in flat.items():
+        if isinstance(value, np.generic):
+            flat[name] = np.asarray(value)
+        elif not isinstance(value, (torch.Tensor, np.ndarray)):
             raise TypeError(
                 f"at {name!r}: {type(value).__qualname__} is not a tensor or array; file "
                 "formats store tensors only (put other values in metadata=)"
@@ -214,9 +221,10 @@ def save(
 ) -> None:
     """Save tensors or arrays to ``path``, streamed chunk by chunk, atomically.
 
-    ``obj`` is a state dict (or module, or nested mapping) of tensors/arrays; for
-    ``.npy``, a single tensor or array. ``float_dtype`` casts floating-point values
-    only, on the way. bf16, fp8 and complex32 keep their dtype in every format.
+    ``obj`` is a state dict (or module, or nested mapping; nested names are joined
+    with ``.``, list items by index) of tensors/arrays; for ``.npy``, a single tensor
+    or array. ``float_dtype`` casts floating-point values only, on the way. bf16, fp8
+    and complex32 keep their dtype in every format.
     ``path`` is read by :func:`destination`: a directory means ``model.safetensors`` in
     it, ``NAME.safetensors.index.json`` a sharded checkpoint. An existing file is
     replaced only with ``overwrite=True``: the default refuses, so a checkpoint (or
@@ -239,43 +247,37 @@ def save(
     """
     dst = destination(path)
     dst.check_overwrite(overwrite)
-    if dst.module is safetensors:
-        meta = None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
-        safetensors.save(
-            flatten_state(obj),
-            dst.path,
-            float_dtype=float_dtype,
-            metadata=meta,
-            max_shard_size=max_shard_size,
-            index=dst.sharded,
-            progress=progress,
-        )
-        return
+    fmt = dst.format
     suffix = dst.path.suffix.lower()
-    if max_shard_size is not None:
+    if max_shard_size is not None and not fmt.sharding:
+        sharding = [f for f in FORMATS if f.sharding]
         raise ValueError(
-            f"max_shard_size= needs the safetensors format; {suffix!r} files are not sharded "
-            "(save to a .safetensors path or a directory)"
+            f"max_shard_size= needs the {' or '.join(f.name for f in sharding)} format; "
+            f"{suffix!r} files are not sharded (save to a "
+            f"{listing(lambda f: f.sharding, ' or ')} path or a directory)"
         )
-    if dst.module is pt:
-        single = isinstance(obj, (torch.Tensor, np.ndarray))
-        pt.save(
-            obj if single else flatten_state(obj),
-            dst.path,
-            float_dtype=float_dtype,
-            metadata=metadata,
-            progress=progress,
-        )
-        return
-    if metadata:
+    if metadata and not fmt.metadata:
         raise ValueError(
-            f"{suffix!r} files have no place for metadata; save to .safetensors or .pt to keep "
-            f"it, or leave out metadata= ({', '.join(list(metadata)[:5])})"
+            f"{suffix!r} files have no place for metadata; save to "
+            f"{listing(lambda f: f.metadata, ' or ')} to keep it, or leave out metadata= "
+            f"({', '.join(map(str, list(metadata)[:5]))})"
         )
-    if suffix == ".npy":
-        npy.save(obj, dst.path, float_dtype=float_dtype, progress=progress)
-    else:
-        npy.save(flatten_state(obj), dst.path, float_dtype=float_dtype, progress=progress)
+    if metadata is not None and fmt.text_metadata:
+        metadata = {str(k): str(v) for k, v in metadata.items()}
+    options: dict[str, Any] = {}
+    if fmt.sharding:
+        options.update(max_shard_size=max_shard_size, index=dst.sharded)
+    single = fmt.single_array and (
+        not fmt.many_arrays or isinstance(obj, (torch.Tensor, np.ndarray))
+    )
+    fmt.save(
+        obj if single else _tensors(obj, repr(str(dst.path))),
+        dst.path,
+        float_dtype=float_dtype,
+        metadata=metadata,
+        progress=progress,
+        **options,
+    )
 
 
 def load(

@@ -18,9 +18,15 @@ kind               how it is recognised
 ``index``          JSON: a shard index (``*.safetensors.index.json``, ``*.bin.index.json``)
 =================  ===================================================================
 
+A fixed magic (``npy``'s) is the format's own, read from its row in
+``tensorbridge.io._formats``; the structural rules above are this module's. Which
+format reads a kind, what it is called in messages, and which names a directory is
+searched for come from those rows too.
+
 >>> import os, tempfile, numpy as np
 >>> p = os.path.join(tempfile.mkdtemp(), "weights.npz")
->>> np.save(p, np.arange(3))  # np.save keeps the name it was given: an .npy named .npz
+>>> with open(p, "wb") as f:  # an .npy named .npz
+...     np.save(f, np.arange(3))
 >>> detect(p)
 'npy'
 """
@@ -32,28 +38,16 @@ import zipfile
 from pathlib import Path
 
 from ..errors import FormatError
+from ._formats import FORMATS, INDEX_SUFFIX, by_kind, by_suffix
 
-__all__ = ["DESCRIPTION", "SUFFIX_KIND", "detect", "mismatch_note", "resolve"]
+__all__ = ["INDEX_SUFFIX", "describe", "detect", "kind_by_suffix", "mismatch_note", "resolve"]
 
 # torch.save's legacy format pickles this number first (torch/serialization.py, MAGIC_NUMBER)
 _LEGACY_MAGIC = (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
 _PROTO = 0x80  # pickle's PROTO opcode: every pickle of protocol 2 or later starts with it
 
-SUFFIX_KIND = {
-    ".safetensors": "safetensors",
-    ".npy": "npy",
-    ".npz": "npz",
-    ".pt": "pt",
-    ".pth": "pt",
-    ".bin": "pt",
-    ".json": "index",
-}
-
-DESCRIPTION = {
-    "safetensors": "a safetensors file",
-    "npy": "a .npy file",
-    "npz": "a .npz archive",
-    "pt": "a torch zip archive",
+# kinds no format's description covers: refused, or read by the shard-index reader
+_KIND_DESCRIPTION = {
     "pt-legacy": "a legacy (pre-1.6) torch.save file",
     "torchscript": "a TorchScript archive",
     "gguf": "a GGUF file",
@@ -63,7 +57,19 @@ DESCRIPTION = {
     "unknown": "a file of unknown format",
 }
 
-_RENAME = {"safetensors": ".safetensors", "npy": ".npy", "npz": ".npz", "pt": ".pt"}
+
+def describe(kind: str) -> str:
+    """What a file of ``kind`` is, for messages: ``'a .npz archive'``."""
+    fmt = by_kind(kind)
+    return _KIND_DESCRIPTION.get(kind) or (fmt.description if fmt else kind)
+
+
+def kind_by_suffix(path: Path) -> str:
+    """The kind ``path``'s suffix names (``"index"`` for ``.json``), else ``"unknown"``."""
+    fmt = by_suffix(path.suffix)
+    if fmt is not None:
+        return fmt.kinds[0]
+    return "index" if path.suffix.lower() == ".json" else "unknown"
 
 
 def detect(path: str | os.PathLike[str]) -> str:
@@ -71,9 +77,10 @@ def detect(path: str | os.PathLike[str]) -> str:
     with open(path, "rb") as f:
         head = f.read(16)
         size = os.fstat(f.fileno()).st_size
-    if head.startswith(b"\x93NUMPY"):
-        return "npy"
-    if head.startswith(b"GGUF"):
+    for fmt in FORMATS:
+        if fmt.magic and head.startswith(fmt.magic):
+            return fmt.kinds[0]
+    if head.startswith(b"GGUF"):  # refused until a format reads it
         return "gguf"
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         return _zip_kind(path)
@@ -104,26 +111,17 @@ def _zip_kind(path: str | os.PathLike[str]) -> str:
 
 def mismatch_note(path: Path, kind: str) -> str:
     """A one-line note when the suffix says one format and the bytes another, else ``""``."""
-    named = SUFFIX_KIND.get(path.suffix.lower())
-    family = "pt" if kind == "pt-legacy" else kind
-    if named is None or named == family or (kind not in _RENAME and kind != "pt-legacy"):
+    named, fmt = kind_by_suffix(path), by_kind(kind)
+    if named == "unknown" or fmt is None or by_kind(named) is fmt:
         return ""
     return (
-        f"{path.name} is {DESCRIPTION[kind]}, not {DESCRIPTION[named]}; read it as such "
-        f"(rename it to {path.stem}{_RENAME[family]})"
+        f"{path.name} is {describe(kind)}, not {describe(named)}; read it as such "
+        f"(rename it to {path.stem}{fmt.suffixes[0]})"
     )
 
 
 # patterns a directory is searched for, best first: safetensors over pickles, as transformers
-_DIRECTORY_PATTERNS = (
-    "*.safetensors.index.json",
-    "*.safetensors",
-    "*.bin.index.json",
-    "*.bin",
-    "*.pt",
-    "*.pth",
-)
-INDEX_SUFFIX = ".index.json"
+_DIRECTORY_PATTERNS = tuple(p for f in FORMATS for p in f.in_directory)
 
 
 def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path:
@@ -145,7 +143,7 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
         return path
     for pattern in patterns:
         found = sorted(p for p in path.glob(pattern) if p.is_file())
-        if pattern.endswith((".bin", ".safetensors")):  # shards without their index
+        if not pattern.endswith(INDEX_SUFFIX):  # shards without their index
             found = [p for p in found if not _is_shard_name(p.name)] or found
         if len(found) == 1:
             return found[0]

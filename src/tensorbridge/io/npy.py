@@ -1,8 +1,8 @@
-"""``.npy`` and ``.npz``: NumPy's own files, with bfloat16, float8 and complex32 kept.
+"""``.npy``: NumPy's own file of one array, with bfloat16, float8 and complex32 kept.
 
 The format is NumPy's (``numpy.lib.format``): magic, a header that is a Python dict
-literal ``{'descr', 'fortran_order', 'shape'}``, then the raw bytes. ``.npz`` is a zip
-of ``.npy`` members named ``<key>.npy``.
+literal ``{'descr', 'fortran_order', 'shape'}``, then the raw bytes. A ``.npz``
+(:mod:`tensorbridge.io.npz`) is a zip of such files, built from this module's parts.
 
 **The bit-carrier convention.** NumPy has no descr for the ml_dtypes types (``np.save``
 writes bfloat16 as raw ``'<V2'`` and float8_e5m2 as ``'<f1'``, which ``np.load``
@@ -24,26 +24,16 @@ equal to the shape times the item size, to the byte. Object arrays are refused. 
 violation raises :class:`~tensorbridge.FormatError` naming the file (and member).
 With ``mmap=True`` NumPy results are read-only views of the file; torch results share one
 copy-on-write mapping per opened file (writes never reach the file).
-
-``.npz`` members stored uncompressed are mapped at their data offset (from the zip's
-local header) and their CRC is checked only by owned (``mmap=False``) reads; deflated
-members are read into memory after their declared size has been checked against the
-header and the compressed size. ``.npz`` files written here are deterministic (fixed
-timestamps) and pad each member's local header with a zipalign-style extra field so its
-data starts at a 64-byte file offset: mapped arrays are aligned.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
-import contextlib
 import io
 import os
 import struct
-import zipfile
-import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from math import prod
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
@@ -64,7 +54,6 @@ from ..dtypes import (
 from ..errors import (
     FormatError,
     NoDataError,
-    TensorBridgeError,
     UnsupportedDtypeError,
     UnsupportedTensorError,
 )
@@ -79,24 +68,14 @@ from ._common import (
     row_of,
 )
 
-__all__ = ["MAX_HEADER_SIZE", "NpyFile", "NpzFile", "disk_dtype", "load", "open", "save"]
+__all__ = ["MAX_HEADER_SIZE", "NpyFile", "disk_dtype", "load", "open", "save"]
 
 MAGIC = b"\x93NUMPY"
 MAX_HEADER_SIZE = 10_000  # characters, numpy's own default for untrusted files
 _LENGTH_FORMAT = {1: "<H", 2: "<I", 3: "<I"}  # header-length field per major version
 _ENCODING = {1: "latin1", 2: "latin1", 3: "utf8"}
 _MAX_NDIM = 64  # NumPy's NPY_MAXDIMS
-_HEAD_LIMIT = len(MAGIC) + 2 + 4 + MAX_HEADER_SIZE * 4  # utf8: up to 4 bytes a character
-
-_ALIGN = 64  # data alignment of .npz members we write (NumPy's ARRAY_ALIGN)
-_ALIGN_EXTRA_ID = 0xD935  # the zip extra field Android's zipalign pads with
-_ZIP64_EXTRA = 20  # the zip64 extra zipfile adds to a local header when forced
-_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... name length, extra length
-_DEFLATE_MAX_RATIO = 1032  # deflate cannot expand data more than this
-# what zipfile and zlib raise for a garbled archive (NotImplementedError: a nonsense
-# version or compression field)
-_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OverflowError,
-               struct.error, NotImplementedError)  # fmt: skip
+HEAD_LIMIT = len(MAGIC) + 2 + 4 + MAX_HEADER_SIZE * 4  # utf8: up to 4 bytes a character
 
 
 # --- the convention, derived from the table --------------------------------------------------
@@ -269,7 +248,7 @@ def _row_of_stored(stored: np.dtype[Any], where: str, raw: DTypeRow | None) -> D
     raise UnsupportedDtypeError(f"{where}: {explain_numpy(stored)}")
 
 
-def _view(buf: Any, start: int, h: Header) -> np.ndarray:
+def view_data(buf: Any, start: int, h: Header) -> np.ndarray:
     """A zero-copy array of ``h``'s data at ``start`` of ``buf`` (a mapping or bytes)."""
     flat = np.frombuffer(buf, h.stored, count=prod(h.shape), offset=start)
     if h.row.carrier is not None:
@@ -278,7 +257,7 @@ def _view(buf: Any, start: int, h: Header) -> np.ndarray:
     return shaped
 
 
-def _read_into(f: BinaryIO, h: Header, where: str) -> np.ndarray:
+def read_data(f: BinaryIO, h: Header, where: str) -> np.ndarray:
     """Read ``h``'s data from the stream ``f`` (positioned at it) into new memory."""
     out = np.empty(h.nbytes, np.uint8)
     view, got = out.data, 0
@@ -289,20 +268,22 @@ def _read_into(f: BinaryIO, h: Header, where: str) -> np.ndarray:
         got += n
     if f.read(1):  # reading to the end also makes zipfile check the member's CRC
         raise FormatError(f"{where}: more data than shape {h.shape} holds")
-    return _view(out, 0, h)
+    return view_data(out, 0, h)
 
 
 # --- writing ---------------------------------------------------------------------------------
 
 
-class _Entry(NamedTuple):
+class Entry(NamedTuple):
+    """One array to write: its data, stored dtype, header bytes and data size."""
+
     data: Any  # tensor or array, streamed in C order
     dst: DTypeRow
     header: bytes
     nbytes: int
 
 
-def _prepare(x: Any, float_dtype: Any) -> _Entry:
+def prepare(x: Any, float_dtype: Any) -> Entry:
     """Everything a header needs, worked out before a byte is written."""
     if isinstance(x, torch.Tensor):
         if x.layout is not torch.strided or x.is_nested:
@@ -322,10 +303,10 @@ def _prepare(x: Any, float_dtype: Any) -> _Entry:
         fortran = a.flags.f_contiguous and not a.flags.c_contiguous  # as np.save decides
         data = a.T if fortran else a
     dst = cast_target(row_of(data), float_dtype)
-    return _Entry(data, dst, header_bytes(dst, shape, fortran), prod(shape) * dst.itemsize)
+    return Entry(data, dst, header_bytes(dst, shape, fortran), prod(shape) * dst.itemsize)
 
 
-def _write(f: Any, e: _Entry, chunk_bytes: int, bar: Any) -> None:
+def write_entry(f: Any, e: Entry, chunk_bytes: int, bar: Any) -> None:
     f.write(e.header)
     bar.update(len(e.header))
     for chunk in iter_bytes(e.data, e.dst, chunk_bytes):
@@ -334,18 +315,20 @@ def _write(f: Any, e: _Entry, chunk_bytes: int, bar: Any) -> None:
 
 
 def save(
-    obj: Any,
+    tensors: Any,
     path: str | os.PathLike[str],
     *,
     float_dtype: DTypeLike | None = None,
+    metadata: Mapping[str, Any] | None = None,
     progress: bool | None = None,
     chunk_bytes: int = DEFAULT_CHUNK,
 ) -> None:
-    """Write one tensor/array to ``.npy``, or a mapping of them to ``.npz``, streamed and atomic.
+    """Write one tensor or array to ``.npy``, streamed and atomic.
 
     The header is worked out first, then the data is written about ``chunk_bytes`` at
     a time (cast on the way when ``float_dtype`` asks), so a memory-mapped input larger
-    than RAM needs about one chunk of memory.
+    than RAM needs about one chunk of memory. A path ending in ``.npz`` is handed to
+    :func:`tensorbridge.io.npz.save` (this module held both formats once).
 
     >>> import os, tempfile, ml_dtypes, numpy as np
     >>> p = os.path.join(tempfile.mkdtemp(), "w.npy")
@@ -354,80 +337,60 @@ def save(
     (dtype([('bfloat16', '<u2')]), dtype(bfloat16))
 
     Args:
-        obj: for ``.npy`` a tensor or array; for ``.npz`` a mapping of names to them.
-        path: the file; its suffix (``.npz`` or anything else) picks the layout.
+        tensors: a tensor or array.
+        path: the file.
         float_dtype: cast floating-point values (only) to this dtype.
+        metadata: must be empty: a ``.npy`` has no place for it.
         progress: show a progress bar (``None``: when stderr is a terminal).
         chunk_bytes: about how many bytes are converted at a time.
 
     Raises:
         UnsupportedDtypeError: a dtype with no row in the dtype table.
-        UnsupportedTensorError: a sparse/nested tensor, or ``.npz`` without a mapping.
+        UnsupportedTensorError: a sparse/nested tensor, or a mapping.
+        ValueError: ``metadata`` given.
     """
     path = Path(path)
-    if not _is_npz(path):
-        if isinstance(obj, Mapping):
-            raise UnsupportedTensorError(
-                f"{str(path)!r}: a .npy file holds one array, got a mapping of {len(obj)}; "
-                "save to a .npz path, or pass one tensor"
-            )
-        e = _prepare(obj, float_dtype)
-        bar = progress_bar(len(e.header) + e.nbytes, f"saving {path.name}", progress)
-        try:
-            with atomic_write(path) as f:
-                _write(f, e, chunk_bytes, bar)
-        finally:
-            bar.close()
-        return
-    if not isinstance(obj, Mapping):
-        raise UnsupportedTensorError(
-            f"{str(path)!r}: a .npz file holds named arrays; pass a mapping such as "
-            f"{{'x': array}}, not a {type(obj).__qualname__}"
+    if _is_npz(path):
+        from . import npz
+
+        npz.save(
+            tensors,
+            path,
+            float_dtype=float_dtype,
+            metadata=metadata,
+            progress=progress,
+            chunk_bytes=chunk_bytes,
         )
-    entries = []
-    for name, x in obj.items():
-        if not isinstance(name, str) or not name:
-            raise UnsupportedTensorError(
-                f"{str(path)!r}: .npz keys are non-empty strings, got {name!r}"
-            )
-        try:
-            entries.append((name, _prepare(x, float_dtype)))
-        except TensorBridgeError as err:
-            raise type(err)(f"at {name!r}: {err}") from None
-    total = sum(len(e.header) + e.nbytes for _, e in entries)
-    bar = progress_bar(total, f"saving {path.name}", progress)
+        return
+    no_metadata(metadata, path)
+    if isinstance(tensors, Mapping):
+        raise UnsupportedTensorError(
+            f"{str(path)!r}: a .npy file holds one array, got a mapping of {len(tensors)}; "
+            "save to a .npz path, or pass one tensor"
+        )
+    e = prepare(tensors, float_dtype)
+    bar = progress_bar(len(e.header) + e.nbytes, f"saving {path.name}", progress)
     try:
-        with atomic_write(path) as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as zf:
-            for name, e in entries:
-                info = _member_info(f"{name}.npy", f.tell(), len(e.header) + e.nbytes)
-                with zf.open(info, "w", force_zip64=True) as member:  # as np.savez does
-                    _write(member, e, chunk_bytes, bar)
+        with atomic_write(path) as f:
+            write_entry(f, e, chunk_bytes, bar)
     finally:
         bar.close()
 
 
-def _member_info(name: str, offset: int, size: int) -> zipfile.ZipInfo:
-    """A stored member whose local-header extra pads its data to a 64-byte file offset."""
-    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))  # reproducible files
-    info.compress_type = zipfile.ZIP_STORED
-    info.file_size = size
-    encoded = name.encode("ascii" if name.isascii() else "utf-8")
-    pad = -(offset + _LOCAL_HEADER.size + len(encoded) + _ZIP64_EXTRA) % _ALIGN
-    if pad:
-        pad += _ALIGN if pad < 6 else 0  # the field itself takes 6 bytes
-        info.extra = struct.pack("<HHH", _ALIGN_EXTRA_ID, pad - 4, _ALIGN) + bytes(pad - 6)
-    return info
-
-
-def _is_npz(path: Path) -> bool:
-    return path.suffix.lower() == ".npz"
+def no_metadata(metadata: Mapping[str, Any] | None, path: Path) -> None:
+    """Refuse ``metadata``: ``.npy`` and ``.npz`` headers have no place for it."""
+    if metadata:
+        raise ValueError(
+            f"{str(path)!r}: {path.suffix or 'this'} files have no place for metadata; leave "
+            f"out metadata= ({', '.join(map(str, list(metadata)[:5]))})"
+        )
 
 
 # --- reading ---------------------------------------------------------------------------------
 
 
-class _Mapped(TensorFile):
-    """The mapping cache both readers share: one read-only and one copy-on-write map."""
+class MappedFile(TensorFile):
+    """A file read through one read-only and one copy-on-write map (``.npy``, ``.npz``)."""
 
     def __init__(self, path: Path, size: int) -> None:
         super().__init__()
@@ -451,7 +414,7 @@ class _Mapped(TensorFile):
         self._maps.clear()  # handed-out arrays keep their mapping alive
 
 
-class NpyFile(_Mapped):
+class NpyFile(MappedFile):
     """One ``.npy`` file; its single key is the file's stem."""
 
     single = True
@@ -460,9 +423,9 @@ class NpyFile(_Mapped):
         p = Path(path)
         with builtins.open(p, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            head = f.read(min(size, _HEAD_LIMIT))
+            head = f.read(min(size, HEAD_LIMIT))
         super().__init__(p, size)
-        self.header = parse_header(head, size, repr(str(p)), _raw_row(dtype))
+        self.header = parse_header(head, size, repr(str(p)), raw_row(dtype))
         self.name = p.stem
 
     def keys(self) -> list[str]:
@@ -474,163 +437,54 @@ class NpyFile(_Mapped):
 
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
         self._check(name)
-        return _view(self._map(copy_on_write), self.header.offset, self.header)
+        return view_data(self._map(copy_on_write), self.header.offset, self.header)
 
     def _owned(self, name: str) -> np.ndarray:
         self._check(name)
         with builtins.open(self._path, "rb") as f:
             f.seek(self.header.offset)
-            return _read_into(f, self.header, repr(str(self._path)))
+            return read_data(f, self.header, repr(str(self._path)))
 
     def _check(self, name: str) -> None:
         if name != self.name:
             raise KeyError(f"{name!r} is not in this file; its one key is {self.name!r}")
 
 
-class NpzFile(_Mapped):
-    """A ``.npz`` archive: keys are the member names without ``.npy``; nothing read until asked."""
-
-    def __init__(self, path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> None:
-        p = Path(path)
-        where = repr(str(p))
-        self._raw = _raw_row(dtype)
-        try:
-            with zipfile.ZipFile(p) as zf:
-                infos = zf.infolist()
-        except _ZIP_ERRORS as err:
-            raise FormatError(f"{where}: not a readable .npz (zip) archive: {err}") from None
-        super().__init__(p, os.stat(p).st_size)
-        self._members: dict[str, zipfile.ZipInfo] = {}
-        for info in infos:
-            if not info.filename:
-                raise FormatError(f"{where}: a member has an empty name; the archive is corrupt")
-            if info.filename.endswith("/"):
-                continue  # a directory entry
-            key = info.filename.removesuffix(".npy")
-            if key in self._members:
-                raise FormatError(f"{where}: two members are both named {key!r}")
-            if not 0 <= info.header_offset <= self._size - _LOCAL_HEADER.size:
-                raise FormatError(
-                    f"{where}: member {info.filename!r} starts at {info.header_offset}, outside "
-                    f"the file's {self._size} bytes; the archive is corrupt"
-                )
-            if info.flag_bits & 0x1:
-                raise FormatError(f"{where}: member {info.filename!r} is encrypted")
-            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-                raise FormatError(
-                    f"{where}: member {info.filename!r} uses zip compression "
-                    f"method {info.compress_type}; only stored and deflated "
-                    "members (np.savez / np.savez_compressed) are read"
-                )
-            self._members[key] = info
-        self._headers: dict[str, tuple[Header, int]] = {}
-
-    def keys(self) -> list[str]:
-        return list(self._members)
-
-    def info(self, name: str) -> tuple[DTypeRow, tuple[int, ...]]:
-        h, _ = self._header(name)
-        return h.row, h.shape
-
-    def _where(self, name: str) -> str:
-        return f"{str(self._path)!r}, member {self._members[name].filename!r}"
-
-    def _header(self, name: str) -> tuple[Header, int]:
-        """The member's validated header, and its data offset in the file (-1: compressed)."""
-        cached = self._headers.get(name)
-        if cached is not None:
-            return cached
-        if name not in self._members:
-            raise KeyError(f"{name!r} is not in this file; its keys are {self.keys()[:10]}")
-        info, where = self._members[name], self._where(name)
-        if info.compress_type == zipfile.ZIP_STORED:
-            start = self._stored_start(info, where)
-            mm = self._map(False)
-            head = mm[start : start + min(info.file_size, _HEAD_LIMIT)]
-            h = parse_header(head, info.file_size, where, self._raw)
-            result = (h, start + h.offset)
-        else:
-            limit = info.compress_size * _DEFLATE_MAX_RATIO + 1024
-            if info.file_size > limit:
-                raise FormatError(
-                    f"{where}: declares {info.file_size} bytes from "
-                    f"{info.compress_size} deflated ones, more than deflate "
-                    "can produce; the archive is corrupt"
-                )
-            with _member(self._path, info, where) as f:
-                head = f.read(min(info.file_size, _HEAD_LIMIT))
-            result = (parse_header(head, info.file_size, where, self._raw), -1)
-        self._headers[name] = result
-        return result
-
-    def _stored_start(self, info: zipfile.ZipInfo, where: str) -> int:
-        """Where a stored member's bytes begin, from its local header (checked in bounds)."""
-        mm = self._map(False)
-        off = info.header_offset  # in bounds: checked when the archive was opened
-        sig, name_len, extra_len = _LOCAL_HEADER.unpack_from(mm, off)
-        if sig != b"PK\x03\x04":
-            raise FormatError(f"{where}: no local file header at offset {off}")
-        start: int = off + _LOCAL_HEADER.size + name_len + extra_len
-        if info.compress_size != info.file_size or start + info.file_size > len(mm):
-            raise FormatError(
-                f"{where}: its {info.file_size} stored bytes at {start} do not "
-                f"fit the file's {len(mm)} bytes; the archive is truncated"
-            )
-        return start
-
-    def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
-        h, start = self._header(name)
-        if start >= 0:
-            return _view(self._map(copy_on_write), start, h)
-        return self._owned(name)
-
-    def _owned(self, name: str) -> np.ndarray:
-        h, start = self._header(name)
-        info, where = self._members[name], self._where(name)
-        if start < 0:
-            with _member(self._path, info, where) as f:
-                f.read(h.offset)
-                return _read_into(f, h, where)
-        mm = self._map(False)
-        first = start - h.offset
-        with memoryview(mm) as whole, whole[first : first + info.file_size] as member:
-            if zlib.crc32(member) != info.CRC:  # a mapped read skips this: it reads nothing
-                raise FormatError(f"{where}: the data does not match its CRC; the file is corrupt")
-        return np.array(_view(mm, start, h), copy=True)
-
-
-@contextlib.contextmanager
-def _member(path: Path, info: zipfile.ZipInfo, where: str) -> Iterator[BinaryIO]:
-    """A deflated member as a stream; zip and zlib failures become :class:`FormatError`."""
-    try:
-        with zipfile.ZipFile(path) as zf, zf.open(info) as f:
-            yield f  # type: ignore[misc]
-    except _ZIP_ERRORS as err:
-        raise FormatError(f"{where}: corrupt member data: {err}") from None
-
-
 def open(path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> TensorFile:
-    """Open a ``.npy`` (one key: the file's stem) or ``.npz`` lazily; headers are validated.
+    """Open a ``.npy`` lazily (one key: the file's stem); its header is validated.
 
-    ``dtype`` names the type of raw-byte members (``np.save`` of an ml_dtypes array
-    writes bfloat16 as ``|V2`` and float8_e5m2 as ``<f1``): members of its width are
-    read as it, every other member keeps its own dtype.
+    ``dtype`` names the type of raw-byte data (``np.save`` of an ml_dtypes array
+    writes bfloat16 as ``|V2`` and float8_e5m2 as ``<f1``). A path ending in ``.npz``
+    is handed to :func:`tensorbridge.io.npz.open`.
 
     >>> import os, tempfile, numpy as np
-    >>> p = os.path.join(tempfile.mkdtemp(), "a.npz")
-    >>> save({"x": np.arange(3), "y": np.zeros((2, 2))}, p)
+    >>> p = os.path.join(tempfile.mkdtemp(), "a.npy")
+    >>> save(np.zeros((2, 2)), p)
     >>> with open(p) as f:
-    ...     f.keys(), f.info("y")[1], f["x"].flags.writeable
-    (['x', 'y'], (2, 2), False)
+    ...     f.keys(), f.info("a")[1], f["a"].flags.writeable
+    (['a'], (2, 2), False)
 
     Raises:
-        FormatError: the file is not a valid ``.npy`` / ``.npz``.
+        FormatError: the file is not a valid ``.npy``.
     """
     p = Path(path)
-    return NpzFile(p, dtype=dtype) if _is_npz(p) else NpyFile(p, dtype=dtype)
+    if _is_npz(p):
+        from . import npz
+
+        return npz.open(p, dtype=dtype)
+    return NpyFile(p, dtype=dtype)
 
 
-def _raw_row(dtype: Any) -> DTypeRow | None:
+def _is_npz(path: Path) -> bool:
+    return path.suffix.lower() == ".npz"
+
+
+def raw_row(dtype: Any) -> DTypeRow | None:
+    """The row a reader's ``dtype=`` names for raw-byte data (None: not given).
+
+    Raises:
+        UnsupportedDtypeError: a dtype that is no raw-byte type (it has no bit carrier).
+    """
     if dtype is None:
         return None
     row = resolve_dtype(dtype)
@@ -653,11 +507,10 @@ def load(
     keys: Iterable[str] | None = None,
     dtype: DTypeLike | None = None,
 ) -> Any:
-    """Read a ``.npy`` (the one array or tensor) or ``.npz`` (a dict of them).
+    """Read a ``.npy``: its one array or tensor (``.npz`` paths go to :mod:`tensorbridge.io.npz`).
 
     With ``mmap=True`` NumPy results are read-only views of the mapped file and torch
-    results copy-on-write mappings (writable; writes never reach the file); deflated
-    ``.npz`` members are read into memory either way.
+    results copy-on-write mappings (writable; writes never reach the file).
 
     >>> import os, tempfile, torch
     >>> p = os.path.join(tempfile.mkdtemp(), "t.npy")
@@ -670,8 +523,8 @@ def load(
         mmap: map the file (zero-copy) rather than read it into owned memory.
         device: where torch results go.
         float_dtype: cast floating-point values (only) to this dtype.
-        keys: the names to read (``.npz``); for ``.npy`` it must name the one key.
-        dtype: the type of raw-byte members written by ``np.save`` from ml_dtypes arrays.
+        keys: ``None``, or the one key (the file's stem).
+        dtype: the type of raw-byte data written by ``np.save`` from ml_dtypes arrays.
     """
     with open(path, dtype=dtype) as f:
         return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)

@@ -13,11 +13,12 @@ them, torch results writable tensors whose writes never reach the file (the entr
 one opened file share that private mapping, so tied weights stay tied).
 
 **Keys.** A state dict's nesting is flattened with ``.`` (``{"model": {"w": t}}`` ->
-``"model.w"``, the ``state_dict`` convention ``tb.save`` also flattens by); list and
-tuple items are keyed by their index (``"layers.0"``). Non-tensor leaves (an epoch
-number, a learning rate, a ``torch.Size``) go to ``.metadata`` under the same dotted key
-as ``str(value)``; they are never tensors. A file holding a single tensor has one key,
-the file's stem, and ``load`` returns that tensor/array itself (like ``.npy``).
+``"model.w"``; list and tuple items by their index, ``"layers.0"``): the file layer's
+one naming rule (``tensorbridge.io._keys``), by which ``tb.save`` flattens too.
+Non-tensor leaves (an epoch number, a learning rate, a ``torch.Size``) go to
+``.metadata`` under the same dotted key as ``str(value)``; they are never tensors. A
+file holding a single tensor has one key, the file's stem, and ``load`` returns that
+tensor/array itself (like ``.npy``).
 
 **Writing** converts every value with :func:`tensorbridge.to_torch` (bfloat16 arrays
 become bfloat16 tensors), casts floating values when ``float_dtype`` asks, moves them to
@@ -45,6 +46,7 @@ from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedTensorError
 from ._common import TensorFile, atomic_write, cast_target, progress_bar, row_of
 from ._detect import detect
+from ._keys import flatten, is_container
 
 __all__ = ["PtFile", "load", "open", "save"]
 
@@ -103,21 +105,6 @@ TORCHSCRIPT_MESSAGE = (
 )
 
 
-def _flatten(obj: Any, key: str, tensors: dict[str, Any], meta: dict[str, Any], where: str) -> None:
-    """Tensors into ``tensors``, other leaves into ``meta`` as they are, by dotted key."""
-    if isinstance(obj, Mapping) or type(obj) in (list, tuple):
-        items = obj.items() if isinstance(obj, Mapping) else enumerate(obj)
-        for k, v in items:
-            _flatten(v, f"{key}.{k}" if key else str(k), tensors, meta, where)
-        return
-    if key in tensors or key in meta:
-        raise FormatError(f"{where}: two entries flatten to the key {key!r}")
-    if isinstance(obj, torch.Tensor):
-        tensors[key] = obj
-    else:
-        meta[key] = obj
-
-
 class _Entries(NamedTuple):
     tensors: dict[str, torch.Tensor]
     values: dict[str, Any]  # the plain (non-tensor) leaves, as unpickled
@@ -128,10 +115,9 @@ class _Entries(NamedTuple):
 def _entries(path: Path) -> _Entries:
     """The archive's tensors and plain values by dotted key."""
     obj, mapped = _torch_load(path)
-    tensors: dict[str, torch.Tensor] = {}
-    values: dict[str, Any] = {}
-    nested = isinstance(obj, Mapping) or type(obj) in (list, tuple)
-    _flatten(obj, "" if nested else path.stem, tensors, values, repr(str(path)))
+    flat = flatten(obj, where=repr(str(path))) if is_container(obj) else {path.stem: obj}
+    tensors = {k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}
+    values = {k: v for k, v in flat.items() if not isinstance(v, torch.Tensor)}
     return _Entries(tensors, values, isinstance(obj, torch.Tensor), mapped)
 
 
@@ -239,7 +225,7 @@ def load(
 
 
 def save(
-    obj: Any,
+    tensors: Any,
     path: str | os.PathLike[str],
     *,
     float_dtype: DTypeLike | None = None,
@@ -247,6 +233,9 @@ def save(
     progress: bool | None = None,
 ) -> None:
     """Write a tensor, or a mapping of names to tensors/arrays, with ``torch.save``, atomically.
+
+    The signature every format's ``save`` has (:mod:`tensorbridge.io._formats`); this
+    format has no options of its own.
 
     ``metadata`` (plain values: str, int, float, bool, None) is stored beside the
     tensors under its own keys, as a training checkpoint stores its ``epoch``; reading
@@ -259,7 +248,7 @@ def save(
     torch.bfloat16
 
     Args:
-        obj: a tensor or array, or a flat mapping of string keys to them.
+        tensors: a tensor or array, or a flat mapping of string keys to them.
         float_dtype: cast floating-point values (only) to this dtype.
         progress: show a progress bar (``None``: when stderr is a terminal).
 
@@ -268,16 +257,16 @@ def save(
             (the message names its key).
     """
     path = Path(path)
-    if isinstance(obj, Mapping):
+    if isinstance(tensors, Mapping):
         data: Any = {}
-        for key, value in obj.items():
+        for key, value in tensors.items():
             if not isinstance(key, str):
                 raise UnsupportedTensorError(f"{str(path)!r}: keys are strings, got {key!r}")
             try:
                 data[key] = _as_saved(value, float_dtype)
             except TensorBridgeError as err:
                 raise type(err)(f"at {key!r}: {err}") from None
-        tensors = list(data.values())
+        saved = list(data.values())
         for key, value in (metadata or {}).items():
             if key in data:
                 raise UnsupportedTensorError(
@@ -292,9 +281,9 @@ def save(
                 f"{str(path)!r}: a file of one bare tensor has no place for metadata; pass a "
                 "mapping such as {'weight': tensor}"
             )
-        data = _as_saved(obj, float_dtype)
-        tensors = [data]
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        data = _as_saved(tensors, float_dtype)
+        saved = [data]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved}
     bar = progress_bar(sum(storages.values()), f"saving {path.name}", progress)
     try:
         with atomic_write(path) as f:

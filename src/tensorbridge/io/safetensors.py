@@ -67,6 +67,7 @@ from ._common import (
     row_of,
 )
 from ._detect import INDEX_SUFFIX, resolve
+from ._formats import by_name
 from ._safetensors_header import _F4, _bits, _Entry, _parse
 from ._safetensors_header import MAX_HEADER as MAX_HEADER  # the limit on a header's JSON
 from .sharded import ShardedFile
@@ -110,9 +111,9 @@ def save(
     *,
     float_dtype: DTypeLike | None = None,
     metadata: Mapping[str, str] | None = None,
+    progress: bool | None = None,
     max_shard_size: int | str | None = None,
     index: bool = False,
-    progress: bool | None = None,
     chunk_bytes: int = DEFAULT_CHUNK,
 ) -> None:
     """Write tensors or arrays to a safetensors file (or shards), streamed and atomic.
@@ -132,6 +133,7 @@ def save(
             integers and bools keep theirs.
         metadata: strings to strings for the header's ``__metadata__``, after
             ``{"format": "pt"}`` (a ``"format"`` key given here wins).
+        progress: show a progress bar (``None``: when stderr is a terminal).
         max_shard_size: bytes (int) or a string like ``"5GB"`` (10**9), ``"2GiB"``
             (2**30), ``"500MB"``. When the data exceeds it, tensors fill shards
             ``model-00001-of-0000N.safetensors`` greedily in the mapping's order (one
@@ -139,7 +141,6 @@ def save(
             ``model.safetensors.index.json`` maps each name to its shard.
         index: write the sharded layout (shards and index) even when everything fits
             in one file, as a destination named ``model.safetensors.index.json`` asks.
-        progress: show a progress bar (``None``: when stderr is a terminal).
         chunk_bytes: about how many bytes to hold at once when casting or copying.
 
     Each file is written to a temporary file, fsynced and renamed, so an interrupted
@@ -602,7 +603,7 @@ def open(path: str | os.PathLike[str]) -> SafetensorsFile | ShardedFile:
             tensor and what is wrong.
         FileNotFoundError: no such file, or a directory without one.
     """
-    p = resolve(Path(path), ("*.safetensors" + INDEX_SUFFIX, "*.safetensors"))
+    p = resolve(Path(path), by_name("safetensors").in_directory)
     if p.name.endswith(INDEX_SUFFIX):
         return ShardedFile(p, SafetensorsFile)
     return SafetensorsFile(p)

@@ -1,0 +1,269 @@
+"""The format registry: every row's claims hold, one save signature, one dotted-name rule."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import tensorbridge as tb
+from tensorbridge.cli import main
+from tensorbridge.errors import FormatError, UnsupportedTensorError
+from tensorbridge.io import TensorFile, destination
+from tensorbridge.io._detect import detect
+from tensorbridge.io._formats import FORMATS, Format, by_kind, by_suffix, listing
+from tensorbridge.io._keys import flatten
+
+WRITABLE = [f for f in FORMATS if f.writes]
+
+
+def by_name(f: Format) -> str:
+    return f.name
+
+
+def two(fmt: Format) -> dict[str, np.ndarray]:
+    return {"a": np.arange(6, dtype=np.float32), "b": np.ones(3, ml_dtypes.bfloat16)}
+
+
+# --- the table itself -------------------------------------------------------------------------
+
+
+def test_rows_are_consistent() -> None:
+    suffixes = [s for f in FORMATS for s in f.suffixes]
+    kinds = [k for f in FORMATS for k in f.kinds]
+    assert len(suffixes) == len(set(suffixes)) and len(kinds) == len(set(kinds))
+    assert all(s.startswith(".") and s == s.lower() for s in suffixes)
+    assert [f.name for f in FORMATS] == ["safetensors", "npy", "npz", "pt"]
+    for f in FORMATS:
+        assert f.single_array or f.many_arrays, f.name
+        assert not f.text_metadata or f.metadata, f.name
+        assert by_suffix(f.suffixes[0].upper()) is f and by_kind(f.kinds[0]) is f
+        assert repr(f) == f"<Format {f.name}>"
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=by_name)
+def test_reader_is_a_tensor_file_in_the_named_module(fmt: Format) -> None:
+    assert issubclass(fmt.reader, TensorFile)  # type: ignore[arg-type]
+    assert fmt.reader.__module__ == fmt.module
+    assert fmt.save is importlib.import_module(fmt.module).save
+
+
+@pytest.mark.parametrize("fmt", WRITABLE, ids=by_name)
+def test_every_save_has_the_one_signature(fmt: Format) -> None:
+    params = list(inspect.signature(fmt.save).parameters.values())
+    assert [(p.name, p.kind) for p in params[:2]] == [
+        ("tensors", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        ("path", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    ]
+    rest = params[2:]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in rest)
+    common = {p.name: p.default for p in rest[:3]}
+    assert common == {"float_dtype": None, "metadata": None, "progress": None}
+    assert all(p.default is not inspect.Parameter.empty for p in rest)  # options are optional
+
+
+def test_listing_follows_the_table_order() -> None:
+    assert listing(lambda f: f.metadata, " or ") == ".safetensors or .pt"
+    assert listing(lambda f: f.many_arrays) == ".safetensors / .npz / .pt"
+    assert listing(lambda f: False) == ""
+
+
+# --- each claim, checked by behaviour ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", WRITABLE, ids=by_name)
+def test_many_arrays(fmt: Format, tmp_path: Path) -> None:
+    path = tmp_path / f"x{fmt.suffixes[0]}"
+    if not fmt.many_arrays:
+        with pytest.raises(UnsupportedTensorError, match=r"holds one array"):
+            tb.save(two(fmt), path)
+        assert not path.exists()
+        return
+    tb.save(two(fmt), path)
+    got = tb.load(path)
+    assert list(got) == ["a", "b"]
+    assert got["b"].dtype == ml_dtypes.bfloat16 and got["b"].tobytes() == two(fmt)["b"].tobytes()
+
+
+@pytest.mark.parametrize("fmt", WRITABLE, ids=by_name)
+def test_single_array(fmt: Format, tmp_path: Path) -> None:
+    path = tmp_path / f"x{fmt.suffixes[0]}"
+    a = np.arange(4, dtype=np.int16)
+    if not fmt.single_array:
+        with pytest.raises(TypeError, match=r"expected a mapping"):
+            tb.save(a, path)
+        return
+    tb.save(a, path)
+    got = tb.load(path)
+    assert isinstance(got, np.ndarray) and got.tobytes() == a.tobytes()
+    with tb.open(path) as f:
+        assert f.single and f.keys() == ["x"]
+
+
+@pytest.mark.parametrize("fmt", WRITABLE, ids=by_name)
+def test_metadata(fmt: Format, tmp_path: Path) -> None:
+    path = tmp_path / f"x{fmt.suffixes[0]}"
+    data: Any = two(fmt) if fmt.many_arrays else np.zeros(2)
+    if not fmt.metadata:
+        with pytest.raises(ValueError, match=r"no place for metadata; save to .safetensors or"):
+            tb.save(data, path, metadata={"epoch": 3})
+        assert not path.exists()
+        return
+    tb.save(data, path, metadata={"epoch": 3})
+    with tb.open(path) as f:
+        assert f.metadata["epoch"] == "3"
+        assert f.plain_values()["epoch"] == ("3" if fmt.text_metadata else 3)
+
+
+@pytest.mark.parametrize("fmt", WRITABLE, ids=by_name)
+def test_sharding(fmt: Format, tmp_path: Path) -> None:
+    path = tmp_path / f"x{fmt.suffixes[0]}"
+    data: Any = two(fmt) if fmt.many_arrays else np.zeros(2)
+    if not fmt.sharding:
+        with pytest.raises(ValueError, match=r"are not sharded \(save to a .safetensors path"):
+            tb.save(data, path, max_shard_size=8)
+        return
+    tb.save(data, path, max_shard_size=8)
+    index = destination(path).index
+    assert index.exists() and not path.exists()
+    assert list(tb.load(index)) == ["a", "b"]
+
+
+@pytest.mark.parametrize("fmt", WRITABLE, ids=by_name)
+def test_memory_map(fmt: Format, tmp_path: Path) -> None:
+    path = tmp_path / f"x{fmt.suffixes[0]}"
+    tb.save(two(fmt) if fmt.many_arrays else np.arange(6, dtype=np.float32), path)
+    with tb.open(path) as f:
+        name = f.keys()[0]
+        first, again = f[name], f[name]
+        assert not first.flags.writeable
+        # a mapped file hands out views of one mapping; a file read into memory, new copies
+        assert np.shares_memory(first, again) is fmt.memory_map
+        owned = f.get(name, mmap=False)
+        assert owned.flags.writeable and not np.shares_memory(owned, first)
+
+
+@pytest.mark.parametrize("fmt", WRITABLE, ids=by_name)
+def test_raw_dtype(fmt: Format, tmp_path: Path) -> None:
+    path = tmp_path / f"x{fmt.suffixes[0]}"
+    tb.save(two(fmt) if fmt.many_arrays else np.arange(6, dtype=np.float32), path)
+    if fmt.raw_dtype:
+        with tb.open(path, dtype="bf16") as f:  # no raw member here: the dtypes stay
+            assert f.info(f.keys()[0])[0].name == "float32"
+        return
+    with pytest.raises(ValueError, match=r"np.save wrote from ml_dtypes arrays \(.npy / .npz\)"):
+        tb.open(path, dtype="bf16")
+
+
+@pytest.mark.parametrize("fmt", WRITABLE, ids=by_name)
+def test_suffix_and_kind(fmt: Format, tmp_path: Path) -> None:
+    for suffix in fmt.suffixes:
+        path = tmp_path / f"x{suffix}"
+        assert destination(path).format is fmt
+        tb.save(two(fmt) if fmt.many_arrays else np.zeros(2), path)
+        assert by_kind(detect(path)) is fmt
+        with tb.open(path) as f:
+            assert f.notes == [] and isinstance(f, fmt.reader)  # type: ignore[arg-type]
+    other = next(f for f in WRITABLE if f is not fmt)
+    renamed = (tmp_path / f"x{fmt.suffixes[0]}").rename(tmp_path / f"y{other.suffixes[0]}")
+    with tb.open(renamed) as f:
+        assert f.notes[0] == (
+            f"{renamed.name} is {fmt.description}, not {other.description}; read it as such "
+            f"(rename it to y{fmt.suffixes[0]})"
+        )
+
+
+def test_a_read_only_format_is_refused_as_a_destination(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tensorbridge.io import _formats
+
+    npz = _formats.by_name("npz")
+    read_only = Format(**{**npz.__dict__, "name": "npz-ro", "writes": False})
+    monkeypatch.setitem(_formats._BY_SUFFIX, ".npz", read_only)
+    with pytest.raises(FormatError, match=r"reads a .npz archive but does not write one; use "):
+        destination(tmp_path / "x.npz")
+    with pytest.raises(FormatError, match=r"does not write one; save to .safetensors or"):
+        read_only.save  # noqa: B018
+
+
+# --- one dotted-name rule ----------------------------------------------------------------------
+
+
+def test_flatten_names_and_leaves() -> None:
+    size = torch.Size([2, 3])
+    tree = {"enc": {"layers": [{"w": 1}, (2, 3)]}, "size": size, 7: "x", "empty": {}}
+    assert flatten(tree, where="t") == {
+        "enc.layers.0.w": 1,
+        "enc.layers.1.0": 2,
+        "enc.layers.1.1": 3,
+        "size": size,  # a tuple subclass is a leaf
+        "7": "x",
+    }
+    with pytest.raises(FormatError, match=r"^t: two entries flatten to the key 'a.b'; rename"):
+        flatten({"a.b": 1, "a": {"b": 2}}, where="t")
+
+
+def test_save_and_pt_read_name_nesting_the_same_way(tmp_path: Path) -> None:
+    w = [torch.zeros(2), torch.ones(2)]
+    tree = {"model": {"layers": w}, "head": {"b": torch.full((1,), 2.0)}}
+    for suffix in (".safetensors", ".npz", ".pt"):
+        tb.save(tree, tmp_path / f"nested{suffix}")
+        got = tb.load(tmp_path / f"nested{suffix}")
+        assert sorted(got) == ["head.b", "model.layers.0", "model.layers.1"], suffix
+        assert got["model.layers.1"].tolist() == [1.0, 1.0]
+    torch.save(tree, tmp_path / "theirs.pt")  # torch's own nesting, read by the same rule
+    assert list(tb.load(tmp_path / "theirs.pt")) == ["model.layers.0", "model.layers.1", "head.b"]
+
+
+def test_save_refuses_two_tensors_of_one_name(tmp_path: Path) -> None:
+    path = tmp_path / "x.safetensors"
+    with pytest.raises(FormatError, match=r"two entries flatten to the key 'a.b'"):
+        tb.save({"a.b": torch.zeros(1), "a": {"b": torch.ones(1)}}, path)
+    assert not path.exists()
+    with pytest.raises(TypeError, match=r"at 'a.0': str is not a tensor or array"):
+        tb.save({"a": ["text"]}, path)
+
+
+# --- the command line asks the formats ----------------------------------------------------------
+
+
+def test_cli_messages_come_from_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "src.safetensors"
+    tb.save(two(by_suffix(".npz")), src, metadata={"who": "me"})  # type: ignore[arg-type]
+    assert main(["convert", str(src), str(tmp_path / "o.npy")]) == 2
+    err = capsys.readouterr().err
+    assert "a .npy file holds one array but 2 tensors were selected" in err
+    assert "write .safetensors / .npz / .pt" in err
+    assert main(["convert", str(src), str(tmp_path / "o.npz"), "--max-shard-size", "1KB"]) == 2
+    assert "--max-shard-size needs a .safetensors destination" in capsys.readouterr().err
+    assert main(["convert", str(src), str(tmp_path / "o.npz")]) == 0
+    assert capsys.readouterr().err == (
+        "note: dropped metadata who: .npz files have no place for it (convert to "
+        ".safetensors or .pt to keep it)\n"
+    )
+    assert main(["convert", str(src), str(tmp_path / "a.npy"), "--include", "a", "--verify"]) == 0
+    assert "verify: bit-exact" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "tensorbridge.io._detect",
+        "tensorbridge.io._formats",
+        "tensorbridge.io._keys",
+        "tensorbridge.io.npz",
+    ],
+)
+def test_docstring_examples_run(module: str) -> None:
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
