@@ -73,6 +73,9 @@ class Plan:
         batch: a plain strided copy, cast or transfer that the tree functions may
             stage together with other leaves.
         run: the executor, ``run(value, out)``.
+        quick: for a plain host tensor's plan, the same executor guarded so that it
+            refuses (raises) any value whose full signature would plan differently:
+            it may then serve every tensor of the dtype (see :func:`run_numpy`).
     """
 
     to: str
@@ -83,6 +86,7 @@ class Plan:
     dst: DTypeRow | None
     batch: bool
     run: Run
+    quick: Run | None = None
 
     def __repr__(self) -> str:
         why = f" ({self.reason})" if self.reason else ""
@@ -157,7 +161,10 @@ def plan_numpy(
     plan = decide_numpy(x, dtype, copy, readonly, into)
     if len(_NUMPY_PLANS) >= _CACHE_LIMIT:
         _NUMPY_PLANS.clear()
+        _QUICK_NUMPY.clear()
     _NUMPY_PLANS[key] = plan
+    if plan.quick is not None and not into and type(x) is torch.Tensor:
+        _QUICK_NUMPY[(x.dtype, dtype, copy, readonly)] = plan.quick
     return plan
 
 
@@ -205,7 +212,7 @@ def forget() -> None:
 # signature would be planned differently (grad, another device, a conj/neg bit, a
 # sparse or nested layout, negative or odd strides), so a refusal only means "plan by
 # the full signature"; they are filled by the planner, never written by hand.
-_QUICK_NUMPY: dict[tuple[torch.dtype, bool], Run] = {}
+_QUICK_NUMPY: dict[tuple[torch.dtype, Any, bool | None, bool], Run] = {}
 _QUICK_TORCH: dict[np.dtype[Any], Run] = {}
 _REFUSALS = (RuntimeError, TypeError, ValueError)
 
@@ -214,13 +221,11 @@ def run_numpy(
     x: Any, dtype: Any = None, copy: bool | None = None, readonly: bool = False, out: Any = None
 ) -> Any:
     """Plan ``to_numpy`` for ``x`` and run the plan."""
-    if dtype is None and not copy and out is None and type(x) is torch.Tensor:
-        quick = _QUICK_NUMPY.get((x.dtype, readonly))
-        if quick is not None:
-            try:
-                return quick(x, None)
-            except _REFUSALS:
-                pass  # a flag the quick plan does not cover: the full signature decides
+    if out is None and type(x) is torch.Tensor:
+        try:
+            return _QUICK_NUMPY[(x.dtype, dtype, copy, readonly)](x, None)
+        except (KeyError, *_REFUSALS):
+            pass  # no quick plan yet, or a flag it does not cover: the full signature decides
     if dlpack.is_producer(x):  # JAX, CuPy, MLX, ... or a capsule: import once, then plan
         return dlpack.numpy_from(x, _numpy_call, dtype=dtype, copy=copy, readonly=readonly, out=out)
     return plan_numpy(x, dtype, copy, readonly, out is not None).run(x, out)
@@ -436,11 +441,11 @@ def _strided_to_numpy(
             run: Run = _finishing(
                 lambda x: mem.fresh_copy(plain(x), src, keep_order=True), readonly, False
             )
-            return Plan("numpy", (*steps, "copy", *tail), None, True, src, dst, True, run)
+            quick = None if detach else _host_only(run)
+            return Plan("numpy", (*steps, "copy", *tail), None, True, src, dst, True, run, quick)
         view = _view(src, detach, readonly)
-        if not detach and not resolve:
-            _QUICK_NUMPY[(src.torch, readonly)] = view
-        return Plan("numpy", (*steps, "view", *tail), None, False, src, dst, False, view)
+        quick = None if detach or resolve else view
+        return Plan("numpy", (*steps, "view", *tail), None, False, src, dst, False, view, quick)
     needs_copy("to_numpy", reason, copy)
     if not on_host:
         moves = ("cast", "transfer") if dst.itemsize < src.itemsize else ("transfer", "cast")
@@ -470,7 +475,19 @@ def _strided_to_numpy(
     if dst is not src:
         shown = (*shown, "cast")
     run = _finishing(lambda x: mem.fresh_copy(plain(x), dst, keep_order=False), readonly, False)
-    return Plan("numpy", (*steps, *shown, *tail), reason, True, src, dst, not resolve, run)
+    quick = None if detach or resolve else _host_only(run)
+    return Plan("numpy", (*steps, *shown, *tail), reason, True, src, dst, not resolve, run, quick)
+
+
+def _host_only(run: Run) -> Run:
+    """``run``, refusing tensors off the host (its quick plan is for host tensors only)."""
+
+    def guarded(x: torch.Tensor, out: Any) -> Any:
+        if not x.is_cpu:
+            raise TypeError("not a host tensor")
+        return run(x, out)
+
+    return guarded
 
 
 def _view(row: DTypeRow, detach: bool, readonly: bool) -> Run:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy as _copy
 import dataclasses
+import itertools
 import threading
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, NamedTuple
@@ -32,7 +33,7 @@ import optree
 import torch
 
 from . import _memory as mem
-from ._plan import plain_tensor, plan_numpy, plan_torch
+from ._plan import Plan, plain_tensor, plan_numpy, plan_torch
 from ._staging import Cursor, Leaf, array_layout, convert_planned, tensor_layout
 from .dtypes import (
     BY_TORCH,
@@ -335,6 +336,7 @@ def _numpy_pass(
     """Plan every array leaf (once per signature), run the plans that share, batch the copies."""
     out = list(leaves)
     planned: list[Leaf] = []
+    batched: list[tuple[int, Plan]] = []
     firsts, repeats = _firsts(leaves)
     i = 0
     try:
@@ -342,9 +344,14 @@ def _numpy_pass(
             x = leaves[i]
             plan = plan_numpy(x, cast.spec_of(x), copy, readonly)
             if plan.batch and _stageable(x):
-                planned.append(_leaf(i, x, plan.src, plan.dst))
+                batched.append((i, plan))
             else:
                 out[i] = plan.run(x, None)
+        if _separate(leaves, batched):  # no ties to keep, no device to wait for
+            for i, plan in batched:
+                out[i] = plan.run(leaves[i], None)
+        else:
+            planned = [_leaf(i, leaves[i], plan.src, plan.dst) for i, plan in batched]
     except Exception:
         cursor.index = i
         raise
@@ -369,7 +376,9 @@ def _torch_pass(
 ) -> list[Any]:
     """As :func:`_numpy_pass`, towards torch (and ``device=``)."""
     out = list(leaves)
+    leaves = list(leaves)
     planned: list[Leaf] = []
+    batched: list[tuple[int, Plan]] = []
     firsts, repeats = _firsts(leaves, torch_side=True)
     device = None if target is None else str(target)
     indexed: list[torch.device] = []  # the target with its index, found once when needed
@@ -387,9 +396,15 @@ def _torch_pass(
                     if indexed[0].type != "cpu" and indexed[0] != x.device:
                         out[i] = plan.run(x, None)  # between two accelerators: torch's path
                         continue
-                planned.append(_leaf(i, x, plan.src, plan.dst))
+                leaves[i] = x  # a scalar leaf, as the array it became
+                batched.append((i, plan))
             else:
                 out[i] = plan.run(x, None)
+        if (target is None or target.type == "cpu") and _separate(leaves, batched):
+            for i, plan in batched:
+                out[i] = plan.run(leaves[i], None)
+        else:
+            planned = [_leaf(i, leaves[i], plan.src, plan.dst) for i, plan in batched]
     except Exception:
         cursor.index = i
         raise
@@ -418,6 +433,30 @@ def _firsts(leaves: list[Any], torch_side: bool = False) -> tuple[Iterable[int],
         else:
             repeats[i] = j
     return unique, repeats
+
+
+def _separate(leaves: list[Any], batched: list[tuple[int, Plan]]) -> bool:
+    """Whether the batched leaves are host memory that provably overlaps nowhere.
+
+    Then each converts on its own (no tie to keep, no transfer to batch); otherwise the
+    staging keeps overlapping leaves as views of one converted span.
+    """
+    spans = []
+    for i, _ in batched:
+        x = leaves[i]
+        if isinstance(x, torch.Tensor):
+            if not x.is_cpu:
+                return False
+            st = x.untyped_storage()
+            lo = st.data_ptr()
+            spans.append((lo, lo + st.nbytes()))
+        elif x.flags.c_contiguous:
+            lo = mem.address(x)
+            spans.append((lo, lo + x.nbytes))
+        else:
+            return False
+    spans.sort()
+    return all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
 
 
 def _stageable(x: Any) -> bool:

@@ -23,23 +23,23 @@ import torch
 from ..convert import to_numpy, to_torch
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import UnsupportedDtypeError
-from ._record import _Record
+from ._record import Record
 from ._values import (
-    _BITS_BY_SIZE,
-    _bits,
-    _chunks,
-    _component_row,
-    _Format,
-    _format,
-    _real_parts,
-    _source,
+    BITS_BY_SIZE,
+    Format,
+    bits_of,
+    chunks,
+    component_row,
+    format_of,
+    real_parts,
+    source,
 )
 
 ULP_BINS = ("0", "<=0.5", "<=1", "<=2", ">2")
 
 
 @dataclass(frozen=True)
-class CastReport(_Record):
+class CastReport(Record):
     """What casting to ``target_dtype`` with torch's kernel does to each value.
 
     Counts are over real values (a complex element counts twice):
@@ -99,15 +99,15 @@ def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
     Raises:
         UnsupportedDtypeError: ``dtype`` is unknown or not a floating/complex dtype.
     """
-    src = _source(x)
+    src = source(x)
     dst = resolve_dtype(dtype)
     if dst.category not in ("float", "complex"):
         raise UnsupportedDtypeError(
             f"cast_report reports on casts to floating-point or complex dtypes, not {dst.name} "
             "(a cast to integers truncates); pass e.g. dtype='float32'"
         )
-    fmt = _format(_component_row(dst))
-    sfmt = _format(_component_row(src.row)) if src.row.category in ("float", "complex") else None
+    fmt = format_of(component_row(dst))
+    sfmt = format_of(component_row(src.row)) if src.row.category in ("float", "complex") else None
     c = dict.fromkeys(
         (
             "numel",
@@ -130,7 +130,7 @@ def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
     max_abs = max_rel = rel_sum = 0.0
     seen_finite = seen_rel = False
     astype_ok = True
-    for chunk in _chunks(src):
+    for chunk in chunks(src):
         c["numel"] += chunk.numel()
         if chunk.is_complex() and not dst.torch.is_complex:
             c["imag"] += int(torch.count_nonzero(chunk.imag != 0))
@@ -205,16 +205,16 @@ def _cast_parts(src: torch.Tensor, res: torch.Tensor) -> tuple[torch.Tensor, tor
     """Source and result values side by side (a real source facing a complex result: reals)."""
     if res.is_complex() and not src.is_complex():
         return src.reshape(-1), torch.view_as_real(res)[..., 0].reshape(-1)
-    return _real_parts(src).reshape(-1), _real_parts(res).reshape(-1)
+    return real_parts(src).reshape(-1), real_parts(res).reshape(-1)
 
 
-def _overflows(mag: torch.Tensor, fmt: _Format) -> torch.Tensor:
+def _overflows(mag: torch.Tensor, fmt: Format) -> torch.Tensor:
     """Magnitudes that round (half to even, unbounded exponent) above the largest finite."""
     half = fmt.max + fmt.top_ulp / 2
     return (mag > half) | ((mag == half) & bool(fmt.max_ord & 1))
 
 
-def _target_ulp(mag: torch.Tensor, fmt: _Format) -> torch.Tensor:
+def _target_ulp(mag: torch.Tensor, fmt: Format) -> torch.Tensor:
     """The target's spacing at each magnitude (continued past the largest finite value)."""
     emin = math.frexp(fmt.smallest_normal)[1] - 1
     exponent = torch.frexp(mag).exponent.to(torch.int64) - 1
@@ -228,10 +228,10 @@ def _histogram(u: torch.Tensor) -> list[int]:
 
 
 def _nan_changes(
-    s: torch.Tensor, r: torch.Tensor, r_nan: torch.Tensor, sf: _Format, rf: _Format
+    s: torch.Tensor, r: torch.Tensor, r_nan: torch.Tensor, sf: Format, rf: Format
 ) -> int:
     """NaNs whose result is not a NaN of the same sign and the same (aligned) payload."""
-    sb, rb = _bits(s), _bits(r)
+    sb, rb = bits_of(s), bits_of(r)
     s_sign = (sb >> (sf.width - 1)) & 1 if sf.signed else torch.zeros_like(sb)
     r_sign = (rb >> (rf.width - 1)) & 1 if rf.signed else torch.zeros_like(rb)
     sp, rp = sb & ((1 << sf.nmant) - 1), rb & ((1 << rf.nmant) - 1)
@@ -262,8 +262,8 @@ def _astype_check(
 @cache
 def _semantics(src: DTypeRow, dst: DTypeRow) -> str:
     """How torch's kernel casts src -> dst (ties, overflow, inf, NaN), probed on this install."""
-    dcomp = _component_row(dst)
-    df = _format(dcomp)
+    dcomp = component_row(dst)
+    df = format_of(dcomp)
     parts = [f"torch's CPU cast {src.name} -> {dst.name}, as tb.to_numpy(x, dtype=...) runs it"]
     if src.category not in ("float", "complex"):
         top = 1 if src.category == "bool" else int(np.iinfo(src.numpy).max)
@@ -273,8 +273,8 @@ def _semantics(src: DTypeRow, dst: DTypeRow) -> str:
             got = torch.tensor([big], dtype=src.torch).to(dcomp.torch)
             parts.append(f"overflow {_outcome(got, df)}")
         return "; ".join(parts)
-    probe = _component_row(src)
-    pf = _format(probe)
+    probe = component_row(src)
+    pf = format_of(probe)
     if src.category == "complex" and dst.category != "complex":
         parts.append("the imaginary part is dropped")
 
@@ -289,16 +289,16 @@ def _semantics(src: DTypeRow, dst: DTypeRow) -> str:
         parts.append(f"overflow {_outcome(cast([min(pf.max, df.max * 4)]), df)}")
         if _has_inf(probe):
             parts.append(f"±inf {_outcome(cast([math.inf]), df)}")
-    parts.append(f"NaN -> {int(_bits(cast([math.nan]))[0]):#0{df.width // 4 + 2}x}")
+    parts.append(f"NaN -> {int(bits_of(cast([math.nan]))[0]):#0{df.width // 4 + 2}x}")
     return "; ".join(parts)
 
 
 def _tie_rule(cast: Callable[[list[float]], torch.Tensor], row: DTypeRow) -> str:
     """Cast the two midpoints above 1.0 and see which neighbour each one went to."""
-    one = int(_bits(torch.ones(1, dtype=row.torch))[0])
-    ladder = torch.tensor([one, one + 1, one + 2]).to(_BITS_BY_SIZE[row.itemsize])
+    one = int(bits_of(torch.ones(1, dtype=row.torch))[0])
+    ladder = torch.tensor([one, one + 1, one + 2]).to(BITS_BY_SIZE[row.itemsize])
     v = ladder.view(row.torch).to(torch.float64).tolist()
-    got = _bits(cast([(v[0] + v[1]) / 2, (v[1] + v[2]) / 2])).tolist()
+    got = bits_of(cast([(v[0] + v[1]) / 2, (v[1] + v[2]) / 2])).tolist()
     if got == [lo + lo % 2 for lo in (one, one + 1)]:
         return "rounds to nearest, ties to even"
     if got == [one + 1, one + 2]:
@@ -311,7 +311,7 @@ def _has_inf(row: DTypeRow) -> bool:
     return bool(inf.isinf().all())
 
 
-def _outcome(t: torch.Tensor, fmt: _Format) -> str:
+def _outcome(t: torch.Tensor, fmt: Format) -> str:
     v = float(t.to(torch.float64)[0])
     if math.isinf(v):
         return "-> ±inf"

@@ -4,7 +4,7 @@ Trees (dicts, lists, tuples) are matched leaf by leaf by key path; a path on one
 side only is listed, and a leaf that cannot be read is a problem in the result,
 not an exception. Each leaf is read in chunks into a running accumulator, with
 ``a`` as the reference. ULP distances are differences of positions on the coarser
-dtype's integer line (``_values._ordinals``), exact for bfloat16 and float8, where
+dtype's integer line (``_values.ordinals``), exact for bfloat16 and float8, where
 NumPy's ``assert_array_max_ulp`` fails; integers are compared by their exact
 differences. Tolerances not given default to torch.testing.assert_close's where it
 has them and to one ULP of the format elsewhere.
@@ -25,18 +25,18 @@ from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import TensorBridgeError
 from ..io._common import progress_bar
 from ..tree import flatten_with_paths
-from ._record import _Record
+from ._record import Record
 from ._values import (
-    _LEAVES,
+    LEAVES,
     Array,
-    _bits,
-    _chunks,
-    _component_row,
-    _format,
-    _int_distance,
-    _ordinals,
-    _real_parts,
-    _source,
+    bits_of,
+    chunks,
+    component_row,
+    format_of,
+    int_distance,
+    ordinals,
+    real_parts,
+    source,
 )
 
 # torch.testing.assert_close's defaults; other floats get rtol = eps (one ULP at the bottom
@@ -62,15 +62,15 @@ def default_tolerances(dtype: Any) -> tuple[float, float]:
     row = resolve_dtype(dtype)
     if row.category not in ("float", "complex"):
         return 0.0, 0.0
-    comp = _component_row(row)
+    comp = component_row(row)
     if comp.name in _TORCH_TOLERANCES:
         return _TORCH_TOLERANCES[comp.name]
-    fmt = _format(comp)
+    fmt = format_of(comp)
     return fmt.eps, fmt.smallest_subnormal
 
 
 @dataclass(frozen=True)
-class Comparison(_Record):
+class Comparison(Record):
     """How two tensors, arrays or trees differ, and whether that is within tolerance.
 
     ``a`` is the reference: relative errors and the tolerance test are
@@ -230,9 +230,12 @@ def _coarser(ra: DTypeRow, rb: DTypeRow) -> DTypeRow | None:
     if not (fa or fb):
         return None
     if fa != fb:
-        return _component_row(ra if fa else rb)
-    ca, cb = _component_row(ra), _component_row(rb)
-    key_a, key_b = (_format(ca).nmant, _format(ca).max), (_format(cb).nmant, _format(cb).max)
+        return component_row(ra if fa else rb)
+    ca, cb = component_row(ra), component_row(rb)
+    key_a, key_b = (
+        (format_of(ca).nmant, format_of(ca).max),
+        (format_of(cb).nmant, format_of(cb).max),
+    )
     return cb if key_b < key_a else ca
 
 
@@ -243,11 +246,11 @@ def _paired(ta: torch.Tensor, tb: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
             tb = torch.stack([tb, torch.zeros_like(tb)], dim=-1)
         else:
             ta = torch.stack([ta, torch.zeros_like(ta)], dim=-1)
-    return _real_parts(ta).reshape(-1), _real_parts(tb).reshape(-1)
+    return real_parts(ta).reshape(-1), real_parts(tb).reshape(-1)
 
 
 def _compare_leaf(a: Any, b: Any, path: str, rtol: float | None, atol: float | None) -> Comparison:
-    if not isinstance(a, _LEAVES) and not isinstance(b, _LEAVES):
+    if not isinstance(a, LEAVES) and not isinstance(b, LEAVES):
         # plain values in a tree (strings, None): equal or not
         same = type(a) is type(b) and bool(a == b)
         return Comparison(
@@ -258,7 +261,7 @@ def _compare_leaf(a: Any, b: Any, path: str, rtol: float | None, atol: float | N
             problem=None if same else f"values differ: {a!r:.60} vs {b!r:.60}",
         )
     try:
-        sa, sb = _source(a), _source(b)
+        sa, sb = source(a), source(b)
     except TensorBridgeError as e:
         return Comparison(ok=False, max_ulp=None, path=path, problem=str(e))
     base = Comparison(
@@ -284,7 +287,7 @@ def _compare_leaf(a: Any, b: Any, path: str, rtol: float | None, atol: float | N
     at = default[1] if atol is None else float(atol)
     same = sa.row is sb.row
     acc = _LeafAccumulator(coarse, rt, at, same)
-    for ta, tb in zip(_chunks(sa), _chunks(sb), strict=True):
+    for ta, tb in zip(chunks(sa), chunks(sb), strict=True):
         acc.add(ta, tb)
     worst = None
     if acc.worst >= 0:
@@ -312,7 +315,7 @@ class _LeafAccumulator:
     """Running totals of one leaf's comparison, fed chunk by chunk."""
 
     def __init__(self, coarse: DTypeRow | None, rtol: float, atol: float, same: bool) -> None:
-        self.fmt = _format(coarse) if coarse is not None else None
+        self.fmt = format_of(coarse) if coarse is not None else None
         self.rtol, self.atol, self.same = rtol, atol, same
         self.numel = self.bad = self.nan_bad = self.inf_bad = self.payload = 0
         self.max_ulp, self.worst = 0, -1  # worst: flat index of the largest ULP distance
@@ -351,15 +354,15 @@ class _LeafAccumulator:
             torch.count_nonzero((va.isinf() | vb.isinf()) & ~(nan_a | nan_b) & (va != vb))
         )
         if self.same and self.fmt is not None:
-            self.payload += int(torch.count_nonzero(nan_a & nan_b & (_bits(ca) != _bits(cb))))
+            self.payload += int(torch.count_nonzero(nan_a & nan_b & (bits_of(ca) != bits_of(cb))))
         if self.fmt is None:  # integers: exact distances
-            dist = _int_distance(_int_numpy(ca), _int_numpy(cb))
+            dist = int_distance(_int_numpy(ca), _int_numpy(cb))
             diff = torch.from_numpy(dist.astype(np.float64))
         else:
             diff = torch.where(fin, (va - vb).abs(), torch.zeros_like(va))
-            oa = _ordinals(torch.where(fin, va, torch.zeros_like(va)), self.fmt)
-            ob = _ordinals(torch.where(fin, vb, torch.zeros_like(vb)), self.fmt)
-            dist = _int_distance(oa.numpy(), ob.numpy())
+            oa = ordinals(torch.where(fin, va, torch.zeros_like(va)), self.fmt)
+            ob = ordinals(torch.where(fin, vb, torch.zeros_like(vb)), self.fmt)
+            dist = int_distance(oa.numpy(), ob.numpy())
         ref = va.abs()
         rel = torch.where(ref > 0, diff / ref, torch.where(diff > 0, math.inf, 0.0))
         tol_bad = int(torch.count_nonzero(fin & (diff > self.atol + self.rtol * ref)))

@@ -25,12 +25,12 @@ from ..errors import (
     UnsupportedDtypeError,
     UnsupportedTensorError,
 )
-from ._record import _Record
+from ._record import Record
 from ._values import Array
 
 
 @dataclass(frozen=True)
-class ConversionPlan(_Record):
+class ConversionPlan(Record):
     """What one converter would do with a value: share its memory, copy it, or refuse.
 
     ``steps`` are the conversion plan's steps (``("view",)``, ``("transfer", "cast")``,
@@ -47,7 +47,7 @@ class ConversionPlan(_Record):
 
 
 @dataclass(frozen=True)
-class Description(_Record):
+class Description(Record):
     """Everything that decides how a tensor or array converts.
 
     Attributes:

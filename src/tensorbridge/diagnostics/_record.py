@@ -1,7 +1,7 @@
 """The common base of the diagnostics' results: frozen dataclasses that become plain data.
 
 Description, Comparison, Stats and CastReport (and the ConversionPlan inside a
-Description) derive from :class:`_Record`, whose ``to_dict()`` holds only dicts,
+Description) derive from :class:`Record`, whose ``to_dict()`` holds only dicts,
 lists, strings, numbers, bools and ``None``: nested records become dicts, tuples
 become lists, mapping keys become strings, and the non-finite floats JSON cannot
 hold become "inf", "-inf" and "nan". So ``json.dumps(result.to_dict())`` always works.
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 
-class _Record:
+class Record:
     """Shared ``to_dict`` of the result dataclasses."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -23,7 +23,7 @@ class _Record:
 
 
 def _plain(v: Any) -> Any:
-    if isinstance(v, _Record):
+    if isinstance(v, Record):
         return v.to_dict()
     if isinstance(v, Mapping):
         return {str(k): _plain(x) for k, x in v.items()}

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from ._record import _Record
-from ._values import _chunks, _real_parts, _source
+from ._record import Record
+from ._values import chunks, real_parts, source
 
 
 @dataclass(frozen=True)
-class Stats(_Record):
+class Stats(Record):
     """Summary of a tensor's or array's values, accumulated in float64.
 
     min/max/absmax/mean/std/sum are over the finite values (``None`` when there are
@@ -59,12 +59,12 @@ def stats(x: Any) -> Stats:
         UnsupportedDtypeError / UnsupportedTensorError / NoDataError: ``x`` holds no
             values this library can read.
     """
-    src = _source(x)
+    src = source(x)
     numel = finite = nan = posinf = neginf = zeros = 0
     lo, hi, total, mean, m2 = math.inf, -math.inf, 0.0, 0.0, 0.0
-    for chunk in _chunks(src):
+    for chunk in chunks(src):
         numel += chunk.numel()
-        v = _real_parts(chunk).to(torch.float64)
+        v = real_parts(chunk).to(torch.float64)
         finite_mask = v.isfinite()
         fin = v
         if not bool(finite_mask.all()):  # the common all-finite chunk skips these passes

@@ -2,16 +2,16 @@
 
 Shared by compare, stats and cast_report:
 
-* :func:`_source` checks that a leaf holds values this library can read (not a
-  meta, nested or masked one) and finds its dtype row; :func:`_chunks` yields the
+* :func:`source` checks that a leaf holds values this library can read (not a
+  meta, nested or masked one) and finds its dtype row; :func:`chunks` yields the
   values as plain contiguous CPU tensors in C order, ``_CHUNK`` values at the most,
   so no caller ever holds several full-size float64 temporaries. ``_CHUNK`` is read
   at call time: tests shrink it here to exercise the merging of partial results.
-* :func:`_format` gathers the facts of a floating-point format that the ULP and
-  cast arithmetic needs; :func:`_ordinals` places values on the format's ordered
+* :func:`format_of` gathers the facts of a floating-point format that the ULP and
+  cast arithmetic needs; :func:`ordinals` places values on the format's ordered
   integer line (its bits, sign-magnitude turned into signed order, continued past
   the largest finite value), so a ULP distance is a difference of two ordinals.
-  :func:`_int_distance` is an exact ``|x - y|`` of integers that never overflows.
+  :func:`int_distance` is an exact ``|x - y|`` of integers that never overflows.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ class _Source:
 
 
 _NUMBERS = (np.ndarray, np.generic, bool, int, float, complex)
-_LEAVES = (*_NUMBERS, torch.Tensor)
+LEAVES = (*_NUMBERS, torch.Tensor)
 
 
-def _source(x: Any) -> _Source:
+def source(x: Any) -> _Source:
     """Validate a leaf and find its row; refuse what holds no readable values."""
     if isinstance(x, torch.Tensor):
         t = x.detach()
@@ -98,7 +98,7 @@ def _blocks(x: Any) -> Iterator[Any]:
         yield x[i : i + step].reshape(-1)
 
 
-def _chunks(src: _Source) -> Iterator[torch.Tensor]:
+def chunks(src: _Source) -> Iterator[torch.Tensor]:
     """Plain contiguous CPU tensors of ``src.row.torch``, in C order."""
     for block in _blocks(src.data):
         if isinstance(block, torch.Tensor):
@@ -107,27 +107,27 @@ def _chunks(src: _Source) -> Iterator[torch.Tensor]:
             yield to_torch(block)
 
 
-def _component_row(row: DTypeRow) -> DTypeRow:
+def component_row(row: DTypeRow) -> DTypeRow:
     """complex64 -> float32 and so on; other rows are their own component."""
     return resolve_dtype(torch.finfo(row.torch).dtype) if row.category == "complex" else row
 
 
-def _real_parts(t: torch.Tensor) -> torch.Tensor:
+def real_parts(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t).reshape(-1) if t.is_complex() else t
 
 
-_BITS_BY_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+BITS_BY_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
+def bits_of(t: torch.Tensor) -> torch.Tensor:
     """The raw bits of each value as a non-negative int64 (int64 itself: as is)."""
     width = t.element_size() * 8
-    bits = t.view(_BITS_BY_SIZE[t.element_size()]).to(torch.int64)
+    bits = t.view(BITS_BY_SIZE[t.element_size()]).to(torch.int64)
     return bits & ((1 << width) - 1) if width < 64 else bits
 
 
 @dataclass(frozen=True)
-class _Format:
+class Format:
     """The facts about a floating-point format that the ULP and cast arithmetic needs."""
 
     row: DTypeRow
@@ -143,12 +143,12 @@ class _Format:
 
 
 @cache
-def _format(row: DTypeRow) -> _Format:
+def format_of(row: DTypeRow) -> Format:
     fi: Any = ml_dtypes.finfo(row.numpy)  # type: ignore[no-untyped-call]
     ubits = np.dtype(f"u{row.itemsize}")
     max_bits = int(np.asarray(fi.max, row.numpy).view(ubits))
     below = float(np.asarray(max_bits - 1, ubits).view(row.numpy))
-    return _Format(
+    return Format(
         row=row,
         width=row.itemsize * 8,
         signed=float(fi.min) < 0,
@@ -162,7 +162,7 @@ def _format(row: DTypeRow) -> _Format:
     )
 
 
-def _ordinals(v: torch.Tensor, fmt: _Format) -> torch.Tensor:
+def ordinals(v: torch.Tensor, fmt: Format) -> torch.Tensor:
     """Positions of finite float64 values on ``fmt``'s ordered integer line.
 
     The magnitude is cast with torch's kernel and its bits are the position; the sign
@@ -170,7 +170,7 @@ def _ordinals(v: torch.Tensor, fmt: _Format) -> torch.Tensor:
     (rounded half to even), so out-of-range values get a finite, growing distance.
     """
     mag = v.abs()
-    pos = _bits(mag.to(fmt.row.torch))
+    pos = bits_of(mag.to(fmt.row.torch))
     over = mag > fmt.max
     if bool(over.any()):
         r = (mag[over] - fmt.max) / fmt.top_ulp
@@ -182,7 +182,7 @@ def _ordinals(v: torch.Tensor, fmt: _Format) -> torch.Tensor:
     return torch.where(v < 0, -pos, pos)
 
 
-def _int_distance(x: Array, y: Array) -> Array:
+def int_distance(x: Array, y: Array) -> Array:
     """Exact ``|x - y|`` of integer arrays, as uint64 (object only for uint64 vs signed)."""
     if x.dtype == np.uint64 or y.dtype == np.uint64:
         if x.dtype.kind in "ub" and y.dtype.kind in "ub":

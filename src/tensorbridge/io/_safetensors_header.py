@@ -1,7 +1,7 @@
 """Reading a safetensors header without trusting it: parse it, then check every field.
 
 The header (an 8-byte little-endian length ``N``, then ``N`` bytes of JSON) is all a
-reader has to go on before it maps the data, so :func:`_parse` checks the whole of
+reader has to go on before it maps the data, so :func:`parse` checks the whole of
 it first: the length against the file and ``MAX_HEADER``; strict JSON (no
 duplicate keys, no NaN or Infinity); string-to-string ``__metadata__``; for each
 tensor a known dtype code and a shape of non-negative integers whose size is the
@@ -29,20 +29,20 @@ MAX_HEADER = 100_000_000  # the official reader's limit on the JSON header
 
 # F4 is not a table row: its torch side packs two values a byte and its NumPy side holds
 # one, so it is no bit-cast. This row only names it for headers, info() and float_dtype.
-_F4: DTypeRow | None = (
+F4: DTypeRow | None = (
     DTypeRow("float4_e2m1fn", FLOAT4_PACKED, FLOAT4_UNPACKED, torch.uint8, "F4", "float")
     if FLOAT4_PACKED is not None and FLOAT4_UNPACKED is not None
     else None
 )
-_BY_CODE: dict[str, DTypeRow] = {**BY_SAFETENSORS, **({"F4": _F4} if _F4 else {})}
+_BY_CODE: dict[str, DTypeRow] = {**BY_SAFETENSORS, **({"F4": F4} if F4 else {})}
 
 
-def _bits(row: DTypeRow) -> int:
-    return 4 if row is _F4 else 8 * row.itemsize
+def bit_width(row: DTypeRow) -> int:
+    return 4 if row is F4 else 8 * row.itemsize
 
 
 @dataclass(frozen=True)
-class _Entry:
+class Entry:
     row: DTypeRow
     shape: tuple[int, ...]
     begin: int  # absolute offset in the file
@@ -60,7 +60,7 @@ def short(x: Any, limit: int = 60) -> str:
     return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
-def _parse(path: Path, f: _ReadAt, size: int) -> tuple[dict[str, _Entry], dict[str, str]]:
+def parse(path: Path, f: _ReadAt, size: int) -> tuple[dict[str, Entry], dict[str, str]]:
     """Read and check the header; the entries in file order, and the metadata."""
     if size < 8:
         raise FormatError(
@@ -113,7 +113,7 @@ def _parse(path: Path, f: _ReadAt, size: int) -> tuple[dict[str, _Entry], dict[s
         )
     start = 8 + n
     return {
-        name: _Entry(row, shape, start + begin, end - begin)
+        name: Entry(row, shape, start + begin, end - begin)
         for name, row, begin, end, shape in entries
     }, metadata
 
@@ -177,7 +177,7 @@ def _check_entry(
             f"{where}: data_offsets [{begin}, {end}] run past the {data_len}-byte data section; "
             "the file is truncated or corrupt"
         )
-    bits = _bits(row)
+    bits = bit_width(row)
     count = _count(shape, cap=1 << 64)
     if count is not None and count * bits % 8:
         raise FormatError(

@@ -68,7 +68,7 @@ from ._common import (
 )
 from ._detect import INDEX_SUFFIX, resolve
 from ._formats import by_name
-from ._safetensors_header import _F4, _bits, _Entry, _parse
+from ._safetensors_header import F4, Entry, bit_width, parse
 from ._safetensors_header import MAX_HEADER as MAX_HEADER  # the limit on a header's JSON
 from .sharded import ShardedFile
 
@@ -248,19 +248,19 @@ def _item(name: Any, value: Any, float_dtype: Any) -> _Item:
             )
         if value.device.type == "meta":
             raise NoDataError("a meta tensor holds no data; materialise it first")
-        if _F4 is not None and value.dtype is FLOAT4_PACKED:
+        if F4 is not None and value.dtype is FLOAT4_PACKED:
             if value.ndim == 0:
                 raise UnsupportedTensorError(
                     "a 0-d float4_e2m1fn_x2 tensor has no last dimension to count its two "
                     "values in; pass x.reshape(1)"
                 )
-            src, shape = _F4, (*value.shape[:-1], 2 * value.shape[-1])
+            src, shape = F4, (*value.shape[:-1], 2 * value.shape[-1])
         else:
             src, shape = row_of(value), tuple(value.shape)
     elif isinstance(value, np.ndarray):
         if isinstance(value, np.ma.MaskedArray):
             raise UnsupportedTensorError("a masked array's mask would be lost; pass a.filled()")
-        src = _F4 if _F4 is not None and value.dtype == FLOAT4_UNPACKED else row_of(value)
+        src = F4 if F4 is not None and value.dtype == FLOAT4_UNPACKED else row_of(value)
         shape = value.shape
     else:
         raise UnsupportedTensorError(
@@ -277,11 +277,11 @@ def _item(name: Any, value: Any, float_dtype: Any) -> _Item:
         )
         raise UnsupportedDtypeError(f"{row.name} has no safetensors dtype code; {fix}")
     count = math.prod(shape)
-    if count * _bits(row) % 8:
+    if count * bit_width(row) % 8:
         raise UnsupportedTensorError(
             f"{count} float4 values do not fill whole bytes; pad to an even number of values"
         )
-    return _Item(name, value, src, row, tuple(int(d) for d in shape), count * _bits(row) // 8)
+    return _Item(name, value, src, row, tuple(int(d) for d in shape), count * bit_width(row) // 8)
 
 
 def _file_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
@@ -376,11 +376,11 @@ def _write_file(
 
 def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
     """``it``'s bytes as stored, a chunk at a time: zero-copy views where the memory allows."""
-    if it.src is not _F4:
+    if it.src is not F4:
         yield from iter_bytes(it.value, it.row, chunk_bytes)
         return
     v = it.value
-    if isinstance(v, torch.Tensor) and it.row is _F4:
+    if isinstance(v, torch.Tensor) and it.row is F4:
         yield from iter_bytes(v.view(torch.uint8), None, chunk_bytes)  # already packed
         return
     step = max(2, chunk_bytes // 8 * 2)  # values a piece: even, and their float32 fit a chunk
@@ -393,7 +393,7 @@ def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
         flat = np.ravel(v)
         pieces = (flat[i : i + step] for i in range(0, flat.size, step))
     for piece in pieces:
-        if it.row is _F4:
+        if it.row is F4:
             yield _fp4().pack(piece).data
         else:  # float_dtype: float4 values are exact in float32, then torch's cast
             yield from iter_bytes(piece.astype(np.float32), it.row, chunk_bytes)
@@ -422,7 +422,7 @@ class _Shard:
         self._close = weakref.finalize(self, os.close, self.fd)
         try:
             self.size = os.fstat(self.fd).st_size
-            self.entries, self.metadata = _parse(path, self, self.size)
+            self.entries, self.metadata = parse(path, self, self.size)
         except BaseException:
             self._close()
             raise
@@ -483,7 +483,7 @@ class SafetensorsFile(TensorFile):
         self.path = Path(path)
         shard = _Shard(self.path)
         self._shards: list[_Shard] = [shard]
-        self._where: dict[str, tuple[_Shard, _Entry]] = {
+        self._where: dict[str, tuple[_Shard, Entry]] = {
             k: (shard, e) for k, e in shard.entries.items()
         }
         self.metadata = dict(shard.metadata)
@@ -495,7 +495,7 @@ class SafetensorsFile(TensorFile):
     def __contains__(self, name: object) -> bool:
         return name in self._where
 
-    def _lookup(self, name: str) -> tuple[_Shard, _Entry]:
+    def _lookup(self, name: str) -> tuple[_Shard, Entry]:
         try:
             return self._where[name]
         except KeyError:
@@ -520,7 +520,7 @@ class SafetensorsFile(TensorFile):
 
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
         shard, e = self._lookup(name)
-        if e.row is _F4:
+        if e.row is F4:
             values: np.ndarray = _fp4().unpack(self._bytes(name, copy_on_write=False))
             return values.reshape(e.shape)
         return array_at(shard.buffer(copy_on_write), e.begin, e.shape, e.row, name=name)
@@ -528,7 +528,7 @@ class SafetensorsFile(TensorFile):
     def _owned(self, name: str) -> np.ndarray:
         _, e = self._lookup(name)
         raw = self._bytes(name, copy_on_write=None)
-        if e.row is _F4:
+        if e.row is F4:
             unpacked: np.ndarray = _fp4().unpack(raw)
             return unpacked.reshape(e.shape)
         return raw.view(e.row.carrier_numpy).view(e.row.numpy).reshape(e.shape)
@@ -548,7 +548,7 @@ class SafetensorsFile(TensorFile):
         memory) or torch ``float4_e2m1fn_x2`` tensors (packed, zero-copy).
         """
         _, e = self._lookup(name)
-        if e.row is not _F4:
+        if e.row is not F4:
             return super().get(
                 name, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype
             )
