@@ -225,10 +225,6 @@ def _build_packed() -> tuple[PackedRow, ...]:
 PACKED: tuple[PackedRow, ...] = _build_packed()
 PACKED_BY_TORCH: dict[torch.dtype, PackedRow] = {r.torch: r for r in PACKED}
 PACKED_BY_NUMPY: dict[np.dtype[Any], PackedRow] = {r.numpy: r for r in PACKED}
-FLOAT4_PACKED: torch.dtype | None = getattr(torch, "float4_e2m1fn_x2", None)  # TODO(merge)
-FLOAT4_UNPACKED: np.dtype[Any] | None = (
-    np.dtype(ml_dtypes.float4_e2m1fn) if hasattr(ml_dtypes, "float4_e2m1fn") else None
-)
 
 
 def packed_target(spec: Any) -> PackedRow | None:

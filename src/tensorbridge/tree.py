@@ -37,13 +37,13 @@ from ._plan import Plan, plain_tensor, plan_numpy, plan_torch
 from ._staging import Cursor, Leaf, array_layout, convert_planned, tensor_layout
 from .dtypes import (
     BY_TORCH,
-    FLOAT4_PACKED,
-    FLOAT4_UNPACKED,
     DeviceLike,
     DTypeLike,
     DTypeRow,
     native_row,
+    packed_target,
     resolve_dtype,
+    unpacked_target,
 )
 from .errors import UnsupportedDtypeError
 
@@ -281,7 +281,7 @@ class _Cast(NamedTuple):
                 f"such as 'float32', or dtype={floats.name!r} to cast every leaf"
             )
         every = None
-        if dtype is not None and not _is_fp4(dtype):
+        if dtype is not None and not _is_packing(dtype):
             every = resolve_dtype(dtype)
         return _Cast(every, floats, dtype)
 
@@ -318,13 +318,9 @@ class _Cast(NamedTuple):
         return None if dst is row else dst.torch
 
 
-def _is_fp4(spec: DTypeLike) -> bool:
-    if FLOAT4_PACKED is not None and (spec is FLOAT4_PACKED or str(spec) == "float4_e2m1fn_x2"):
-        return True
-    try:
-        return FLOAT4_UNPACKED is not None and np.dtype(spec) == FLOAT4_UNPACKED  # type: ignore[arg-type]
-    except TypeError:
-        return False
+def _is_packing(spec: DTypeLike) -> bool:
+    """Whether ``spec`` names a packed dtype or its one-a-byte side (packing, per leaf)."""
+    return packed_target(spec) is not None or unpacked_target(spec) is not None
 
 
 # --- the leaf passes ---------------------------------------------------------------------------

@@ -21,24 +21,30 @@ from typing import Any, Protocol
 
 import torch
 
-from ..dtypes import BY_SAFETENSORS, FLOAT4_PACKED, FLOAT4_UNPACKED, DTypeRow
+from ..dtypes import BY_SAFETENSORS, PACKED, DTypeRow, PackedRow
 from ..errors import FormatError
 
 MAX_HEADER = 100_000_000  # the official reader's limit on the JSON header
 
 
-# F4 is not a table row: its torch side packs two values a byte and its NumPy side holds
-# one, so it is no bit-cast. This row only names it for headers, info() and float_dtype.
-F4: DTypeRow | None = (
-    DTypeRow("float4_e2m1fn", FLOAT4_PACKED, FLOAT4_UNPACKED, torch.uint8, "F4", "float")
-    if FLOAT4_PACKED is not None and FLOAT4_UNPACKED is not None
-    else None
-)
-_BY_CODE: dict[str, DTypeRow] = {**BY_SAFETENSORS, **({"F4": F4} if F4 else {})}
+# Packed dtypes (F4) are not table rows: their torch side packs several values a byte and
+# their NumPy side holds one, so they are no bit-cast. A pseudo-row names each for headers,
+# info() and float_dtype; PACKED_ROWS gives its packing (values a byte, pack / unpack).
+PACKED_ROWS: dict[DTypeRow, PackedRow] = {
+    DTypeRow(p.numpy.name, p.torch, p.numpy, torch.uint8, p.safetensors, p.category): p
+    for p in PACKED
+    if p.safetensors
+}
+PSEUDO_ROWS: dict[PackedRow, DTypeRow] = {p: r for r, p in PACKED_ROWS.items()}
+_BY_CODE: dict[str, DTypeRow] = {
+    **BY_SAFETENSORS,
+    **{r.safetensors: r for r in PACKED_ROWS if r.safetensors},
+}
 
 
 def bit_width(row: DTypeRow) -> int:
-    return 4 if row is F4 else 8 * row.itemsize
+    packed = PACKED_ROWS.get(row)
+    return packed.bits if packed is not None else 8 * row.itemsize
 
 
 @dataclass(frozen=True)

@@ -47,13 +47,11 @@ import torch
 
 from ..convert import to_numpy, to_torch
 from ..dtypes import (
-    FLOAT4_PACKED,
-    FLOAT4_UNPACKED,
+    PACKED_BY_NUMPY,
     PACKED_BY_TORCH,
     DeviceLike,
     DTypeLike,
     DTypeRow,
-    PackedRow,
 )
 from ..errors import FormatError, NoDataError, UnsupportedDtypeError, UnsupportedTensorError
 from ._common import (
@@ -68,17 +66,9 @@ from ._common import (
 )
 from ._detect import INDEX_SUFFIX, resolve
 from ._formats import by_name
-from ._safetensors_header import F4, Entry, bit_width, parse
 from ._safetensors_header import MAX_HEADER as MAX_HEADER  # the limit on a header's JSON
+from ._safetensors_header import PACKED_ROWS, PSEUDO_ROWS, Entry, bit_width, parse
 from .sharded import ShardedFile
-
-
-def _fp4() -> PackedRow:
-    """The packed-fp4 row (only asked for where an ``F4`` entry exists, so where it does)."""
-    row = PACKED_BY_TORCH.get(FLOAT4_PACKED)  # type: ignore[arg-type]
-    assert row is not None
-    return row
-
 
 __all__ = ["SafetensorsFile", "load", "open", "save"]
 
@@ -248,19 +238,22 @@ def _item(name: Any, value: Any, float_dtype: Any) -> _Item:
             )
         if value.device.type == "meta":
             raise NoDataError("a meta tensor holds no data; materialise it first")
-        if F4 is not None and value.dtype is FLOAT4_PACKED:
+        packed = PACKED_BY_TORCH.get(value.dtype)
+        if packed is not None and packed in PSEUDO_ROWS:
             if value.ndim == 0:
                 raise UnsupportedTensorError(
-                    "a 0-d float4_e2m1fn_x2 tensor has no last dimension to count its two "
-                    "values in; pass x.reshape(1)"
+                    f"a 0-d {packed.name} tensor has no last dimension to count its "
+                    f"{packed.per_byte} values a byte in; pass x.reshape(1)"
                 )
-            src, shape = F4, (*value.shape[:-1], 2 * value.shape[-1])
+            shape = (*value.shape[:-1], packed.per_byte * value.shape[-1])
+            src = PSEUDO_ROWS[packed]
         else:
             src, shape = row_of(value), tuple(value.shape)
     elif isinstance(value, np.ndarray):
         if isinstance(value, np.ma.MaskedArray):
             raise UnsupportedTensorError("a masked array's mask would be lost; pass a.filled()")
-        src = F4 if F4 is not None and value.dtype == FLOAT4_UNPACKED else row_of(value)
+        one_a_byte = PACKED_BY_NUMPY.get(value.dtype)
+        src = PSEUDO_ROWS[one_a_byte] if one_a_byte in PSEUDO_ROWS else row_of(value)
         shape = value.shape
     else:
         raise UnsupportedTensorError(
@@ -376,25 +369,27 @@ def _write_file(
 
 def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
     """``it``'s bytes as stored, a chunk at a time: zero-copy views where the memory allows."""
-    if it.src is not F4:
+    packing = PACKED_ROWS.get(it.src)
+    if packing is None:
         yield from iter_bytes(it.value, it.row, chunk_bytes)
         return
     v = it.value
-    if isinstance(v, torch.Tensor) and it.row is F4:
+    if isinstance(v, torch.Tensor) and it.row is it.src:
         yield from iter_bytes(v.view(torch.uint8), None, chunk_bytes)  # already packed
         return
-    step = max(2, chunk_bytes // 8 * 2)  # values a piece: even, and their float32 fit a chunk
+    k = packing.per_byte  # values a piece: whole bytes, and their float32 fit a chunk
+    step = max(k, chunk_bytes // 4 // k * k)
     if isinstance(v, torch.Tensor):
         packed = to_numpy(v.view(torch.uint8).cpu()).reshape(-1)
         pieces = (
-            _fp4().unpack(packed[i : i + step // 2]) for i in range(0, packed.size, step // 2)
+            packing.unpack(packed[i : i + step // k]) for i in range(0, packed.size, step // k)
         )
     else:
         flat = np.ravel(v)
         pieces = (flat[i : i + step] for i in range(0, flat.size, step))
     for piece in pieces:
-        if it.row is F4:
-            yield _fp4().pack(piece).data
+        if it.row is it.src:
+            yield packing.pack(piece).data
         else:  # float_dtype: float4 values are exact in float32, then torch's cast
             yield from iter_bytes(piece.astype(np.float32), it.row, chunk_bytes)
 
@@ -520,16 +515,18 @@ class SafetensorsFile(TensorFile):
 
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
         shard, e = self._lookup(name)
-        if e.row is F4:
-            values: np.ndarray = _fp4().unpack(self._bytes(name, copy_on_write=False))
+        packing = PACKED_ROWS.get(e.row)
+        if packing is not None:
+            values: np.ndarray = packing.unpack(self._bytes(name, copy_on_write=False))
             return values.reshape(e.shape)
         return array_at(shard.buffer(copy_on_write), e.begin, e.shape, e.row, name=name)
 
     def _owned(self, name: str) -> np.ndarray:
         _, e = self._lookup(name)
         raw = self._bytes(name, copy_on_write=None)
-        if e.row is F4:
-            unpacked: np.ndarray = _fp4().unpack(raw)
+        packing = PACKED_ROWS.get(e.row)
+        if packing is not None:
+            unpacked: np.ndarray = packing.unpack(raw)
             return unpacked.reshape(e.shape)
         return raw.view(e.row.carrier_numpy).view(e.row.numpy).reshape(e.shape)
 
@@ -548,7 +545,8 @@ class SafetensorsFile(TensorFile):
         memory) or torch ``float4_e2m1fn_x2`` tensors (packed, zero-copy).
         """
         _, e = self._lookup(name)
-        if e.row is not F4:
+        packing = PACKED_ROWS.get(e.row)
+        if packing is None:
             return super().get(
                 name, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype
             )
@@ -563,15 +561,17 @@ class SafetensorsFile(TensorFile):
             return to_numpy(values, dtype=dst)
         if not as_torch:
             return self._owned(name) if not mmap else self._array(name, copy_on_write=False)
-        if not e.shape or e.shape[-1] % 2:
+        k = packing.per_byte
+        if not e.shape or e.shape[-1] % k:
+            pairs = "pairs values along an even" if k == 2 else f"packs {k} values a byte along a"
             raise UnsupportedDtypeError(
-                f"{self.path}: tensor {name!r} is F4 with shape {list(e.shape)}; torch's "
-                "float4_e2m1fn_x2 pairs values along an even last dimension; pass "
-                "framework='numpy' for ml_dtypes.float4_e2m1fn values"
+                f"{self.path}: tensor {name!r} is {e.row.safetensors} with shape "
+                f"{list(e.shape)}; torch's {packing.name} {pairs} last dimension; pass "
+                f"framework='numpy' for ml_dtypes.{packing.numpy} values"
             )
         raw = self._bytes(name, copy_on_write=True if mmap else None)
-        packed = torch.from_numpy(raw).view(FLOAT4_PACKED)  # type: ignore[arg-type]
-        t = packed.reshape(*e.shape[:-1], e.shape[-1] // 2)
+        packed = torch.from_numpy(raw).view(packing.torch)
+        t = packed.reshape(*e.shape[:-1], e.shape[-1] // k)
         return t if device is None else to_torch(t, device=device)
 
     def close(self) -> None:
