@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -517,3 +518,24 @@ def test_module_doctests() -> None:
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+# --- producers as tree leaves --------------------------------------------------------------------
+
+
+def test_tree_leaves_that_are_producers_are_imported_once_and_cast() -> None:
+    w = torch.arange(6, dtype=torch.float32).to(torch.bfloat16)
+    p, q = Producer(w), Producer(np.arange(3, dtype=np.int64))
+    tree = {"w": p, "n": q, "lr": 0.1}
+
+    out = tb.tree_to_numpy(tree)
+    assert p.calls == 1 and q.calls == 1
+    assert out["w"].dtype == ml_dtypes.bfloat16 and np.shares_memory(out["w"], tb.to_numpy(w))
+    assert out["lr"] == 0.1
+
+    cast = tb.tree_to_numpy({"w": Producer(w), "n": q}, float_dtype="float32")
+    assert cast["w"].dtype == np.float32 and cast["w"].tolist() == w.float().tolist()
+    assert cast["n"].dtype == np.int64
+
+    back = tb.tree_to_torch({"w": Producer(w)}, float_dtype="float32")
+    assert back["w"].dtype == torch.float32 and torch.equal(back["w"], w.float())

@@ -32,8 +32,9 @@ import numpy as np
 import optree
 import torch
 
+from . import _dlpack as dlpack
 from . import _memory as mem
-from ._plan import Plan, plain_tensor, plan_numpy, plan_torch
+from ._plan import Plan, plain_tensor, plan_numpy, plan_torch, run_numpy, run_torch
 from ._staging import Cursor, Leaf, array_layout, convert_planned, tensor_layout
 from .dtypes import (
     BY_TORCH,
@@ -338,6 +339,10 @@ def _numpy_pass(
     try:
         for i in firsts:
             x = leaves[i]
+            if dlpack.is_producer(x):  # another library's array: import it, then cast it
+                made = run_numpy(x, cast.every, copy, readonly)
+                out[i] = made if cast.none else run_numpy(made, cast.spec_of(made), None, readonly)
+                continue
             plan = plan_numpy(x, cast.spec_of(x), copy, readonly)
             if plan.batch and _stageable(x):
                 batched.append((i, plan))
@@ -384,6 +389,14 @@ def _torch_pass(
             x = leaves[i]
             if isinstance(x, np.generic):
                 x = np.asarray(x)
+            elif dlpack.is_producer(x):  # another library's array: import it, then cast it
+                imported = run_torch(x, cast.every, device, copy)
+                out[i] = (
+                    imported
+                    if cast.none
+                    else run_torch(imported, cast.spec_of(imported), None, None)
+                )
+                continue
             plan = plan_torch(x, cast.spec_of(x), device, copy)
             if plan.batch and _stageable(x):
                 if isinstance(x, torch.Tensor) and target is not None and not x.is_cpu:
@@ -416,7 +429,7 @@ def _torch_pass(
 def _firsts(leaves: list[Any], torch_side: bool = False) -> tuple[Iterable[int], dict[int, int]]:
     """The positions of array leaves to convert, and repeats (repeat -> first occurrence)."""
     kinds = (torch.Tensor, np.ndarray, np.generic) if torch_side else (torch.Tensor, np.ndarray)
-    arrays = [i for i, x in enumerate(leaves) if isinstance(x, kinds)]
+    arrays = [i for i, x in enumerate(leaves) if isinstance(x, kinds) or dlpack.is_producer(x)]
     if len({id(leaves[i]) for i in arrays}) == len(arrays):
         return arrays, {}
     first: dict[int, int] = {}
