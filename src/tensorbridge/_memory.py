@@ -33,7 +33,7 @@ BYTE = BY_TORCH[torch.uint8]
 # Below this many bytes torch's caching allocator wins a fresh copy; above it NumPy's
 # (large allocations are fresh pages that fault in faster). Measured by the benchmarks'
 # cast table; see docs/bench/report.md.
-NUMPY_ALLOC_BYTES = 1 << 24
+NUMPY_ALLOC_BYTES = 0
 
 
 # --- the one bit-cast, both ways -------------------------------------------------------------

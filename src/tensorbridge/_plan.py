@@ -438,10 +438,8 @@ def _strided_to_numpy(
         return Plan("numpy", (*steps, *moves, "into out"), reason, True, src, dst, False, run_into)
     if reason is None:
         if copy:
-            run: Run = _finishing(
-                lambda x: mem.fresh_copy(plain(x), src, keep_order=True), readonly, False
-            )
-            quick = None if detach else _host_only(run)
+            run: Run = _fresh(src, detach, readonly, keep_order=True)
+            quick = None if detach else run
             return Plan("numpy", (*steps, "copy", *tail), None, True, src, dst, True, run, quick)
         view = _view(src, detach, readonly)
         quick = None if detach or resolve else view
@@ -474,20 +472,33 @@ def _strided_to_numpy(
     shown = ("resolve",) if resolve else ()
     if dst is not src:
         shown = (*shown, "cast")
-    run = _finishing(lambda x: mem.fresh_copy(plain(x), dst, keep_order=False), readonly, False)
-    quick = None if detach or resolve else _host_only(run)
+    run = _fresh(dst, detach, readonly, keep_order=False)
+    quick = None if detach or resolve else run
     return Plan("numpy", (*steps, *shown, *tail), reason, True, src, dst, not resolve, run, quick)
 
 
-def _host_only(run: Run) -> Run:
-    """``run``, refusing tensors off the host (its quick plan is for host tensors only)."""
+def _fresh(dst: DTypeRow, detach: bool, readonly: bool, keep_order: bool) -> Run:
+    """The host copy / cast executor: NumPy allocates, torch's kernel converts.
 
-    def guarded(x: torch.Tensor, out: Any) -> Any:
+    It refuses a tensor off the host (raising ``TypeError``), so that it can serve as
+    the plan's quick executor; conj/neg bits are resolved by the copy itself.
+    """
+    ndt = dst.numpy
+
+    def run(x: torch.Tensor, out: Any) -> np.ndarray:
         if not x.is_cpu:
             raise TypeError("not a host tensor")
-        return run(x, out)
+        t = x.detach() if detach else x
+        if keep_order and not t.is_contiguous():
+            fresh = mem.fresh_copy(t, dst, keep_order=True)
+        else:
+            fresh = np.empty(t.shape, ndt)
+            mem.as_tensor(fresh, dst).copy_(t)
+        if readonly:
+            fresh.flags.writeable = False
+        return fresh
 
-    return guarded
+    return run
 
 
 def _view(row: DTypeRow, detach: bool, readonly: bool) -> Run:
