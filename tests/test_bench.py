@@ -1,27 +1,32 @@
-"""The benchmark harness runs end to end: ``tensorbridge bench`` and the scripts under benchmarks/.
+"""The benchmark harness (the repository's ``benchmarks`` package) runs end to end.
 
 One tiny run of every section (seconds of work, not measurements) writes a report whose
 headings, machine description, summary and plots are checked; the numbers are not
 (CI checks that the harness runs, never what it measures). Cheaper tests cover the
-report without matplotlib, a failing section, and the CLI and script entry points.
+report without matplotlib, a failing section, the printed tables, the child-process
+runner, and ``python -m benchmarks``. The package is importable because pytest puts
+the repository root on ``sys.path`` (``pythonpath`` in pyproject.toml).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import io
 import re
-import runpy
 import struct
+import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
 import pytest
 import torch
 
-from tensorbridge import bench
-from tensorbridge.bench import _harness
-from tensorbridge.cli import main
+import benchmarks
+from benchmarks import article
+from benchmarks.__main__ import main
+from benchmarks.child import ChildError, ChildRunner, Task
 
 ROOT = Path(__file__).resolve().parent.parent
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -35,7 +40,8 @@ HEADINGS = [
     "## 7. Trees of many small tensors",
     "## 8. File layer: saving and loading a float32 state dict",
     "## 9. Comparing and summarising tensors: tb.compare and tb.stats vs hand-written torch",
-    "## 10. Device transfers of whole trees (CUDA)",
+    "## 10. Start-up time of the command line",
+    "## 11. Device transfers of whole trees (CUDA)",
 ]
 # a section that cannot run here (no CUDA device) is left out of the report, and said so
 SHOWN = HEADINGS if torch.cuda.is_available() else HEADINGS[:-1]
@@ -66,7 +72,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("bench")
     scratch = base / "scratch"
     scratch.mkdir()
-    report = bench.run(base / "out", mode="tiny", scratch=scratch)
+    report = benchmarks.run(base / "out", mode="tiny", scratch=scratch)
     return report, scratch
 
 
@@ -75,7 +81,7 @@ def test_report_has_every_section(tiny: tuple[Path, Path]) -> None:
     text = report.read_text(encoding="utf-8")
     headings = [line for line in text.splitlines() if line.startswith("## ")]
     assert headings == ["## Machine", *SHOWN, "## Summary"]
-    assert list(bench.titles().values()) == HEADINGS
+    assert list(benchmarks.titles().values()) == HEADINGS
     assert "This section failed" not in text
     assert re.search(r"tensorbridge meets \d+ of the \d+ speed and memory goals", text)
     assert "issue" not in text.lower() and "seed" not in text.lower()
@@ -123,7 +129,7 @@ def test_without_matplotlib_the_report_says_so(
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
-    report = bench.run(tmp_path, mode="tiny", sections=["sizes"])
+    report = benchmarks.run(tmp_path, mode="tiny", sections=["sizes"])
     text = report.read_text(encoding="utf-8")
     assert "Plots were not drawn: matplotlib is not installed" in text
     assert "pip install 'tensorbridge[plot]'" in text
@@ -135,63 +141,131 @@ def test_a_failing_section_is_reported(tmp_path: Path, monkeypatch: pytest.Monke
     def broken(ctx: object, sec: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(_harness._module("article"), "run", broken)
-    with pytest.raises(bench.BenchError, match="section 1"):
-        bench.run(tmp_path, mode="tiny", sections=["article"])
+    monkeypatch.setattr(article, "run", broken)
+    with pytest.raises(benchmarks.BenchError, match="section 1"):
+        benchmarks.run(tmp_path, mode="tiny", sections=["article"])
     text = (tmp_path / "report.md").read_text(encoding="utf-8")
     assert "This section failed" in text and "RuntimeError: boom" in text
 
 
 def test_unknown_section_or_mode(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown benchmark section"):
-        bench.run(tmp_path, mode="tiny", sections=["nope"])
+        benchmarks.run(tmp_path, mode="tiny", sections=["nope"])
     with pytest.raises(ValueError, match="mode must be one of"):
-        bench.run(tmp_path, mode="huge")
+        benchmarks.run(tmp_path, mode="huge")
+
+
+def test_startup_section_checks_the_help_commands(tiny: tuple[Path, Path]) -> None:
+    text = tiny[0].read_text(encoding="utf-8")
+    startup = text.split(HEADINGS[9], 1)[1].split("\n## ", 1)[0]
+    rows = {line.split(" | ")[0].strip("| `"): line for line in startup.splitlines()}
+    for command in ("tensorbridge --help", "tensorbridge inspect --help"):
+        assert "<= 5x" in rows[command] and "| none |" in rows[command]
+    assert "| torch, numpy, ml_dtypes |" in rows["tensorbridge inspect model.safetensors"]
+
+
+def test_show_prints_the_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    out = io.StringIO()
+    assert benchmarks.show(["trees"], mode="tiny", out=out) == 0
+    text = out.getvalue()
+    assert text.startswith("# tensorbridge benchmarks (--quick: smoke run)")
+    assert "## 7. Trees of many small tensors" in text and "| torch |" in text
+    assert "## 1." not in text and "## Summary" in text
+
+
+# --- the child-process runner -------------------------------------------------------------------
+
+
+def _ones(n: int) -> bytearray:
+    return bytearray(n)
+
+
+def _grow(buf: bytearray) -> dict[str, int]:
+    big = bytearray(64 << 20)  # 64 MiB of fresh memory, touched (zeroed)
+    time.sleep(0.3)  # held long enough for the parent's samples, even on a busy machine
+    return {"size": len(buf) + len(big)}
+
+
+def _fail(buf: bytearray) -> None:
+    raise RuntimeError("the step broke")
+
+
+def test_child_runs_a_task_and_sees_its_memory() -> None:
+    run = ChildRunner().run(Task(_ones, _grow, (1 << 20,)))
+    assert run.extra == {"size": (1 << 20) + (64 << 20)}
+    assert run.seconds > 0
+    # the step allocated 64 MiB; what prepare built is not counted
+    assert 60 << 20 <= run.rss_growth < 200 << 20
+    assert 60 << 20 <= run.anon_growth < 200 << 20
+
+
+def test_child_errors_are_reported() -> None:
+    with pytest.raises(ChildError, match="RuntimeError: the step broke"):
+        ChildRunner().run(Task(_ones, _fail, (1,)))
+    with pytest.raises(ChildError, match="setup failed"):
+        ChildRunner().run(Task(_ones, _grow, (-1,)))
 
 
 # --- entry points -----------------------------------------------------------------------------
 
 
-def test_cli_help_shows_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_shows_examples(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
-        main(["bench", "--help"])
+        main(["--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: tensorbridge bench")
-    assert "--quick" in out and "--out" in out and "  tensorbridge bench --quick" in out
+    assert out.startswith("usage: python -m benchmarks")
+    assert "--quick" in out and "--out" in out and "--section" in out
+    assert "python -m benchmarks --out docs/bench" in out
 
 
-def test_cli_calls_the_harness(
+def test_main_calls_the_harness(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     calls = []
 
     def fake(out: str, quick: bool, **kwargs: object) -> Path:
-        calls.append((out, quick, kwargs["scratch"]))
+        calls.append((out, quick, kwargs["sections"], kwargs["scratch"]))
         return Path(out) / "report.md"
 
-    monkeypatch.setattr(bench, "run", fake)
-    assert main(["bench", "--quick", "--out", str(tmp_path), "--scratch", "/s"]) == 0
-    assert calls == [(str(tmp_path), True, "/s")]
+    main_module = sys.modules["benchmarks.__main__"]
+    monkeypatch.setattr(main_module, "run", fake)
+    argv = ["--quick", "--out", str(tmp_path), "--scratch", "/s", "--section", "casts"]
+    assert main(argv) == 0
+    assert calls == [(str(tmp_path), True, ["casts"], "/s")]
     assert capsys.readouterr().out == f"wrote {tmp_path / 'report.md'} and its plots\n"
 
     def failing(out: str, quick: bool, **kwargs: object) -> Path:
-        raise bench.BenchError("section 2 (x) failed: boom\ntraceback ...")
+        raise benchmarks.BenchError("section 2 (x) failed: boom\ntraceback ...")
 
-    monkeypatch.setattr(bench, "run", failing)
-    assert main(["bench"]) == 1
+    monkeypatch.setattr(main_module, "run", failing)
+    assert main(["--out", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert err == "tensorbridge bench: error: section 2 (x) failed: boom\n"
+    assert err == "python -m benchmarks: error: section 2 (x) failed: boom\n"
 
 
-@pytest.mark.parametrize("name", ["bench_convert.py", "bench_io.py", "bench_tree.py"])
-def test_benchmark_scripts_are_entry_points(
-    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    path = ROOT / "benchmarks" / name
-    monkeypatch.setattr(sys, "argv", [str(path), "--help"])
+def test_an_unknown_section_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
-        runpy.run_path(str(path), run_name="__main__")
-    assert exit_.value.code == 0
-    assert "--quick" in capsys.readouterr().out
-    assert "from tensorbridge.bench import script" in path.read_text(encoding="utf-8")
+        main(["--section", "nope"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_runs_as_a_module_from_the_repository_root() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m benchmarks")
+
+
+def test_the_library_ships_no_benchmarks() -> None:
+    import tensorbridge
+
+    package = Path(tensorbridge.__file__).parent
+    assert not (package / "bench").exists()
+    assert not any("bench" in p.name for p in package.rglob("*.py"))
