@@ -250,8 +250,8 @@ def run(
         (k, f"{v}, {_loads()} at the end" if k.startswith("load average") else v)
         for k, v in described
     ]
-    command = "python -m benchmarks" + {"full": "", "quick": " --quick", "tiny": " (tiny)"}[mode]
-    command += f" --out {out_dir}"
+    flag = {"full": "", "quick": " --quick", "tiny": ""}[mode]
+    command = f"python -m benchmarks{flag} --out {out_dir}" + (" (tiny)" if mode == "tiny" else "")
     shown = [sec for sec in done if not sec.skipped]
     parts = [
         _FRONT_MATTER,
