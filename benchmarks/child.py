@@ -121,10 +121,13 @@ def memory_of(pid: int) -> tuple[int, int] | None:
         rss = status.get("VmRSS", 0)
         return status.get("RssAnon", rss), rss
     psutil = _psutil()
-    if psutil is not None:
+    if psutil is None:
+        return None
+    try:
         rss = int(psutil.Process(pid).memory_info().rss)
-        return rss, rss
-    return None
+    except psutil.Error:  # the process has just exited
+        return None
+    return rss, rss
 
 
 def reset_peak() -> bool:

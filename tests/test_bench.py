@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import multiprocessing
 import re
 import struct
 import subprocess
@@ -190,8 +191,11 @@ def _fail(buf: bytearray) -> None:
     raise RuntimeError("the step broke")
 
 
-def test_child_runs_a_task_and_sees_its_memory() -> None:
-    run = ChildRunner().run(Task(_ones, _grow, (1 << 20,)))
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_child_runs_a_task_and_sees_its_memory(method: str) -> None:
+    if method not in multiprocessing.get_all_start_methods():
+        pytest.skip(reason=f"this platform has no {method} start method")
+    run = ChildRunner(method=method).run(Task(_ones, _grow, (1 << 20,)))
     assert run.extra == {"size": (1 << 20) + (64 << 20)}
     assert run.seconds > 0
     # the step allocated 64 MiB; what prepare built is not counted
