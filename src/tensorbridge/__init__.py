@@ -3,32 +3,43 @@
 >>> import torch, tensorbridge as tb
 >>> tb.to_numpy(torch.ones(2, dtype=torch.bfloat16)).dtype
 dtype(bfloat16)
+
+The public names are loaded on first use (PEP 562), so ``import tensorbridge`` (and
+with it every ``tensorbridge`` command's ``--help``) does not import torch, NumPy and
+ml_dtypes until a name that needs them is asked for. The ``TYPE_CHECKING`` imports
+below are the same names, for type checkers and IDEs.
 """
 
-from .convert import to_numpy, to_torch
-from .diagnostics import (
-    CastReport,
-    Comparison,
-    Description,
-    Stats,
-    cast_report,
-    compare,
-    describe,
-    stats,
-)
-from .dtypes import DTypeRow, dtype_table, numpy_dtype, resolve_dtype, torch_dtype
-from .errors import (
-    CopyRequiredError,
-    DestinationExistsError,
-    FormatError,
-    NoDataError,
-    ShapeMismatchError,
-    TensorBridgeError,
-    UnsupportedDtypeError,
-    UnsupportedTensorError,
-)
-from .io import load, open, save
-from .tree import tree_to_numpy, tree_to_torch
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .convert import to_numpy, to_torch
+    from .diagnostics import (
+        CastReport,
+        Comparison,
+        Description,
+        Stats,
+        cast_report,
+        compare,
+        describe,
+        stats,
+    )
+    from .dtypes import DTypeRow, dtype_table, numpy_dtype, resolve_dtype, torch_dtype
+    from .errors import (
+        CopyRequiredError,
+        DestinationExistsError,
+        FormatError,
+        NoDataError,
+        ShapeMismatchError,
+        TensorBridgeError,
+        UnsupportedDtypeError,
+        UnsupportedTensorError,
+    )
+    from .io import load, open, save
+    from .tree import tree_to_numpy, tree_to_torch
 
 __version__ = "0.1.0"
 
@@ -63,3 +74,57 @@ __all__ = [
     "tree_to_numpy",
     "tree_to_torch",
 ]
+
+# Where each public name lives: the submodule is imported when the name is first used.
+_HOME = {
+    **dict.fromkeys(["to_numpy", "to_torch"], ".convert"),
+    **dict.fromkeys(
+        [
+            "CastReport",
+            "Comparison",
+            "Description",
+            "Stats",
+            "cast_report",
+            "compare",
+            "describe",
+            "stats",
+        ],
+        ".diagnostics",
+    ),
+    **dict.fromkeys(
+        ["DTypeRow", "dtype_table", "numpy_dtype", "resolve_dtype", "torch_dtype"], ".dtypes"
+    ),
+    **dict.fromkeys(
+        [
+            "CopyRequiredError",
+            "DestinationExistsError",
+            "FormatError",
+            "NoDataError",
+            "ShapeMismatchError",
+            "TensorBridgeError",
+            "UnsupportedDtypeError",
+            "UnsupportedTensorError",
+        ],
+        ".errors",
+    ),
+    **dict.fromkeys(["load", "open", "save"], ".io"),
+    **dict.fromkeys(["tree_to_numpy", "tree_to_torch"], ".tree"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    # what dir() listed when every name was imported eagerly: the public names, the
+    # dunders and the submodules loaded so far, not this module's own helpers
+    return sorted((set(globals()) - _HELPERS) | set(__all__))
+
+
+_HELPERS = {"TYPE_CHECKING", "Any", "annotations", "importlib", "_HOME", "_HELPERS"}

@@ -1,9 +1,10 @@
 """The ``tensorbridge`` command line: a thin argparse shell over the public API.
 
-Commands: ``inspect``, ``convert``, ``compare``, ``cast-report``, ``demo``, ``bench``. Each calls
-the library and formats what it returns: aligned tables (colour only on a terminal)
-or ``--json``. A user error is one line on stderr and exit status 1 (2 for usage
-errors); ``--debug`` shows the traceback instead.
+Commands: ``inspect``, ``convert``, ``compare``, ``cast-report``, ``demo``. Each calls the
+library and formats what it returns: aligned tables (colour only on a terminal) or
+``--json``. A user error is one line on stderr and exit status 1 (2 for usage errors);
+``--debug`` shows the traceback instead. torch, NumPy and the library's modules are
+imported inside the commands that use them, so ``--help`` answers without loading them.
 
 >>> main(["--help"])  # doctest: +SKIP
 """
@@ -18,17 +19,15 @@ import re
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import numpy as np
-
-from . import diagnostics
-from . import io as tbio
-from .convert import to_numpy
-from .dtypes import dtype_table, resolve_dtype
 from .errors import TensorBridgeError
-from .io._common import TensorFile, cast_target, progress_bar, row_of
-from .io.safetensors import parse_size
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from . import io as tbio
+    from .io._common import TensorFile
 
 _EXAMPLES = {
     "inspect": "examples:\n  tensorbridge inspect model.safetensors\n"
@@ -42,8 +41,6 @@ _EXAMPLES = {
     "cast-report": "examples:\n  tensorbridge cast-report model.safetensors --dtype bf16\n"
     "  tensorbridge cast-report model.safetensors --dtype float8_e4m3fn --plot ulps.png",
     "demo": "example:\n  tensorbridge demo",
-    "bench": "examples:\n  tensorbridge bench --quick --out /tmp/bench\n"
-    "  tensorbridge bench --out docs/bench --scratch /big/disk",
 }
 
 
@@ -148,21 +145,6 @@ def _parser() -> argparse.ArgumentParser:
     reading(p)
 
     command("demo", "convert a small bf16 model's weights both ways and report, offline")
-
-    p = command("bench", "benchmark against plain torch / NumPy / safetensors; write a report")
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="a smoke run in under a minute (figures not meaningful)",
-    )
-    p.add_argument(
-        "--out", default="tensorbridge-bench", metavar="DIR", help="report.md and PNG plots go here"
-    )
-    p.add_argument(
-        "--scratch",
-        metavar="DIR",
-        help="temporary files (default: the system's temp dir; the full run needs ~13 GiB)",
-    )
     return parser
 
 
@@ -176,7 +158,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compare": _compare,
         "cast-report": _cast_report,
         "demo": _demo,
-        "bench": _bench,
     }[args.command]
     try:
         return handler(args, sys.stdout)
@@ -245,6 +226,8 @@ def _size(n: int) -> str:
 
 
 def _num(x: Any) -> str:
+    import numpy as np
+
     if x is None:
         return "-"
     if isinstance(x, int | np.integer):
@@ -293,6 +276,8 @@ def _plural(n: int, word: str) -> str:
 
 def _open(path: str, args: argparse.Namespace) -> TensorFile:
     """Open a source file, printing what is worth knowing about how it was read."""
+    from . import io as tbio
+
     f = tbio.open(path, dtype=_dtype_arg(args.as_dtype, "--as-dtype"))
     if not args.quiet:
         for note in f.notes:
@@ -304,6 +289,8 @@ def _dtype_arg(spec: str | None, option: str, floating: bool = False) -> Any:
     """A dtype option's row; an unknown or (for ``floating``) non-float name is a usage error."""
     if spec is None:
         return None
+    from .dtypes import dtype_table, resolve_dtype
+
     try:
         row = resolve_dtype(spec)
     except TensorBridgeError:
@@ -324,6 +311,9 @@ def _progress(args: argparse.Namespace) -> bool | None:
 
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
+    from . import diagnostics
+    from .io._common import progress_bar
+
     report: list[dict[str, Any]] = []
     for path in args.files:
         with _open(path, args) as f:
@@ -399,7 +389,9 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _convert(args: argparse.Namespace, out: TextIO) -> int:
+    from . import io as tbio
     from .io._formats import listing  # what each format can hold, for the messages
+    from .io.safetensors import parse_size
 
     float_dtype = _dtype_arg(args.float_dtype, "--float-dtype", floating=True)
     try:
@@ -538,6 +530,12 @@ def _verify(
     src: TensorFile, names: list[str], dst_path: str, float_dtype: Any, progress: bool | None
 ) -> list[str]:
     """Every output tensor must equal the source, or its cast with the same kernel, bit for bit."""
+    import numpy as np
+
+    from . import io as tbio
+    from .convert import to_numpy
+    from .io._common import cast_target, progress_bar, row_of
+
     problems = []
     bar = progress_bar(sum(src.nbytes(n) for n in names), "verifying", progress)
     with tbio.open(dst_path) as written:
@@ -568,6 +566,8 @@ def _verify(
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
@@ -591,6 +591,8 @@ def _check_tolerance(value: float | None, option: str) -> None:
 
 
 def _compare(args: argparse.Namespace, out: TextIO) -> int:
+    from . import diagnostics
+
     _check_tolerance(args.rtol, "--rtol")
     _check_tolerance(args.atol, "--atol")
     a, b = _as_mapping(args.a, args), _as_mapping(args.b, args)
@@ -642,6 +644,9 @@ def _compare(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
+    from . import diagnostics
+    from .io._common import progress_bar
+
     target = _dtype_arg(args.dtype, "--dtype", floating=True)
     reports = {}
     with _open(args.file, args) as f:
@@ -707,18 +712,6 @@ def _demo(args: argparse.Namespace, out: TextIO) -> int:
     return run(out)
 
 
-def _bench(args: argparse.Namespace, out: TextIO) -> int:
-    from . import bench
-
-    try:
-        report = bench.run(args.out, args.quick, scratch=args.scratch, log=sys.stderr)
-    except bench.BenchError as e:
-        print(f"tensorbridge bench: error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 1
-    out.write(f"wrote {report} and its plots\n")
-    return 0
-
-
 # --- plots ------------------------------------------------------------------------------------
 
 
@@ -736,6 +729,8 @@ def _pyplot() -> Any:
 
 
 def _plot_errors(a: Mapping[str, Any], b: Mapping[str, Any], result: Any, path: str) -> None:
+    import numpy as np
+
     plt = _pyplot()
     ranked = sorted(
         (k for k, leaf in result.leaves.items() if leaf.max_abs_err is not None),
@@ -765,6 +760,9 @@ def _plot_errors(a: Mapping[str, Any], b: Mapping[str, Any], result: Any, path: 
 
 def _wide(x: Any) -> np.ndarray:
     """Values as float64 (complex128 for complex), flat, for plotting differences."""
+    from .convert import to_numpy
+    from .io._common import row_of
+
     wide = "complex128" if row_of(x).category == "complex" else "float64"
     result: np.ndarray = to_numpy(x, dtype=wide).reshape(-1)
     return result

@@ -1,10 +1,10 @@
-"""Section 9: batched device transfers of whole trees, when a CUDA device is present.
+"""Section 11: batched device transfers of whole trees, when a CUDA device is present.
 
 Device -> host: ``tree_to_numpy`` stages every tensor into one pinned buffer with
 non-blocking copies and waits once, against the per-tensor loop that waits once per
-tensor; host -> device: ``tree_to_torch(device="cuda")`` against a ``.cuda()`` loop
-(from ``benchmarks/bench_tree.py``). Every result is checked bit for bit against its
-loop before it is timed. Without a GPU the section says so and measures nothing.
+tensor; host -> device: ``tree_to_torch(device="cuda")`` against a ``.cuda()`` loop.
+Every result is checked bit for bit against its loop before it is timed. Without a
+GPU the section says so and measures nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import tensorbridge as tb
 from tensorbridge.tree import tree_to_numpy, tree_to_torch
 
-from ._core import Context, Section
+from .core import Context, Section
 from .models import build
 from .trees import HEADERS, require_same, row
 

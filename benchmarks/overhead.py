@@ -18,7 +18,7 @@ import torch
 
 import tensorbridge as tb
 
-from ._core import Context, Section, fmt_pair, fmt_ratio, speedup
+from .core import Context, Section, fmt_pair, fmt_ratio, speedup
 
 TITLE = "Per-call overhead, 1,000 elements, every dtype"
 

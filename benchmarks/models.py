@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,9 +26,9 @@ from torch import nn
 import tensorbridge as tb
 from tensorbridge.tree import tree_to_numpy, tree_to_torch
 
-from . import _plot
-from ._child import ChildRun
-from ._core import Context, Section, Stats, fmt_bytes, fmt_mib, fmt_time
+from . import plot
+from .child import ChildRun, Task, fsync, touch
+from .core import Context, Section, Stats, fmt_bytes, fmt_mib, fmt_time
 from .trees import HEADERS, require_same, row
 
 TITLE = "Whole models: bf16 state dicts through trees and files"
@@ -209,34 +209,93 @@ def _trees(ctx: Context, sec: Section, sds: dict[str, dict[str, torch.Tensor]]) 
 # --- files, each row in a child process --------------------------------------------------------
 
 
+# Writers and readers. A writer is followed by an fsync (``tb.save`` fsyncs as part of
+# its atomic write); a reader returns a mapping of the loaded tensors.
+
+
+def _tb_save(sd: dict[str, torch.Tensor], path: str) -> None:
+    tb.save(sd, path, progress=False, overwrite=True)
+
+
+def _st_save(sd: dict[str, torch.Tensor], path: str) -> None:
+    from safetensors.torch import save_file
+
+    save_file(sd, path)
+    fsync(path)
+
+
+def _st_load(path: str) -> Mapping[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(path)
+
+
+def _np_save(sd: dict[str, torch.Tensor], path: str) -> None:
+    np.savez(path, **{k: tb.to_numpy(v) for k, v in sd.items()})
+    fsync(path)
+
+
+def _np_load(path: str) -> Mapping[str, Any]:
+    z = np.load(path)
+    return {k: z[k] for k in z.files}
+
+
+def _torch_save(sd: dict[str, torch.Tensor], path: str) -> None:
+    torch.save(sd, path)
+    fsync(path)
+
+
+def _torch_load(path: str) -> Mapping[str, Any]:
+    loaded: Mapping[str, Any] = torch.load(path, mmap=True, weights_only=True)
+    return loaded
+
+
 class Method(NamedTuple):
-    """A writer / reader pair. In its code, P is the file's path and KEY a bf16 weight's name."""
+    """A writer / reader pair, compared with its ``counterpart`` (a key; "": none)."""
 
     key: str
     label: str
     suffix: str
-    setup: str  # imports
-    save: str
-    load: str  # binds ``d``, a mapping of the loaded tensors
-    counterpart: str  # the key of the method it is compared with ("": none)
+    save: Callable[[dict[str, torch.Tensor], str], None]
+    load: Callable[[str], Mapping[str, Any]]
+    counterpart: str
 
 
 METHODS = [Method(*m) for m in [
-    ("tb_st", "`tb.save` / `tb.load` .safetensors", ".safetensors", "",
-     "tb.save(sd, P, progress=False, overwrite=True)", "d = tb.load(P)", "st"),
-    ("st", "`safetensors.torch` `save_file` / `load_file`", ".safetensors",
-     "from safetensors.torch import save_file, load_file",
-     "save_file(sd, P); fsync(P)", "d = load_file(P)", ""),
-    ("tb_npz", "`tb.save` / `tb.load` .npz", ".npz", "",
-     "tb.save(sd, P, progress=False, overwrite=True)", "d = tb.load(P)", "np"),
-    ("np", "`np.savez` / `np.load`", ".npz", "",
-     "np.savez(P, **{k: tb.to_numpy(v) for k, v in sd.items()}); fsync(P)",
-     "z = np.load(P); d = {k: z[k] for k in z.files}", ""),
-    ("tb_pt", "`tb.save` / `tb.load` .pt", ".pt", "",
-     "tb.save(sd, P, progress=False, overwrite=True)", "d = tb.load(P)", "torch"),
-    ("torch", "`torch.save` / `torch.load(mmap=True, weights_only=True)`", ".pt", "",
-     "torch.save(sd, P); fsync(P)", "d = torch.load(P, mmap=True, weights_only=True)", ""),
+    ("tb_st", "`tb.save` / `tb.load` .safetensors", ".safetensors", _tb_save, tb.load, "st"),
+    ("st", "`safetensors.torch` `save_file` / `load_file`", ".safetensors", _st_save, _st_load,
+     ""),
+    ("tb_npz", "`tb.save` / `tb.load` .npz", ".npz", _tb_save, tb.load, "np"),
+    ("np", "`np.savez` / `np.load`", ".npz", _np_save, _np_load, ""),
+    ("tb_pt", "`tb.save` / `tb.load` .pt", ".pt", _tb_save, tb.load, "torch"),
+    ("torch", "`torch.save` / `torch.load(mmap=True, weights_only=True)`", ".pt", _torch_save,
+     _torch_load, ""),
 ]]  # fmt: skip
+BY_KEY = {m.key: m for m in METHODS}
+
+
+# --- what the child processes run -------------------------------------------------------------
+
+
+def save_inputs(key: str, kind: str, mode: str, path: str) -> tuple[str, dict[str, Any], str]:
+    """A saving child's inputs: the method, the model's state dict, the file."""
+    return key, build(kind, mode), path
+
+
+def save_step(inputs: tuple[str, dict[str, torch.Tensor], str]) -> None:
+    key, sd, path = inputs
+    BY_KEY[key].save(sd, path)
+
+
+def load_inputs(key: str, path: str, weight: str) -> tuple[str, str, str]:
+    return key, path, weight
+
+
+def load_step(inputs: tuple[str, str, str]) -> dict[str, Any]:
+    """Load the file and read one byte of every page; report how a bf16 weight came back."""
+    key, path, weight = inputs
+    d = BY_KEY[key].load(path)
+    return {"touched": touch(d.values()), "dtype": str(d[weight].dtype)}
 
 
 def _files(ctx: Context, sec: Section, sds: dict[str, dict[str, torch.Tensor]]) -> None:
@@ -259,10 +318,13 @@ def _files(ctx: Context, sec: Section, sds: dict[str, dict[str, torch.Tensor]]) 
         key = next(k for k, v in sd.items() if v.is_floating_point() and v.dim() >= 2)
         paths = {m.key: str(ctx.scratch / f"{kind}-{m.key}{m.suffix}") for m in methods}
         saves = ctx.rounds(
-            {m.key: _code(m, kind, ctx.mode, paths, key, True) for m in methods}, repeats
-        )
+            {m.key: Task(save_inputs, save_step, (m.key, kind, ctx.mode, paths[m.key]))
+             for m in methods},
+            repeats,
+        )  # fmt: skip
         loads = ctx.rounds(
-            {m.key: _code(m, kind, ctx.mode, paths, key, False) for m in methods}, repeats
+            {m.key: Task(load_inputs, load_step, (m.key, paths[m.key], key)) for m in methods},
+            repeats,
         )
         plot_data[kind] = {}
         for m in methods:
@@ -319,18 +381,6 @@ def _files(ctx: Context, sec: Section, sds: dict[str, dict[str, torch.Tensor]]) 
     ctx.plot(sec, "models.png", "save and load time and peak memory per format", _drawer(plot_data))
 
 
-def _code(
-    m: Method, kind: str, mode: str, paths: dict[str, str], key: str, save: bool
-) -> tuple[str, str]:
-    """(setup, step) of one method's save or load."""
-    setup = f"P = {paths[m.key]!r}\nKEY = {key!r}\n{m.setup}\n"
-    if save:
-        setup += f"from tensorbridge.bench.models import build\nsd = build({kind!r}, {mode!r})\n"
-        return setup, m.save
-    step = f"{m.load}\nextra['touched'] = touch(d.values())\nextra['dtype'] = str(d[KEY].dtype)"
-    return setup, step
-
-
 def _rss(runs: list[ChildRun]) -> str:
     worst = max(runs, key=lambda r: r.rss_growth)
     return f"{fmt_mib(worst.rss_growth)} ({fmt_mib(max(r.anon_growth for r in runs))})"
@@ -347,7 +397,7 @@ def _remove(path: str) -> None:
 
 def _drawer(data: dict[str, dict[str, tuple[float, float, int, int]]]) -> Callable[[Any], Any]:
     def draw(plt: Any) -> Any:
-        fig, axes = _plot.figure(plt, len(data), 2, width=11, height=2.6 * len(data) + 0.6)
+        fig, axes = plot.figure(plt, len(data), 2, width=11, height=2.6 * len(data) + 0.6)
         for i, (kind, methods) in enumerate(data.items()):
             labels = [name.replace("`", "") for name in methods]
             ys = np.arange(len(labels))

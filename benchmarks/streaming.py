@@ -25,10 +25,13 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import torch
 
-from . import _plot
-from ._child import ChildRun
-from ._core import GIB, MIB, Context, Section, fmt_bytes, fmt_mib, fmt_time
+import tensorbridge as tb
+
+from . import plot
+from .child import ChildRun, Task, fsync
+from .core import GIB, MIB, Context, Section, fmt_bytes, fmt_mib, fmt_time
 
 TITLE = "Streaming: peak memory against tensor size"
 
@@ -67,29 +70,49 @@ def _write_source(path: Path, n: int) -> None:
         os.fsync(f.fileno())
 
 
-def _code(route: str, src: Path, dst: Path, nbytes: int) -> tuple[str, str]:
-    if route == "tb":
-        return (
-            f"m = np.load({str(src)!r}, mmap_mode='r').view(ml_dtypes.bfloat16)",
-            f"tb.save(m, {str(dst)!r}, float_dtype='f32', progress=False, overwrite=True)",
-        )
-    if route == "naive":
-        return (
-            f"m = np.load({str(src)!r}, mmap_mode='c')",  # copy-on-write: torch may alias it
-            f"np.save({str(dst)!r}, torch.from_numpy(m).view(torch.bfloat16).float().numpy())\n"
-            f"fsync({str(dst)!r})",
-        )
-    return (
-        "buf = np.ones(64 << 20, np.uint8)",
-        f"with open({str(dst)!r}, 'wb') as f:\n"
-        f"    left = {nbytes}\n"
-        "    while left > 0:\n"
-        "        k = min(left, buf.size)\n"
-        "        f.write(buf[:k])\n"
-        "        left -= k\n"
-        "    f.flush()\n"
-        "    os.fsync(f.fileno())",
-    )
+# --- what the child processes run: (inputs, step) per route ------------------------------------
+
+
+def mapped_bf16(src: str, dst: str, nbytes: int) -> tuple[np.ndarray, str]:
+    return np.load(src, mmap_mode="r").view(ml_dtypes.bfloat16), dst
+
+
+def tb_export(inputs: tuple[np.ndarray, str]) -> None:
+    m, dst = inputs
+    tb.save(m, dst, float_dtype="f32", progress=False, overwrite=True)
+
+
+def mapped_bits(src: str, dst: str, nbytes: int) -> tuple[np.ndarray, str]:
+    return np.load(src, mmap_mode="c"), dst  # copy-on-write: torch may alias it
+
+
+def naive_export(inputs: tuple[np.ndarray, str]) -> None:
+    m, dst = inputs
+    np.save(dst, torch.from_numpy(m).view(torch.bfloat16).float().numpy())
+    fsync(dst)
+
+
+def raw_buffer(src: str, dst: str, nbytes: int) -> tuple[np.ndarray, str, int]:
+    return np.ones(64 << 20, np.uint8), dst, nbytes
+
+
+def raw_write(inputs: tuple[np.ndarray, str, int]) -> None:
+    """Write ``nbytes`` sequentially in 64 MiB blocks, then fsync: the disk's limit."""
+    buf, dst, left = inputs
+    with open(dst, "wb") as f:
+        while left > 0:
+            k = min(left, buf.size)
+            f.write(buf[:k].data)
+            left -= k
+        f.flush()
+        os.fsync(f.fileno())
+
+
+TASKS: dict[str, tuple[Callable[..., Any], Callable[[Any], None]]] = {
+    "tb": (mapped_bf16, tb_export),
+    "naive": (mapped_bits, naive_export),
+    "raw": (raw_buffer, raw_write),
+}
 
 
 def run(ctx: Context, sec: Section) -> None:
@@ -123,7 +146,9 @@ def run(ctx: Context, sec: Section) -> None:
                     if _mem_available() < need:
                         ctx.say(f"streaming: skipping the naive route at {fmt_bytes(size)}")
                         continue
-                measured[route][size] = ctx.children.run(*_code(route, src, dst, 2 * size))
+                prepare, step = TASKS[route]
+                task = Task(prepare, step, (str(src), str(dst), 2 * size))
+                measured[route][size] = ctx.child(task)
                 dst.unlink(missing_ok=True)
         finally:
             src.unlink(missing_ok=True)
@@ -221,7 +246,7 @@ def _rows(
 
 def _drawer(measured: dict[str, dict[int, ChildRun]]) -> Callable[[Any], Any]:
     def draw(plt: Any) -> Any:
-        fig, axes = _plot.figure(plt, width=7.5, height=4.2)
+        fig, axes = plot.figure(plt, width=7.5, height=4.2)
         ax = axes[0, 0]
         for route, label in (("tb", "tb.save(float_dtype='f32')"), ("naive", "naive .float()")):
             runs = measured[route]

@@ -18,7 +18,8 @@ import torch
 
 import tensorbridge as tb
 
-from ._core import MIB, Context, Section, fmt_count, fmt_mib, fmt_pair, fmt_ratio, speedup
+from .child import Task
+from .core import MIB, Context, Section, fmt_count, fmt_mib, fmt_pair, fmt_ratio, speedup
 
 TITLE = "Comparing and summarising tensors: tb.compare and tb.stats vs hand-written torch"
 
@@ -39,6 +40,31 @@ def _hand_stats(a: torch.Tensor) -> Any:
     if a.dtype is not torch.float32:
         a = a.float()
     return a.min(), a.max(), a.mean(), a.std(), a.isnan().sum(), a.isinf().sum()
+
+
+# --- what the child processes run (one float32 call each, for its memory) -----------------------
+
+
+def pair(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, generator=g)
+    return a, a + torch.randn(n, generator=g) * 1e-2
+
+
+def tb_compare(ab: tuple[torch.Tensor, torch.Tensor]) -> None:
+    tb.compare(*ab)
+
+
+def hand_compare(ab: tuple[torch.Tensor, torch.Tensor]) -> None:
+    _hand_compare(*ab)
+
+
+def tb_stats(ab: tuple[torch.Tensor, torch.Tensor]) -> None:
+    tb.stats(ab[0])
+
+
+def hand_stats(ab: tuple[torch.Tensor, torch.Tensor]) -> None:
+    _hand_stats(ab[0])
 
 
 def _cases(a: torch.Tensor, b: torch.Tensor) -> dict[str, dict[str, Callable[[], Any]]]:
@@ -83,16 +109,12 @@ def run(ctx: Context, sec: Section) -> None:
     sec.table(["call", "dtype", "hand-written", "tensorbridge", "ratio", "target", "result"], rows)
 
     # memory: one call each in a fresh child, float32
-    setup = (
-        f"g = torch.Generator().manual_seed(0)\na = torch.randn({n}, generator=g)\n"
-        f"b = a + torch.randn({n}, generator=g) * 1e-2"
-    )
     runs = ctx.rounds(
         {
-            "tb.compare": (setup, "tb.compare(a, b)"),
-            "hand compare": (setup, "d = (a - b).abs(); d.max(); (d / a.abs()).max()"),
-            "tb.stats": (setup, "tb.stats(a)"),
-            "hand stats": (setup, _HAND["stats"]),
+            "tb.compare": Task(pair, tb_compare, (n,)),
+            "hand compare": Task(pair, hand_compare, (n,)),
+            "tb.stats": Task(pair, tb_stats, (n,)),
+            "hand stats": Task(pair, hand_stats, (n,)),
         },
         1,
     )

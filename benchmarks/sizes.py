@@ -20,8 +20,8 @@ import torch
 
 import tensorbridge as tb
 
-from . import _plot
-from ._core import (
+from . import plot
+from .core import (
     MIB,
     Context,
     Section,
@@ -184,7 +184,7 @@ def _bandwidth_table(sec: Section, results: dict[int, dict[str, Stats]]) -> None
 
 def _drawer(results: dict[int, dict[str, Stats]]) -> Callable[[Any], Any]:
     def draw(plt: Any) -> Any:
-        fig, axes = _plot.figure(plt, 1, 2, width=11, height=4.4)
+        fig, axes = plot.figure(plt, 1, 2, width=11, height=4.4)
         sizes = sorted(results)
         nbytes = [2 * n for n in sizes]
         left, right = axes[0, 0], axes[0, 1]

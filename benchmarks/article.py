@@ -20,7 +20,7 @@ import torch
 
 import tensorbridge as tb
 
-from ._core import MIB, Context, Section, fmt_bytes, fmt_pair, fmt_ratio, fmt_time, speedup
+from .core import MIB, Context, Section, fmt_bytes, fmt_pair, fmt_ratio, fmt_time, speedup
 
 TITLE = "A widely copied guide's figures, checked: a 1000x1000 bfloat16 tensor to NumPy"
 

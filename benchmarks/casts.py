@@ -19,8 +19,8 @@ import torch
 
 import tensorbridge as tb
 
-from . import _plot
-from ._core import Context, Section, Stats, fmt_count, fmt_pair, fmt_ratio, speedup
+from . import plot
+from .core import Context, Section, Stats, fmt_count, fmt_pair, fmt_ratio, speedup
 
 TITLE = "Dtype casts: bf16 / fp16 / fp8 <-> float32"
 
@@ -115,7 +115,7 @@ def _rate(n: int, st: Stats) -> str:
 
 def _drawer(gbps: dict[str, dict[str, float]]) -> Callable[[Any], Any]:
     def draw(plt: Any) -> Any:
-        fig, axes = _plot.figure(plt, width=7.5, height=5.0)
+        fig, axes = plot.figure(plt, width=7.5, height=5.0)
         ax = axes[0, 0]
         labels = list(gbps)
         height = 0.8 / len(IMPLS)

@@ -1,7 +1,6 @@
 """The timing core every section shares: interleaved measurement, formatting, targets.
 
-How a number is made (moved from ``benchmarks/bench_convert.py``, where it was first
-written): the candidates of one row are timed round-robin, the order rotated each
+How a number is made: the candidates of one row are timed round-robin, the order rotated each
 repeat, so that a noisy, shared machine slows them alike; each cell is the minimum and
 the median over the repeats. Ratios are given from both; PASS or FAIL against a target
 is decided on the ratio of the minima, the estimate least disturbed by other processes
@@ -11,8 +10,8 @@ before the next call, so a copy into fresh memory pays its page faults every tim
 user's call does; faster calls are looped and reported per call.
 
 A :class:`Context` carries one run's state (its size profile, its scratch directory, the
-targets checked so far, the spread of every timing, the child-process runner); a
-:class:`Section` collects one section's Markdown.
+targets checked so far, the spread of every timing, the child-process runner of
+:mod:`.child`); a :class:`Section` collects one section's Markdown.
 """
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-from . import _plot
-from ._child import ChildError, ChildRun, ChildRunner
+from . import plot
+from .child import ChildError, ChildRun, ChildRunner, Task
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -244,8 +243,8 @@ class Context:
 
     mode: str
     scratch: Path
-    out_dir: Path | None = None  # where plots go; None: tables only (the benchmark scripts)
-    log: TextIO | None = None  # progress lines (stderr for the CLI)
+    out_dir: Path | None = None  # where plots go; None: tables only (printed to stdout)
+    log: TextIO | None = None  # progress lines (stderr for the command line)
     checks: list[tuple[str, bool]] = field(default_factory=list)
     highlights: list[str] = field(default_factory=list)  # what a user gains, for the summary
     spreads: list[float] = field(default_factory=list)  # median / min of every timing
@@ -280,21 +279,24 @@ class Context:
 
     @property
     def children(self) -> ChildRunner:
-        """The fork server for rows measured in a child process, started on first use."""
+        """The runner for rows measured in a child process, made on first use."""
         if self._children is None:
-            self.say("starting the child-process server (imports torch once)")
-            self._children = ChildRunner(self.scratch)
+            self._children = ChildRunner()
         return self._children
 
-    def rounds(self, cases: dict[str, tuple[str, str]], repeats: int) -> dict[str, list[ChildRun]]:
-        """Run each ``name: (setup, step)`` in a child ``repeats`` times, interleaved."""
+    def child(self, task: Task[Any]) -> ChildRun:
+        """Run one task in a fresh child process (see :mod:`.child`)."""
+        return self.children.run(task)
+
+    def rounds(self, cases: dict[str, Task[Any]], repeats: int) -> dict[str, list[ChildRun]]:
+        """Run each task in a fresh child ``repeats`` times, interleaved."""
         names = list(cases)
         runs: dict[str, list[ChildRun]] = {name: [] for name in names}
         for rep in range(repeats):
             k = rep % len(names)
             for name in names[k:] + names[:k]:
                 try:
-                    runs[name].append(self.children.run(*cases[name]))
+                    runs[name].append(self.child(cases[name]))
                 except ChildError as e:
                     raise ChildError(f"{name}: {e}") from None
         return runs
@@ -307,15 +309,15 @@ class Context:
     def plot(self, section: Section, name: str, alt: str, draw: Callable[[Any], Any]) -> None:
         """Draw a figure with ``draw(pyplot) -> figure`` into ``out_dir/name`` and link it.
 
-        Without an output directory (the benchmark scripts print tables only) nothing
-        is drawn; without matplotlib the section says so instead of showing the plot.
+        Without an output directory (tables printed to stdout) nothing is drawn;
+        without matplotlib the section says so instead of showing the plot.
         """
         if self.out_dir is None:
             return
-        plt = _plot.pyplot()
+        plt = plot.pyplot()
         if plt is None:
             self.plots_missing = True
-            section.text(f"*Plot `{name}` not drawn: {_plot.MISSING}.*")
+            section.text(f"*Plot `{name}` not drawn: {plot.MISSING}.*")
             return
-        _plot.save(plt, draw(plt), self.out_dir / name)
+        plot.save(plt, draw(plt), self.out_dir / name)
         section.text(f"![{alt}]({name})")

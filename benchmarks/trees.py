@@ -17,7 +17,7 @@ import torch
 import tensorbridge as tb
 from tensorbridge.tree import tree_to_numpy, tree_to_torch
 
-from ._core import Context, Section, Stats, fmt_pair, fmt_time
+from .core import Context, Section, Stats, fmt_pair, fmt_time
 
 TITLE = "Trees of many small tensors"
 
