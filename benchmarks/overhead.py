@@ -1,6 +1,6 @@
 """Section 6: per-call overhead on 1,000 elements, every dtype in ``tb.dtype_table()``.
 
-Issue 2's target: ``tb.to_numpy`` / ``tb.to_torch`` within 4x of the bare
+The target: ``tb.to_numpy`` / ``tb.to_torch`` within 2x (3x for ml_dtypes) of the bare
 ``t.numpy()`` / ``torch.from_numpy(a)`` for every dtype, bf16 included (a lean fast
 path: one table lookup, no repeated checks). For dtypes NumPy and torch cannot exchange
 by themselves (the ml_dtypes rows) the bare baseline is the float32 one, and the
@@ -45,7 +45,8 @@ def run(ctx: Context, sec: Section) -> None:
         cannot exchange by themselves (the ml_dtypes rows) it is the float32 one (marked
         f32). *hand* is the hand-written bit-cast `t.view(carrier).numpy().view(ml_dtype)`,
         the floor for those rows. Ratio = tb time / bare time, from the minima / from the
-        medians; goal <= 4x (minima) in both directions."""
+        medians; goal (minima, both directions) <= 2x for dtypes both sides hold natively,
+        <= 3x for the ml_dtypes rows (bfloat16, float8, complex32)."""
     )
     n = 1000
     repeats = ctx.pick(15, 5, 3)
@@ -64,7 +65,8 @@ def run(ctx: Context, sec: Section) -> None:
             st = ctx.measure(_overhead_cases(row, t, a, bare_t, bare_a), repeats=repeats)
         r_np = speedup(st["tb_np"], st["bare_np"])  # tb time / bare time
         r_t = speedup(st["tb_t"], st["bare_t"])
-        ok = ctx.check(sec, f"overhead {row.name}", r_np[0] <= 4 and r_t[0] <= 4)
+        goal = 2 if row.carrier is None else 3
+        ok = ctx.check(sec, f"overhead {row.name}", r_np[0] <= goal and r_t[0] <= goal)
         rows.append(
             [
                 row.name,
@@ -76,7 +78,7 @@ def run(ctx: Context, sec: Section) -> None:
                 fmt_pair(st["bare_t"]),
                 fmt_pair(st["tb_t"]),
                 fmt_ratio(r_t),
-                "<= 4x",
+                f"<= {goal}x",
                 ok,
             ]
         )

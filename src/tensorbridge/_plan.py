@@ -802,9 +802,7 @@ def decide_torch(
     if remote:
 
         def run_remote(x: np.ndarray, out: Any) -> torch.Tensor:
-            host = mem.host_tensor(x, src)
-            staged = host.pin_memory() if mem.accelerator_available() else host.clone()
-            t = staged.to(target, non_blocking=True).to(dst.torch)
+            t = mem.to_device(mem.host_tensor(x, src), target).to(dst.torch)
             return finish_tensor(t, requires_grad, None)
 
         return Plan("torch", (*steps, *moves, *grad), reason, True, src, dst, batch, run_remote)
