@@ -539,3 +539,15 @@ def test_tree_leaves_that_are_producers_are_imported_once_and_cast() -> None:
 
     back = tb.tree_to_torch({"w": Producer(w)}, float_dtype="float32")
     assert back["w"].dtype == torch.float32 and torch.equal(back["w"], w.float())
+
+
+def test_describe_a_producer_through_its_one_export() -> None:
+    a = np.arange(6, dtype=np.float32)
+    a.flags.writeable = False
+    ro = Producer(a)
+    d = tb.describe(ro)
+    assert ro.calls == 1 and d.kind.endswith("Producer")
+    assert d.readonly and d.to_torch.verdict == "copy" and d.to_numpy.verdict == "share"
+    w = tb.describe(Producer(torch.zeros(2, 3, dtype=torch.bfloat16)))
+    assert (w.shape, w.numpy_dtype, w.to_torch.steps) == ((2, 3), "bfloat16", ("view",))
+    assert not w.readonly and "DLPack producer" in w.notes[0]

@@ -11,6 +11,7 @@ autograd cannot see.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from .. import _dlpack as dlpack
 from .._plan import Plan, plan_numpy, plan_torch
 from ..dtypes import BY_NUMPY, DTypeRow, explain_numpy, resolve_dtype
 from ..errors import (
@@ -126,6 +128,8 @@ def describe(x: Any) -> Description:
     """
     if isinstance(x, torch.Tensor):
         return _describe_tensor(x)
+    if dlpack.is_producer(x):  # another library's array: what its one export holds
+        return _describe_producer(x)
     if isinstance(x, np.generic):
         x = np.asarray(x)
     if isinstance(x, np.ndarray):
@@ -133,6 +137,28 @@ def describe(x: Any) -> Description:
     raise UnsupportedTensorError(
         f"describe expects a torch.Tensor or np.ndarray, got {type(x).__qualname__}; pass "
         "np.asarray(x)"
+    )
+
+
+def _describe_producer(x: Any) -> Description:
+    got = dlpack.import_array(x, "describe", host_copy_allowed=False)
+    value = got.value
+    d = _describe_tensor(value) if isinstance(value, torch.Tensor) else _describe_array(value)
+    note = f"a DLPack producer ({_kind(x)}), described through its one export"
+    if got.readonly:
+        why = f"is read-only ({got.readonly}), and a writable tensor must not alias it"
+        to_torch = ConversionPlan("copy", f"the input {why}", ("copy",))
+        to_numpy = ConversionPlan("share", "to_numpy returns a read-only view", ("view",))
+    else:
+        to_torch = ConversionPlan("share", "to_torch returns a tensor over its memory", ("view",))
+        to_numpy = d.to_numpy
+    return dataclasses.replace(
+        d,
+        kind=_kind(x),
+        readonly=bool(got.readonly),
+        to_numpy=to_numpy,
+        to_torch=to_torch,
+        notes=(note, *d.notes),
     )
 
 
