@@ -664,7 +664,7 @@ def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
             out,
         )
         return 0 if safe else 1
-    # every count that makes a tensor unsafe has a column; "imag dropped" only when it happens
+    # every count that makes a tensor unsafe has a column; the last three only when they happen
     counts = [
         ("to inf", "overflow_inf"),
         ("saturated", "saturated"),
@@ -673,8 +673,13 @@ def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
         ("subnormal", "subnormal"),
         ("NaN changed", "nan_changed"),
     ]
-    if any(r.imag_discarded for r in reports.values()):
-        counts.append(("imag dropped", "imag_discarded"))
+    for column in (
+        ("zero replaced", "zero_replaced"),  # a target with no zero: float8_e8m0fnu
+        ("sign dropped", "sign_dropped"),  # a target with no sign: float8_e8m0fnu
+        ("imag dropped", "imag_discarded"),
+    ):
+        if any(getattr(r, column[1]) for r in reports.values()):
+            counts.append(column)
     rows = [
         [name, r.source_dtype]
         + [_num(getattr(r, field)) for _, field in counts]
