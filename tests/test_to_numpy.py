@@ -26,6 +26,8 @@ def needs_row(dtype: torch.dtype) -> None:
     """Skip where the installed ml_dtypes has no NumPy dtype for ``dtype`` (complex32: 0.7)."""
     if dtype not in {r.torch for r in ROWS}:
         pytest.skip(reason=f"this ml_dtypes has no NumPy dtype for {dtype}")
+
+
 SMALL_FLOAT_ROWS = [r for r in ROWS if r.category == "float" and r.itemsize <= 2]
 FLOAT4_X2 = getattr(torch, "float4_e2m1fn_x2", None)
 FLOAT4 = getattr(ml_dtypes, "float4_e2m1fn", None)
