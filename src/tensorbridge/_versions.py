@@ -34,6 +34,7 @@ __all__ = [
     "NUMPY_DLPACK_EXTENDED",
     "TORCH",
     "TORCH_DLPACK_READ_ONLY",
+    "TORCH_E4M3FN_SATURATES",
     "TORCH_SPARSE_VALIDATION_WARNING",
     "quiet_sparse_validation",
     "release",
@@ -62,6 +63,12 @@ NUMPY_DLPACK_EXTENDED = NUMPY >= (2, 5) and ML_DTYPES >= (0, 7)
 # Tensor.__dlpack__ takes read_only= from torch 2.14, so an exported capsule can carry
 # DLPack's read-only flag; before, the flag cannot be asked for.
 TORCH_DLPACK_READ_ONLY = "read_only" in inspect.signature(torch.Tensor.__dlpack__).parameters
+
+# Casts to float8_e4m3fn saturate overflow and ±inf to ±448 from torch 2.13; torch 2.12 and
+# older make NaN there, as ml_dtypes does. tensorbridge casts with torch's kernel either way
+# (every other float8, bfloat16 and float16 cast is the same from torch 2.10 to 2.15).
+# Probed, not read from the version: one cast of one value.
+TORCH_E4M3FN_SATURATES = float(torch.tensor([1e6]).to(torch.float8_e4m3fn).float()[0]) == 448.0
 
 # torch 2.15 validates every sparse tensor that torch.load(weights_only=True) reads and
 # warns that it does ("an O(nnz) scan"). Validating an untrusted file is what the readers

@@ -102,9 +102,9 @@ def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
     """What casting ``x`` to ``dtype`` would do, with torch's kernel (``to_numpy(x, dtype=)``).
 
     >>> import torch, tensorbridge as tb
-    >>> r = tb.cast_report(torch.tensor([1.0, 1e6, float("inf")]), "float8_e4m3fn")
-    >>> r.saturated, r.ml_dtypes_nan, r.safe
-    (2, 2, False)
+    >>> r = tb.cast_report(torch.tensor([0.5, 1e6, -1.0]), "float8_e5m2")
+    >>> r.overflow_inf, r.exact, r.safe
+    (1, 2, False)
 
     Raises:
         UnsupportedDtypeError: ``dtype`` is unknown or not a floating/complex dtype.
