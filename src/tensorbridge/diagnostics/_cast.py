@@ -4,10 +4,9 @@ The cast is the one ``to_numpy(x, dtype=...)`` runs, torch's kernel, applied chu
 by chunk; the report counts overflow to inf, saturation, flush to zero, NaNs made
 or changed (sign and payload), zeros and signs the target cannot hold (float8_e8m0fnu
 has neither: torch casts 0.0 to 2^-127 and -1.0 to +1.0, where ml_dtypes makes NaN)
-and errors in units of the target's ULP. NumPy's
-``astype`` (ml_dtypes' kernels for their types) runs on the same values beside it
-and its disagreements are counted, since the two kernels part ways on overflow
-for the float8 types. The ``semantics`` line is probed on the installed torch, once
+and errors in units of the target's ULP. NumPy's ``astype`` (ml_dtypes' kernels for
+their types) runs on the same values beside it and its disagreements are counted,
+since the two kernels part ways on overflow, zero and sign for the float8 types. The ``semantics`` line is probed on the installed torch, once
 per dtype pair (ties, overflow, inf, the NaN it makes), not copied from documents.
 """
 
