@@ -6,8 +6,10 @@ or changed (sign and payload), zeros and signs the target cannot hold (float8_e8
 has neither: torch casts 0.0 to 2^-127 and -1.0 to +1.0, where ml_dtypes makes NaN)
 and errors in units of the target's ULP. NumPy's ``astype`` (ml_dtypes' kernels for
 their types) runs on the same values beside it and its disagreements are counted,
-since the two kernels part ways on overflow, zero and sign for the float8 types. The ``semantics`` line is probed on the installed torch, once
-per dtype pair (ties, overflow, inf, the NaN it makes), not copied from documents.
+since the two kernels part ways on overflow, zero and sign for the float8 types. The
+``semantics`` line is probed on the installed torch, once per dtype pair (ties,
+overflow, inf, zero and sign, the NaN it makes), not copied from documents: torch
+2.13 began to saturate float8_e4m3fn overflow, where older releases make NaN.
 """
 
 from __future__ import annotations
