@@ -19,7 +19,7 @@ import torch
 
 import tensorbridge as tb
 from tensorbridge import diagnostics as dg
-from tensorbridge._versions import TORCH_E4M3FN_SATURATES
+from tensorbridge._versions import torch_e4m3fn_saturates
 from tensorbridge.diagnostics import _values
 
 E4M3 = torch.float8_e4m3fn
@@ -443,7 +443,7 @@ def test_cast_report_float8_e4m3fn_saturates() -> None:
     assert (r.kernel, r.source_dtype, r.target_dtype, r.numel) == (
         "torch", "float32", "float8_e4m3fn", 7,
     )  # fmt: skip
-    if not TORCH_E4M3FN_SATURATES:  # torch < 2.13: 1e6, ±inf, 3e38 -> NaN, as in ml_dtypes
+    if not torch_e4m3fn_saturates():  # torch < 2.13: 1e6, ±inf, 3e38 -> NaN, as in ml_dtypes
         assert (r.saturated, r.nan_created, r.ml_dtypes_nan, r.astype_differs) == (0, 4, 4, 0)
         assert (r.flushed_to_zero, r.nan_changed, r.exact, r.inexact) == (1, 1, 1, 3)
         assert (r.max_rel_err, r.mean_rel_err) == (1.0, 0.5)  # over 1.0 and 1e-45 only

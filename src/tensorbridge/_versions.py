@@ -23,6 +23,7 @@ import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 
 import ml_dtypes
 import numpy as np
@@ -34,10 +35,10 @@ __all__ = [
     "NUMPY_DLPACK_EXTENDED",
     "TORCH",
     "TORCH_DLPACK_READ_ONLY",
-    "TORCH_E4M3FN_SATURATES",
     "TORCH_SPARSE_VALIDATION_WARNING",
     "quiet_sparse_validation",
     "release",
+    "torch_e4m3fn_saturates",
 ]
 
 
@@ -64,11 +65,21 @@ NUMPY_DLPACK_EXTENDED = NUMPY >= (2, 5) and ML_DTYPES >= (0, 7)
 # DLPack's read-only flag; before, the flag cannot be asked for.
 TORCH_DLPACK_READ_ONLY = "read_only" in inspect.signature(torch.Tensor.__dlpack__).parameters
 
-# Casts to float8_e4m3fn saturate overflow and ±inf to ±448 from torch 2.13; torch 2.12 and
-# older make NaN there, as ml_dtypes does. tensorbridge casts with torch's kernel either way
-# (every other float8, bfloat16 and float16 cast is the same from torch 2.10 to 2.15).
-# Probed, not read from the version: one cast of one value.
-TORCH_E4M3FN_SATURATES = float(torch.tensor([1e6]).to(torch.float8_e4m3fn).float()[0]) == 448.0
+
+@cache
+def torch_e4m3fn_saturates() -> bool:
+    """Whether torch's casts to float8_e4m3fn saturate overflow and ±inf to ±448.
+
+    They do from torch 2.13; torch 2.12 and older make NaN there, as ml_dtypes does.
+    tensorbridge casts with torch's kernel either way (every other float8, bfloat16 and
+    float16 cast is the same from torch 2.10 to 2.15). Probed with one cast, on first use
+    (a first torch op costs milliseconds, too much for every import).
+
+    >>> torch_e4m3fn_saturates() == (TORCH >= (2, 13))
+    True
+    """
+    return float(torch.tensor([1e6]).to(torch.float8_e4m3fn).float()[0]) == 448.0
+
 
 # torch 2.15 validates every sparse tensor that torch.load(weights_only=True) reads and
 # warns that it does ("an O(nnz) scan"). Validating an untrusted file is what the readers
