@@ -19,6 +19,7 @@ import torch
 
 import tensorbridge as tb
 from tensorbridge import diagnostics as dg
+from tensorbridge._versions import torch_e4m3fn_saturates
 from tensorbridge.diagnostics import _values
 
 E4M3 = torch.float8_e4m3fn
@@ -442,6 +443,13 @@ def test_cast_report_float8_e4m3fn_saturates() -> None:
     assert (r.kernel, r.source_dtype, r.target_dtype, r.numel) == (
         "torch", "float32", "float8_e4m3fn", 7,
     )  # fmt: skip
+    if not torch_e4m3fn_saturates():  # torch < 2.13: 1e6, ±inf, 3e38 -> NaN, as in ml_dtypes
+        assert (r.saturated, r.nan_created, r.ml_dtypes_nan, r.astype_differs) == (0, 4, 4, 0)
+        assert (r.flushed_to_zero, r.nan_changed, r.exact, r.inexact) == (1, 1, 1, 3)
+        assert (r.max_rel_err, r.mean_rel_err) == (1.0, 0.5)  # over 1.0 and 1e-45 only
+        assert dict(r.ulp_histogram) == {"0": 1, "<=0.5": 1, "<=1": 0, "<=2": 0, ">2": 0}
+        assert not r.safe and "overflow -> NaN" in r.semantics
+        return
     # torch: [1, 448, 448, -448, NaN 0x7f, 0, 448]; ml_dtypes: 1e6, ±inf, 3e38 -> NaN
     assert r.saturated == 4 and r.overflow_inf == 0 and r.nan_created == 0
     assert r.ml_dtypes_nan == 4
@@ -524,6 +532,52 @@ def test_cast_report_complex_and_integer_sources() -> None:
         dg.cast_report(torch.ones(2), torch.int32)
 
 
+E8M0 = getattr(torch, "float8_e8m0fnu", None)
+needs_e8m0 = pytest.mark.skipif(
+    E8M0 is None or "float8_e8m0fnu" not in {r.name for r in tb.dtype_table()},
+    reason="this torch or ml_dtypes has no float8_e8m0fnu",
+)
+
+
+@needs_e8m0
+def test_cast_report_float8_e8m0fnu_has_no_zero_and_no_sign() -> None:
+    x = torch.tensor([0.0, -0.0, -1.0, -2.0, 1.0, 4.0, NAN])
+    # e8m0 is 2^(bits - 127): torch makes ±0 its smallest value 2^-127 (0x00) and a negative
+    # value its magnitude; ml_dtypes makes all four NaN (0xff).
+    assert bits_of(x.to(E8M0)) == [0x00, 0x00, 0x7F, 0x80, 0x7F, 0x81, 0xFF]
+    ml = x.numpy().astype(ml_dtypes.float8_e8m0fnu).view(np.uint8).tolist()
+    assert ml == [0xFF, 0xFF, 0xFF, 0xFF, 0x7F, 0x81, 0xFF]
+    r = dg.cast_report(x, "e8m0")
+    assert (r.zero_replaced, r.sign_dropped, r.ml_dtypes_nan, r.astype_differs) == (2, 2, 4, 4)
+    assert (r.nan_created, r.nan_changed, r.saturated, r.flushed_to_zero) == (0, 0, 0, 0)
+    assert (r.exact, r.inexact) == (2, 4) and not r.safe
+    assert "; 0 -> 5.87747e-39 (0x00); -1 -> 1; NaN -> 0xff" in r.semantics
+    json_ok(r)
+
+
+@needs_e8m0
+def test_cast_report_float8_e8m0fnu_powers_of_two_are_safe() -> None:
+    r = dg.cast_report(torch.tensor([2.0**-127, 0.5, 1.0, 2.0**127], dtype=torch.float64), E8M0)
+    assert r.safe and r.exact == 4 and (r.zero_replaced, r.sign_dropped) == (0, 0)
+    i = dg.cast_report(np.arange(-2, 3, dtype=np.int32), E8M0)  # -2 -1 0 1 2
+    assert (i.zero_replaced, i.sign_dropped, i.ml_dtypes_nan) == (1, 2, 3) and not i.safe
+    assert "0 -> 5.87747e-39 (0x00); -1 -> 1" in i.semantics
+
+
+@needs_e8m0
+def test_cast_report_float8_e8m0fnu_counts_every_bfloat16_pattern_as_torch_casts() -> None:
+    x = torch.from_numpy(all_patterns_u(2).view(np.int16)).view(torch.bfloat16)
+    r = dg.cast_report(x, E8M0)
+    v, got = x.double(), x.to(E8M0).double()
+    assert r.zero_replaced == int(((v == 0) & ~got.isnan()).sum()) == 2  # +0 and -0
+    # torch makes a negative value its magnitude, NaN only where that overflows (and -inf)
+    assert r.sign_dropped == int(((v < 0) & (got > 0)).sum()) == 32_575
+    assert r.nan_created == int((~v.isnan() & got.isnan()).sum()) == 2 * 65
+    with np.errstate(invalid="ignore", over="ignore"):  # ml_dtypes 0.5 warns about its NaNs
+        ml = tb.to_torch(tb.to_numpy(x).astype(ml_dtypes.float8_e8m0fnu)).double()
+    assert r.ml_dtypes_nan == int((~v.isnan() & ml.isnan()).sum()) > 2 + 32_575
+
+
 def test_cast_report_chunked_matches_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     x = torch.from_numpy(np.random.default_rng(2).standard_normal((9, 4)) * 500).float()
     whole = dg.cast_report(x, E4M3)
@@ -531,7 +585,7 @@ def test_cast_report_chunked_matches_whole(monkeypatch: pytest.MonkeyPatch) -> N
     chunked = dg.cast_report(x, E4M3)
     assert chunked.mean_rel_err == pytest.approx(whole.mean_rel_err, rel=1e-12)
     assert replace(chunked, mean_rel_err=None) == replace(whole, mean_rel_err=None)
-    assert chunked.saturated > 0 and chunked.flushed_to_zero == 0
+    assert chunked.saturated + chunked.nan_created > 0 and chunked.flushed_to_zero == 0
 
 
 def test_results_are_returned_not_printed(capsys: pytest.CaptureFixture[str]) -> None:

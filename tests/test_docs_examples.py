@@ -5,25 +5,29 @@ one defined), in a fresh temporary working directory, under the suite's warning
 filters (a warning is an error). Tracebacks point at the Markdown file and line.
 
 A block preceded by ``<!-- requires: jax -->`` (a comma-separated list of importable
-modules) runs only when those modules import; otherwise it is reported as a skipped
-test of its own, with the reason. ```bash and other blocks are not run.
+modules, each optionally with a version range: ``numpy<2.5``, ``ml_dtypes>=0.7``) runs only
+when those modules import at those versions; otherwise it is reported as a skipped test of
+its own, with the reason. A page shows behaviour that changed between releases as one
+block for each side. ```bash and other blocks are not run.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<ticks>`{3,})(?P<info>[^`]*)$")
-_REQUIRES = re.compile(r"^\s*<!--\s*requires:\s*(?P<mods>[\w., ]+?)\s*-->\s*$")
+_REQUIRES = re.compile(r"^\s*<!--\s*requires:\s*(?P<mods>[\w., <>=!]+?)\s*-->\s*$")
 _PYTHON_LIKE = {"py", "python3", "pycon", "py3"}  # would escape the runner: use ```python
 
 
@@ -39,7 +43,18 @@ class Block:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
 
     def missing(self) -> list[str]:
-        return [m for m in self.requires if importlib.util.find_spec(m) is None]
+        """The requirements not met: "jax (not installed)", "numpy<2.5 (this is 2.5.5)"."""
+        unmet = []
+        for spec in self.requires:
+            req = Requirement(spec)
+            if importlib.util.find_spec(req.name) is None:
+                unmet.append(f"{spec} (not installed)")
+                continue
+            if req.specifier:
+                have = importlib.metadata.version(req.name)
+                if not req.specifier.contains(have, prereleases=True):
+                    unmet.append(f"{spec} (this is {have})")
+        return unmet
 
 
 HIDDEN: list[str] = []  # Python-looking fences the runner would not run
@@ -102,11 +117,12 @@ def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
 def test_marked_examples_have_their_modules(block: Block) -> None:
     """A ``<!-- requires: X -->`` block skips, with the reason, when X is not installed.
 
-    When X is installed the block has already run as part of its page's test.
+    When X is installed (at the version asked for) the block has already run as part of
+    its page's test.
     """
     missing = block.missing()
     if missing:
-        pytest.skip(reason=f"{block.where} needs {', '.join(missing)}, which is not installed")
+        pytest.skip(reason=f"{block.where} needs {', '.join(missing)}")
 
 
 @pytest.mark.parametrize(

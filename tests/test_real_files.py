@@ -168,6 +168,7 @@ def test_files_are_read_by_content_with_a_note(
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.(script|save)` is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:`torch.jit.(script|save)` is deprecated:FutureWarning")  # 2.15
 def test_torchscript_and_pickled_modules_are_refused_by_name(tmp_path: Path) -> None:
     model = torch.nn.Linear(3, 2)
     torch.jit.save(torch.jit.script(model), tmp_path / "scripted.pt")

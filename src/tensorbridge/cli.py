@@ -676,7 +676,7 @@ def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
             out,
         )
         return 0 if safe else 1
-    # every count that makes a tensor unsafe has a column; "imag dropped" only when it happens
+    # every count that makes a tensor unsafe has a column; the last three only when they happen
     counts = [
         ("to inf", "overflow_inf"),
         ("saturated", "saturated"),
@@ -685,8 +685,13 @@ def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
         ("subnormal", "subnormal"),
         ("NaN changed", "nan_changed"),
     ]
-    if any(r.imag_discarded for r in reports.values()):
-        counts.append(("imag dropped", "imag_discarded"))
+    for column in (
+        ("zero replaced", "zero_replaced"),  # a target with no zero: float8_e8m0fnu
+        ("sign dropped", "sign_dropped"),  # a target with no sign: float8_e8m0fnu
+        ("imag dropped", "imag_discarded"),
+    ):
+        if any(getattr(r, column[1]) for r in reports.values()):
+            counts.append(column)
     rows = [
         [name, r.source_dtype]
         + [_num(getattr(r, field)) for _, field in counts]
@@ -789,7 +794,8 @@ def _plot_ulps(reports: Mapping[str, Any], path: str, target: str) -> None:
     for ax, name in zip(axes[:, 0], worst, strict=False):
         hist = reports[name].ulp_histogram
         ax.bar(list(hist.keys()), list(hist.values()))
-        ax.set_yscale("log")
+        # no finite result at all (every value became NaN): matplotlib 3.7 warns on a log scale
+        ax.set_yscale("log" if any(hist.values()) else "linear")
         ax.set_title(f"{name} -> {target}: error in target ULPs", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

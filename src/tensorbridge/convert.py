@@ -17,8 +17,8 @@ The rules, in one place:
 * **Casts** (``dtype=``) run torch's conversion kernels into memory allocated by
   NumPy, so they are bit-identical to ``Tensor.to()``: round-to-nearest-even, every
   NaN narrowed to bfloat16 becomes 0xFFFF, float8_e4m3fn saturates overflow and
-  inf to ±448, float8_e5m2 overflows to inf. ``tb.cast_report`` shows what a cast
-  would do before you run it.
+  inf to ±448 (torch >= 2.13; NaN before), float8_e5m2 overflows to inf.
+  ``tb.cast_report`` shows what a cast would do before you run it.
 * **Packed fp4.** torch's ``float4_e2m1fn_x2`` keeps two values a byte, element
   ``2i`` in the low nibble and ``2i + 1`` in the high nibble (the convention of
   torch's ``Float4_e2m1fn_x2.h`` and of safetensors' ``F4``); ml_dtypes'

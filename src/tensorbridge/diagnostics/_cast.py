@@ -2,11 +2,14 @@
 
 The cast is the one ``to_numpy(x, dtype=...)`` runs, torch's kernel, applied chunk
 by chunk; the report counts overflow to inf, saturation, flush to zero, NaNs made
-or changed (sign and payload) and errors in units of the target's ULP. NumPy's
-``astype`` (ml_dtypes' kernels for their types) runs on the same values beside it
-and its disagreements are counted, since the two kernels part ways on overflow
-for the float8 types. The ``semantics`` line is probed on the installed torch, once
-per dtype pair (ties, overflow, inf, the NaN it makes), not copied from documents.
+or changed (sign and payload), zeros and signs the target cannot hold (float8_e8m0fnu
+has neither: torch casts 0.0 to 2^-127 and -1.0 to +1.0, where ml_dtypes makes NaN)
+and errors in units of the target's ULP. NumPy's ``astype`` (ml_dtypes' kernels for
+their types) runs on the same values beside it and its disagreements are counted,
+since the two kernels part ways on overflow, zero and sign for the float8 types. The
+``semantics`` line is probed on the installed torch, once per dtype pair (ties,
+overflow, inf, zero and sign, the NaN it makes), not copied from documents: torch
+2.13 began to saturate float8_e4m3fn overflow, where older releases make NaN.
 """
 
 from __future__ import annotations
@@ -54,15 +57,21 @@ class CastReport(Record):
         flushed_to_zero: nonzero finite values that became ±0.
         subnormal: results that are subnormal in the target.
         nan_changed: NaNs whose sign or payload (the top mantissa bits that fit) changed.
+        zero_replaced: zeros that became a nonzero value, in a target with no zero
+            (torch casts ±0.0 to float8_e8m0fnu's smallest value, 2^-127, bits 0x00).
+        sign_dropped: negative values that came out positive, in a target with no sign
+            (torch casts -1.0 to float8_e8m0fnu's +1.0).
         max_abs_err / max_rel_err / mean_rel_err: over finite values with a finite
             result (relative: nonzero values only); ``None`` when there are none.
         ulp_histogram: |result - value| in units of the target's ULP at the value
             (correct rounding gives at most 0.5; saturation lands in ">2").
         ml_dtypes_nan: non-NaN values that NumPy's ``astype`` (ml_dtypes' kernel for its
-            types) would turn into NaN instead — e.g. float8_e4m3fn overflow.
+            types) would turn into NaN instead — e.g. float8_e4m3fn overflow, or a zero or
+            negative value cast to float8_e8m0fnu.
         astype_differs: values whose bits ``astype`` would make differently.
         imag_discarded: nonzero imaginary parts dropped by a complex-to-real cast.
-        safe: nothing overflowed, saturated, flushed, or became or changed a NaN.
+        safe: nothing overflowed, saturated, flushed, lost its zero or sign, or became or
+            changed a NaN.
     """
 
     source_dtype: str
@@ -78,6 +87,8 @@ class CastReport(Record):
     flushed_to_zero: int
     subnormal: int
     nan_changed: int
+    zero_replaced: int
+    sign_dropped: int
     max_abs_err: float | None
     max_rel_err: float | None
     mean_rel_err: float | None
@@ -92,9 +103,9 @@ def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
     """What casting ``x`` to ``dtype`` would do, with torch's kernel (``to_numpy(x, dtype=)``).
 
     >>> import torch, tensorbridge as tb
-    >>> r = tb.cast_report(torch.tensor([1.0, 1e6, float("inf")]), "float8_e4m3fn")
-    >>> r.saturated, r.ml_dtypes_nan, r.safe
-    (2, 2, False)
+    >>> r = tb.cast_report(torch.tensor([0.5, 1e6, -1.0]), "float8_e5m2")
+    >>> r.overflow_inf, r.exact, r.safe
+    (1, 2, False)
 
     Raises:
         UnsupportedDtypeError: ``dtype`` is unknown or not a floating/complex dtype.
@@ -119,6 +130,8 @@ def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
             "flushed",
             "subnormal",
             "nan_changed",
+            "zero_replaced",
+            "sign_dropped",
             "ml_nan",
             "differs",
             "imag",
@@ -149,6 +162,8 @@ def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
         c["saturated"] += int(torch.count_nonzero(beyond & r_fin & (rv.abs() == fmt.max)))
         c["nan_created"] += int(torch.count_nonzero(~s_nan & r_nan))
         c["flushed"] += int(torch.count_nonzero(s_fin & (sv != 0) & (rv == 0)))
+        c["zero_replaced"] += int(torch.count_nonzero((sv == 0) & (rv != 0) & ~r_nan))
+        c["sign_dropped"] += int(torch.count_nonzero((sv < 0) & (rv > 0)))
         c["subnormal"] += int(
             torch.count_nonzero(r_fin & (rv != 0) & (rv.abs() < fmt.smallest_normal))
         )
@@ -173,9 +188,8 @@ def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
                 hist[name] += n
         if astype_ok:
             astype_ok = _astype_check(chunk_in, res, s_nan, dst, c)
-    safe = not any(
-        c[k] for k in ("overflow_inf", "saturated", "nan_created", "flushed", "nan_changed", "imag")
-    )
+    unsafe = ("overflow_inf", "saturated", "nan_created", "flushed", "nan_changed", "imag")
+    safe = not any(c[k] for k in (*unsafe, "zero_replaced", "sign_dropped"))
     return CastReport(
         source_dtype=src.row.name,
         target_dtype=dst.name,
@@ -190,6 +204,8 @@ def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
         flushed_to_zero=c["flushed"],
         subnormal=c["subnormal"],
         nan_changed=c["nan_changed"],
+        zero_replaced=c["zero_replaced"],
+        sign_dropped=c["sign_dropped"],
         max_abs_err=max_abs if seen_finite else None,
         max_rel_err=max_rel if seen_rel else None,
         mean_rel_err=rel_sum / c["rel_n"] if seen_rel else None,
@@ -272,6 +288,7 @@ def _semantics(src: DTypeRow, dst: DTypeRow) -> str:
         if big > df.max:
             got = torch.tensor([big], dtype=src.torch).to(dcomp.torch)
             parts.append(f"overflow {_outcome(got, df)}")
+        parts += _zero_and_sign(lambda v: torch.tensor(v).to(src.torch).to(dcomp.torch), src, df)
         return "; ".join(parts)
     probe = component_row(src)
     pf = format_of(probe)
@@ -289,8 +306,26 @@ def _semantics(src: DTypeRow, dst: DTypeRow) -> str:
         parts.append(f"overflow {_outcome(cast([min(pf.max, df.max * 4)]), df)}")
         if _has_inf(probe):
             parts.append(f"±inf {_outcome(cast([math.inf]), df)}")
-    parts.append(f"NaN -> {int(bits_of(cast([math.nan]))[0]):#0{df.width // 4 + 2}x}")
+    parts += _zero_and_sign(cast, src, df)
+    parts.append(f"NaN -> {_hex(cast([math.nan]), df)}")
     return "; ".join(parts)
+
+
+def _zero_and_sign(
+    cast: Callable[[list[float]], torch.Tensor], src: DTypeRow, df: Format
+) -> list[str]:
+    """What becomes of 0 and -1 in a target that has no zero or no sign (float8_e8m0fnu)."""
+    parts = []
+    zero = cast([0.0])
+    if float(zero.to(torch.float64)[0]) != 0:
+        parts.append(f"0 {_outcome(zero, df)} ({_hex(zero, df)})")
+    if not df.signed and src.category not in ("bool", "uint"):
+        parts.append(f"-1 {_outcome(cast([-1.0]), df)}")
+    return parts
+
+
+def _hex(t: torch.Tensor, fmt: Format) -> str:
+    return f"{int(bits_of(t)[0]):#0{fmt.width // 4 + 2}x}"
 
 
 def _tie_rule(cast: Callable[[list[float]], torch.Tensor], row: DTypeRow) -> str:

@@ -41,6 +41,7 @@ from typing import IO, Any, NamedTuple, cast
 import numpy as np
 import torch
 
+from .._versions import quiet_sparse_validation
 from ..convert import to_numpy, to_torch
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedTensorError
@@ -57,6 +58,7 @@ _LEGACY_NOTE = (
 )
 
 
+@quiet_sparse_validation()  # torch 2.15 warns that it validates sparse entries; we want that
 def _torch_load(path: Path) -> tuple[Any, bool]:
     """The archive's object through the restricted unpickler, and whether it is mapped."""
     where = repr(str(path))

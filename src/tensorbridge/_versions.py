@@ -1,0 +1,103 @@
+"""What differs between the supported releases of NumPy, torch and ml_dtypes, decided once.
+
+tensorbridge runs on every release from the floors in ``pyproject.toml`` to the newest
+(``.ci/compat`` runs the test suite on both ends). Where those releases behave
+differently, the difference is a flag here, computed once at import from the installed
+versions or from the feature itself, and every other module asks this one instead of
+looking at a version. The tests check each flag against the library it describes
+(tests/test_versions.py), on whichever side of the line the installed stack is.
+
+(Which dtypes exist is the dtype table's business: a row whose dtype the installed torch
+or ml_dtypes lacks is left out when :mod:`tensorbridge.dtypes` builds the table.)
+
+>>> release("2.15.0+cu132")
+(2, 15, 0)
+>>> TORCH >= (2, 4)
+True
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+
+import ml_dtypes
+import numpy as np
+import torch
+
+__all__ = [
+    "ML_DTYPES",
+    "NUMPY",
+    "NUMPY_DLPACK_EXTENDED",
+    "TORCH",
+    "TORCH_DLPACK_READ_ONLY",
+    "TORCH_SPARSE_VALIDATION_WARNING",
+    "quiet_sparse_validation",
+    "release",
+    "torch_e4m3fn_saturates",
+]
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The numeric release of a version string, without local or pre-release parts.
+
+    >>> release("2.5.0rc1"), release("0.7.0")
+    ((2, 5, 0), (0, 7, 0))
+    """
+    m = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(part) for part in m.group().split(".")) if m else ()
+
+
+NUMPY = release(np.__version__)
+TORCH = release(str(torch.__version__))
+ML_DTYPES = release(ml_dtypes.__version__)
+
+# np.from_dlpack imports bfloat16, the float8 family and complex32 as ml_dtypes arrays from
+# NumPy 2.5 with ml_dtypes 0.7; before, it raises "Unsupported dtype in DLTensor." for
+# them, and those dtypes must go through torch's importer and the dtype table.
+NUMPY_DLPACK_EXTENDED = NUMPY >= (2, 5) and ML_DTYPES >= (0, 7)
+
+# Tensor.__dlpack__ takes read_only= from torch 2.14, so an exported capsule can carry
+# DLPack's read-only flag; before, the flag cannot be asked for.
+TORCH_DLPACK_READ_ONLY = "read_only" in inspect.signature(torch.Tensor.__dlpack__).parameters
+
+
+@cache
+def torch_e4m3fn_saturates() -> bool:
+    """Whether torch's casts to float8_e4m3fn saturate overflow and ±inf to ±448.
+
+    They do from torch 2.13; torch 2.12 and older make NaN there, as ml_dtypes does.
+    tensorbridge casts with torch's kernel either way (every other float8, bfloat16 and
+    float16 cast is the same from torch 2.10 to 2.15). Probed with one cast, on first use
+    (a first torch op costs milliseconds, too much for every import).
+
+    >>> torch_e4m3fn_saturates() == (TORCH >= (2, 13))
+    True
+    """
+    return float(torch.tensor([1e6]).to(torch.float8_e4m3fn).float()[0]) == 448.0
+
+
+# torch 2.15 validates every sparse tensor that torch.load(weights_only=True) reads and
+# warns that it does ("an O(nnz) scan"). Validating an untrusted file is what the readers
+# want, so they silence this one warning (older torch raises no such warning).
+TORCH_SPARSE_VALIDATION_WARNING = "Validating sparse tensor invariants because weights_only=True"
+
+
+@contextmanager
+def quiet_sparse_validation() -> Iterator[None]:
+    """Run a ``torch.load(weights_only=True)`` without torch 2.15's sparse-validation warning.
+
+    Also a decorator. Every other warning still reaches the caller.
+
+    >>> with quiet_sparse_validation():
+    ...     pass
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=re.escape(TORCH_SPARSE_VALIDATION_WARNING), category=UserWarning
+        )
+        yield
