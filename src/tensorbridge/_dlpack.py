@@ -196,11 +196,8 @@ def read_header(capsule: Any) -> Header:
 
 
 @functools.cache
-def max_version() -> tuple[int, int] | None:
-    """The newest DLPack version torch's importer reads; ``None`` before torch 2.9."""
-    # version check: move to _versions.py (torch >= 2.9 imports DLPack 1.x capsules)
-    if not hasattr(torch._C, "_to_dlpack_versioned"):
-        return None
+def max_version() -> tuple[int, int]:
+    """The newest DLPack version torch's importer reads (every supported torch reads 1.x)."""
     own = torch.empty(0).__dlpack__(max_version=(1, 255))  # torch writes its own version
     header = DLManagedTensorVersioned.from_address(capsule_pointer(own, VERSIONED))
     return (int(header.version.major), int(header.version.minor))
@@ -259,10 +256,7 @@ def export(x: Any, what: str, host_copy_allowed: bool) -> tuple[Any, bool]:
         return x, False
     kind, index = x.__dlpack_device__()
     device = (int(kind), int(index))
-    kwargs: dict[str, Any] = {}
-    newest = max_version()
-    if newest is not None:
-        kwargs["max_version"] = newest
+    kwargs: dict[str, Any] = {"max_version": max_version()}
     host_copy = not torch_reads(device[0])
     if host_copy:
         if not host_copy_allowed:
