@@ -7,10 +7,10 @@ that holds the same bits: NumPy's own for the classic types, and the
 lacks. Both sides of a row have the same item size, so converting is a
 reinterpretation of the same bytes (zero-copy, bit-exact).
 
-Rows whose dtype the installed torch or ml_dtypes lacks (``complex32`` before
-ml_dtypes 0.7, ``float8_e8m0fnu`` before ml_dtypes 0.6) are skipped when the table
-is built, by asking for the dtype rather than comparing versions; behaviour that
-differs between releases is decided in :mod:`tensorbridge._versions`.
+Rows whose dtype the installed ml_dtypes lacks (``complex32`` before ml_dtypes
+0.7) are skipped when the table is built, by asking for the dtype rather than
+comparing versions; behaviour that differs between releases is decided in
+:mod:`tensorbridge._versions`.
 
 Identity, never ``dtype.kind``: ml_dtypes reports bfloat16 as kind ``'V'`` (like
 a structured or void dtype), float8_e5m2 as ``'f'`` and complex32 as ``'c'``.
