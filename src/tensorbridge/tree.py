@@ -348,13 +348,10 @@ def _numpy_pass(
                 batched.append((i, plan))
             else:
                 out[i] = plan.run(x, None)
-        if _separate(leaves, batched):  # no ties to keep, no device to wait for
-            for i, plan in batched:
-                out[i] = plan.run(leaves[i], None)
-        else:
-            planned = [_leaf(i, leaves[i], plan.src, plan.dst) for i, plan in batched]
+        planned = _run_or_stage(leaves, out, batched, True, cursor)
     except Exception:
-        cursor.index = i
+        if cursor.index is None:
+            cursor.index = i
         raise
     if planned:
         made = convert_planned(planned, _CPU, cursor)
@@ -409,13 +406,11 @@ def _torch_pass(
                 batched.append((i, plan))
             else:
                 out[i] = plan.run(x, None)
-        if (target is None or target.type == "cpu") and _separate(leaves, batched):
-            for i, plan in batched:
-                out[i] = plan.run(leaves[i], None)
-        else:
-            planned = [_leaf(i, leaves[i], plan.src, plan.dst) for i, plan in batched]
+        host = target is None or target.type == "cpu"
+        planned = _run_or_stage(leaves, out, batched, host, cursor)
     except Exception:
-        cursor.index = i
+        if cursor.index is None:
+            cursor.index = i
         raise
     if planned:
         made = convert_planned(planned, target, cursor)
@@ -442,6 +437,19 @@ def _firsts(leaves: list[Any], torch_side: bool = False) -> tuple[Iterable[int],
         else:
             repeats[i] = j
     return unique, repeats
+
+
+def _run_or_stage(
+    leaves: list[Any], out: list[Any], batched: list[tuple[int, Plan]], host: bool, cursor: Cursor
+) -> list[Leaf]:
+    """Run the copy plans leaf by leaf where nothing ties them; else hand them to staging."""
+    if host and _separate(leaves, batched):  # no ties to keep, no device to wait for
+        for i, plan in batched:
+            cursor.index = i
+            out[i] = plan.run(leaves[i], None)
+        cursor.index = None
+        return []
+    return [_leaf(i, leaves[i], plan.src, plan.dst) for i, plan in batched]
 
 
 def _separate(leaves: list[Any], batched: list[tuple[int, Plan]]) -> bool:
