@@ -161,10 +161,10 @@ def plan_numpy(
     plan = decide_numpy(x, dtype, copy, readonly, into)
     if len(_NUMPY_PLANS) >= _CACHE_LIMIT:
         _NUMPY_PLANS.clear()
-        _QUICK_NUMPY.clear()
+        QUICK_NUMPY.clear()
     _NUMPY_PLANS[key] = plan
     if plan.quick is not None and not into and type(x) is torch.Tensor:
-        _QUICK_NUMPY[(x.dtype, dtype, copy, readonly)] = plan.quick
+        QUICK_NUMPY[(x.dtype, dtype, copy, readonly)] = plan.quick
     return plan
 
 
@@ -201,8 +201,8 @@ def forget() -> None:
     """Empty the plan caches (for tests that count decisions)."""
     _NUMPY_PLANS.clear()
     _TORCH_PLANS.clear()
-    _QUICK_NUMPY.clear()
-    _QUICK_TORCH.clear()
+    QUICK_NUMPY.clear()
+    QUICK_TORCH.clear()
 
 
 # --- running plans, and the quick path of the zero-copy ones -----------------------------------
@@ -212,20 +212,15 @@ def forget() -> None:
 # signature would be planned differently (grad, another device, a conj/neg bit, a
 # sparse or nested layout, negative or odd strides), so a refusal only means "plan by
 # the full signature"; they are filled by the planner, never written by hand.
-_QUICK_NUMPY: dict[tuple[torch.dtype, Any, bool | None, bool], Run] = {}
-_QUICK_TORCH: dict[np.dtype[Any], Run] = {}
-_REFUSALS = (RuntimeError, TypeError, ValueError)
+QUICK_NUMPY: dict[tuple[torch.dtype, Any, bool | None, bool], Run] = {}
+QUICK_TORCH: dict[np.dtype[Any], Run] = {}
+REFUSALS = (RuntimeError, TypeError, ValueError)
 
 
 def run_numpy(
     x: Any, dtype: Any = None, copy: bool | None = None, readonly: bool = False, out: Any = None
 ) -> Any:
-    """Plan ``to_numpy`` for ``x`` and run the plan."""
-    if out is None and type(x) is torch.Tensor:
-        try:
-            return _QUICK_NUMPY[(x.dtype, dtype, copy, readonly)](x, None)
-        except (KeyError, *_REFUSALS):
-            pass  # no quick plan yet, or a flag it does not cover: the full signature decides
+    """Plan ``to_numpy`` for ``x`` and run the plan (``to_numpy`` tries the quick plan first)."""
     if dlpack.is_producer(x):  # JAX, CuPy, MLX, ... or a capsule: import once, then plan
         return dlpack.numpy_from(x, _numpy_call, dtype=dtype, copy=copy, readonly=readonly, out=out)
     return plan_numpy(x, dtype, copy, readonly, out is not None).run(x, out)
@@ -252,23 +247,10 @@ def run_torch(
     requires_grad: bool = False,
     out: Any = None,
 ) -> torch.Tensor:
-    """Plan ``to_torch`` for ``x`` (an array, a tensor, or what ``np.asarray`` takes); run it."""
-    if (
-        type(x) is np.ndarray
-        and dtype is None
-        and device is None
-        and not copy
-        and out is None
-        and not requires_grad
-        and x.flags.writeable
-    ):
-        quick = _QUICK_TORCH.get(x.dtype)
-        if quick is not None:
-            try:
-                made: torch.Tensor = quick(x, None)
-                return made
-            except _REFUSALS:
-                pass
+    """Plan ``to_torch`` for ``x`` (an array, a tensor, or what ``np.asarray`` takes); run it.
+
+    ``to_torch`` tries the quick plan first.
+    """
     if dlpack.is_producer(x):  # JAX, CuPy, MLX, ... or a capsule: import once, then plan
         return dlpack.torch_from(
             x, _torch_call, dtype=dtype, device=device, copy=copy,
@@ -796,7 +778,7 @@ def decide_torch(
             return Plan("torch", ("copy", *grad), None, True, src, dst, batch, run_copy)
         view = _tensor_view(src, subclass, requires_grad)
         if not subclass and not requires_grad:
-            _QUICK_TORCH[a.dtype] = view
+            QUICK_TORCH[a.dtype] = view
         return Plan("torch", ("view", *grad), None, False, src, dst, False, view)
     needs_copy("to_torch", reason, copy)
     if remote:

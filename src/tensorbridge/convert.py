@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._plan import run_numpy, run_torch
+from ._plan import QUICK_NUMPY, QUICK_TORCH, REFUSALS, run_numpy, run_torch
 from .dtypes import DeviceLike, DTypeLike
 
 __all__ = ["to_numpy", "to_torch"]
@@ -73,6 +73,13 @@ def to_numpy(
     >>> a.dtype, a.tobytes() == t.view(torch.uint8).numpy().tobytes()
     (dtype(bfloat16), True)
     """
+    if out is None and type(tensor) is torch.Tensor:  # the planner's quick plan for the dtype
+        try:
+            quick = QUICK_NUMPY.get((tensor.dtype, dtype, copy, readonly))
+            if quick is not None:
+                return quick(tensor, None)
+        except REFUSALS:
+            pass  # a flag the quick plan does not cover: the full signature decides
     return run_numpy(tensor, dtype, copy, readonly, out)
 
 
@@ -110,4 +117,20 @@ def to_torch(
     >>> t.dtype, np.shares_memory(a, tb.to_numpy(t))
     (torch.bfloat16, True)
     """
+    if (
+        type(array) is np.ndarray
+        and dtype is None
+        and device is None
+        and not copy
+        and out is None
+        and not requires_grad
+        and array.flags.writeable
+    ):  # the planner's quick plan for the dtype
+        quick = QUICK_TORCH.get(array.dtype)
+        if quick is not None:
+            try:
+                made: torch.Tensor = quick(array, None)
+                return made
+            except REFUSALS:
+                pass  # strides torch cannot view: the full signature decides
     return run_torch(array, dtype, device, copy, requires_grad, out)
