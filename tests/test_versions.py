@@ -96,3 +96,14 @@ def test_torch_e4m3fn_saturates_says_what_the_cast_does() -> None:
     assert saturates is (_versions.TORCH >= (2, 13))  # the release where it changed
     r = tb.cast_report(x, "float8_e4m3fn")
     assert (r.saturated, r.nan_created) == ((3, 0) if saturates else (0, 3))
+
+
+def test_numpy_read_only_dlpack_export_matches_the_flag() -> None:
+    frozen = np.zeros(2)
+    frozen.flags.writeable = False
+    if _versions.NUMPY_DLPACK_READ_ONLY:
+        assert frozen.__dlpack__(max_version=(1, 0)) is not None
+        assert _versions.NUMPY >= (2, 1)
+    else:
+        with pytest.raises((TypeError, BufferError)):
+            frozen.__dlpack__(max_version=(1, 0))

@@ -61,6 +61,21 @@ ML_DTYPES = release(ml_dtypes.__version__)
 # them, and those dtypes must go through torch's importer and the dtype table.
 NUMPY_DLPACK_EXTENDED = NUMPY >= (2, 5) and ML_DTYPES >= (0, 7)
 
+
+def _numpy_exports_read_only() -> bool:
+    frozen = np.zeros(1)
+    frozen.flags.writeable = False
+    try:
+        frozen.__dlpack__(max_version=(1, 0))
+    except (TypeError, BufferError):
+        return False
+    return True
+
+
+# ndarray.__dlpack__ speaks DLPack 1.0 (max_version=, the read-only flag) from NumPy 2.1;
+# before, it takes no keywords and refuses to export a read-only array at all (BufferError).
+NUMPY_DLPACK_READ_ONLY = _numpy_exports_read_only()
+
 # Tensor.__dlpack__ takes read_only= from torch 2.14, so an exported capsule can carry
 # DLPack's read-only flag; before, the flag cannot be asked for.
 TORCH_DLPACK_READ_ONLY = "read_only" in inspect.signature(torch.Tensor.__dlpack__).parameters
