@@ -30,10 +30,12 @@ PLAIN_SUBCLASSES: tuple[type, ...] = tuple(
 )
 BYTE = BY_TORCH[torch.uint8]
 
-# Below this many bytes torch's caching allocator wins a fresh copy; above it NumPy's
-# (large allocations are fresh pages that fault in faster). Measured by the benchmarks'
-# cast table; see docs/bench/report.md.
-NUMPY_ALLOC_BYTES = 0
+# A fresh copy that ends as an array is allocated by NumPy at every size (measured: from
+# 100 elements to 4M, NumPy's np.empty + torch's copy_ beats torch's own .to() + .numpy()).
+# One that ends as a tensor is torch's single .to() below this many bytes (one op, no
+# second view to build) and NumPy's memory above it (large NumPy allocations fault in
+# faster). See the benchmarks' cast table, docs/bench/report.md.
+TORCH_COPY_BYTES = 1 << 20
 
 
 # --- the one bit-cast, both ways -------------------------------------------------------------
@@ -114,13 +116,15 @@ def host_tensor(a: np.ndarray, row: DTypeRow) -> torch.Tensor:
 
 
 def empty(shape: tuple[int, ...], row: DTypeRow) -> torch.Tensor:
-    """Uninitialised host memory for a copy, from whichever allocator is faster at its size."""
-    count = 1
-    for n in shape:
-        count *= n
-    if count * row.itemsize < NUMPY_ALLOC_BYTES:
-        return torch.empty(shape, dtype=row.torch)
+    """Uninitialised host memory for a copy, allocated by NumPy, as a tensor view."""
     return as_tensor(np.empty(shape, row.numpy), row)
+
+
+def host_copy(t: torch.Tensor, dst: DTypeRow) -> torch.Tensor:
+    """A host copy of a CPU tensor as a tensor, cast to ``dst``: the faster way for its size."""
+    if t.numel() * dst.itemsize < TORCH_COPY_BYTES:
+        return t.to(dst.torch, copy=True)
+    return empty(tuple(t.shape), dst).copy_(t)
 
 
 def fresh_copy(t: torch.Tensor, dst: DTypeRow, keep_order: bool) -> np.ndarray:

@@ -162,9 +162,12 @@ def plan_numpy(
     if len(_NUMPY_PLANS) >= _CACHE_LIMIT:
         _NUMPY_PLANS.clear()
         QUICK_NUMPY.clear()
+        QUICK_SHARES.clear()
     _NUMPY_PLANS[key] = plan
     if plan.quick is not None and not into and type(x) is torch.Tensor:
         QUICK_NUMPY[(x.dtype, dtype, copy, readonly)] = plan.quick
+        if not plan.copies:
+            QUICK_SHARES[(x.dtype, dtype, copy, readonly)] = plan.quick
     return plan
 
 
@@ -202,6 +205,7 @@ def forget() -> None:
     _NUMPY_PLANS.clear()
     _TORCH_PLANS.clear()
     QUICK_NUMPY.clear()
+    QUICK_SHARES.clear()
     QUICK_TORCH.clear()
 
 
@@ -214,6 +218,9 @@ def forget() -> None:
 # the full signature"; they are filled by the planner, never written by hand.
 QUICK_NUMPY: dict[tuple[torch.dtype, Any, bool | None, bool], Run] = {}
 QUICK_TORCH: dict[np.dtype[Any], Run] = {}
+# The zero-copy subset of QUICK_NUMPY: what a tree may run leaf by leaf without looking
+# for ties (views share memory anyway; copies may have to keep ties).
+QUICK_SHARES: dict[tuple[torch.dtype, Any, bool | None, bool], Run] = {}
 REFUSALS = (RuntimeError, TypeError, ValueError)
 
 
@@ -790,6 +797,7 @@ def decide_torch(
         return Plan("torch", (*steps, *moves, *grad), reason, True, src, dst, batch, run_remote)
 
     flip = dst is src and state == _NEGATIVE
+    direct = a.dtype.isnative and state == _VIEWABLE  # torch can read the memory as it is
 
     def run_host(x: np.ndarray, out: Any) -> torch.Tensor:
         if flip:  # one copy; torch cannot view negative strides
@@ -797,8 +805,8 @@ def decide_torch(
             np.copyto(fresh, x)
             made = mem.as_tensor(fresh, dst)
         else:
-            made = mem.empty(x.shape, dst)
-            made.copy_(mem.host_tensor(x, src))
+            host = mem.reader(x, src) if direct else mem.host_tensor(x, src)
+            made = mem.host_copy(host, dst)
         return finish_tensor(made, requires_grad, None)
 
     shown = (*steps, *moves) if moves or steps else ("copy",)

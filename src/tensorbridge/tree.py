@@ -34,7 +34,17 @@ import torch
 
 from . import _dlpack as dlpack
 from . import _memory as mem
-from ._plan import Plan, plain_tensor, plan_numpy, plan_torch, run_numpy, run_torch
+from ._plan import (
+    QUICK_NUMPY,
+    QUICK_SHARES,
+    REFUSALS,
+    Plan,
+    plain_tensor,
+    plan_numpy,
+    plan_torch,
+    run_numpy,
+    run_torch,
+)
 from ._staging import Cursor, Leaf, array_layout, convert_planned, tensor_layout
 from .dtypes import (
     BY_TORCH,
@@ -337,14 +347,30 @@ def _numpy_pass(
     firsts, repeats = _firsts(leaves)
     i = 0
     try:
+        # Copies ahead and nothing overlaps: each leaf converts on its own, by its quick plan
+        # where there is one; otherwise zero-copy leaves do, and copies may keep ties.
+        alone = (copy or not cast.none) and _separate(leaves, firsts)
+        quicks = QUICK_NUMPY if alone else QUICK_SHARES
+        plain_cast = cast.none
         for i in firsts:
             x = leaves[i]
-            if dlpack.is_producer(x):  # another library's array: import it, then cast it
+            if type(x) is torch.Tensor:  # the planner's quick plan for the dtype
+                spec = None if plain_cast else cast.spec_of(x)
+                try:
+                    quick = quicks.get((x.dtype, spec, copy, readonly))
+                    if quick is not None:
+                        out[i] = quick(x, None)
+                        continue
+                except REFUSALS:
+                    pass  # a flag the quick plan does not cover: the full signature decides
+            elif dlpack.is_producer(x):  # another library's array: import it, then cast it
                 made = run_numpy(x, cast.every, copy, readonly)
                 out[i] = made if cast.none else run_numpy(made, cast.spec_of(made), None, readonly)
                 continue
-            plan = plan_numpy(x, cast.spec_of(x), copy, readonly)
-            if plan.batch and _stageable(x):
+            else:
+                spec = None if plain_cast else cast.spec_of(x)
+            plan = plan_numpy(x, spec, copy, readonly)
+            if plan.batch and _stageable(x) and not alone:
                 batched.append((i, plan))
             else:
                 out[i] = plan.run(x, None)
@@ -452,26 +478,39 @@ def _run_or_stage(
     return [_leaf(i, leaves[i], plan.src, plan.dst) for i, plan in batched]
 
 
-def _separate(leaves: list[Any], batched: list[tuple[int, Plan]]) -> bool:
+def _separate(leaves: list[Any], at: Iterable[int] | list[tuple[int, Plan]]) -> bool:
     """Whether the batched leaves are host memory that provably overlaps nowhere.
 
     Then each converts on its own (no tie to keep, no transfer to batch); otherwise the
     staging keeps overlapping leaves as views of one converted span.
     """
     spans = []
-    for i, _ in batched:
-        x = leaves[i]
-        if isinstance(x, torch.Tensor):
-            if not x.is_cpu:
+    owners: list[np.ndarray] = []
+    try:
+        for item in at:
+            x = leaves[item[0] if isinstance(item, tuple) else item]
+            if isinstance(x, torch.Tensor):
+                if not x.is_cpu:
+                    return False
+                st = x.untyped_storage()  # sparse / nested tensors have none: they raise
+                lo = st.data_ptr()
+                spans.append((lo, lo + st.nbytes()))
+            elif isinstance(x, np.ndarray):
+                if x.base is None:  # owns its memory: only a tensor leaf could view it
+                    owners.append(x)
+                    continue
+                if not x.flags.c_contiguous:
+                    return False
+                lo = mem.address(x)
+                spans.append((lo, lo + x.nbytes))
+            else:  # a producer or a scalar: not worth proving
                 return False
-            st = x.untyped_storage()
-            lo = st.data_ptr()
-            spans.append((lo, lo + st.nbytes()))
-        elif x.flags.c_contiguous:
+    except (RuntimeError, NotImplementedError):
+        return False
+    if spans:  # other leaves could view an owner's memory: place the owners too
+        for x in owners:
             lo = mem.address(x)
             spans.append((lo, lo + x.nbytes))
-        else:
-            return False
     spans.sort()
     return all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
 
