@@ -100,7 +100,7 @@ def reader(a: np.ndarray, row: DTypeRow) -> torch.Tensor:
     """
     if not a.flags.writeable:
         return host_view(address(a), a.shape, a.strides, row, a)
-    return as_tensor(a.view(np.ndarray), row)
+    return as_tensor(a if type(a) is np.ndarray else a.view(np.ndarray), row)
 
 
 def host_tensor(a: np.ndarray, row: DTypeRow) -> torch.Tensor:

@@ -807,7 +807,7 @@ def decide_torch(
         else:
             host = mem.reader(x, src) if direct else mem.host_tensor(x, src)
             made = mem.host_copy(host, dst)
-        return finish_tensor(made, requires_grad, None)
+        return finish_tensor(made, True, None) if requires_grad else made
 
     shown = (*steps, *moves) if moves or steps else ("copy",)
     return Plan("torch", (*shown, *grad), reason, True, src, dst, batch, run_host)

@@ -410,7 +410,9 @@ def _torch_pass(
     try:
         for i in firsts:
             x = leaves[i]
-            if isinstance(x, np.generic):
+            if type(x) is np.ndarray:
+                pass
+            elif isinstance(x, np.generic):
                 x = np.asarray(x)
             elif dlpack.is_producer(x):  # another library's array: import it, then cast it
                 imported = run_torch(x, cast.every, device, copy)
