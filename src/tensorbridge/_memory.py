@@ -136,11 +136,10 @@ def fresh_copy(t: torch.Tensor, dst: DTypeRow, keep_order: bool) -> np.ndarray:
     """
     if keep_order and not t.is_contiguous():
         fresh = np.empty_like(as_numpy(t, dst), subok=False)
-        as_tensor(fresh, dst).copy_(t)
-        return fresh
-    made = empty(tuple(t.shape), dst)
-    made.copy_(t)
-    return as_numpy(made, dst)
+    else:
+        fresh = np.empty(t.shape, dst.numpy)
+    as_tensor(fresh, dst).copy_(t)  # also resolves a conjugate / negative bit
+    return fresh
 
 
 def fresh_array_copy(a: np.ndarray) -> np.ndarray:

@@ -73,9 +73,10 @@ class Plan:
         batch: a plain strided copy, cast or transfer that the tree functions may
             stage together with other leaves.
         run: the executor, ``run(value, out)``.
-        quick: for a plain host tensor's plan, the same executor guarded so that it
-            refuses (raises) any value whose full signature would plan differently:
-            it may then serve every tensor of the dtype (see :func:`run_numpy`).
+        quick: for a plain host tensor's (or a writable array's) plan, the same executor
+            guarded so that it refuses (raises) any value whose full signature would plan
+            differently: it may then serve every value of the dtype (``to_numpy`` /
+            ``to_torch`` try it first).
     """
 
     to: str
@@ -121,12 +122,6 @@ def strides_state(a: np.ndarray) -> Hashable:
         return _NEGATIVE
     if size and any(s % size for s in strides):
         return tuple(strides)
-    return _VIEWABLE
-    size = a.itemsize
-    if any(s < 0 for s in a.strides):
-        return _NEGATIVE
-    if size and any(s % size for s in a.strides):
-        return tuple(a.strides)
     return _VIEWABLE
 
 
@@ -196,7 +191,10 @@ def plan_torch(
     plan = decide_torch(x, dtype, device, copy, requires_grad, into)
     if len(_TORCH_PLANS) >= _CACHE_LIMIT:
         _TORCH_PLANS.clear()
+        QUICK_TORCH.clear()
     _TORCH_PLANS[key] = plan
+    if plan.quick is not None and dtype is None and device is None and not into:
+        QUICK_TORCH[x.dtype] = plan.quick  # to_torch asks for it with those defaults only
     return plan
 
 
@@ -230,7 +228,7 @@ def run_numpy(
     """Plan ``to_numpy`` for ``x`` and run the plan (``to_numpy`` tries the quick plan first)."""
     if dlpack.is_producer(x):  # JAX, CuPy, MLX, ... or a capsule: import once, then plan
         return dlpack.numpy_from(x, _numpy_call, dtype=dtype, copy=copy, readonly=readonly, out=out)
-    return plan_numpy(x, dtype, copy, readonly, out is not None).run(x, out)
+    return _numpy_call(x, dtype=dtype, copy=copy, readonly=readonly, out=out)
 
 
 def _numpy_call(x: Any, *, dtype: Any, copy: bool | None, readonly: bool, out: Any) -> Any:
@@ -265,10 +263,9 @@ def run_torch(
         )  # fmt: skip
     if not isinstance(x, (np.ndarray, torch.Tensor)):
         x = np.asarray(x)
-    result: torch.Tensor = plan_torch(x, dtype, device, copy, requires_grad, out is not None).run(
-        x, out
+    return _torch_call(
+        x, dtype=dtype, device=device, copy=copy, requires_grad=requires_grad, out=out
     )
-    return result
 
 
 # --- shared rules ------------------------------------------------------------------------------
@@ -472,17 +469,11 @@ def _fresh(dst: DTypeRow, detach: bool, readonly: bool, keep_order: bool) -> Run
     It refuses a tensor off the host (raising ``TypeError``), so that it can serve as
     the plan's quick executor; conj/neg bits are resolved by the copy itself.
     """
-    ndt = dst.numpy
 
     def run(x: torch.Tensor, out: Any) -> np.ndarray:
         if not x.is_cpu:
             raise TypeError("not a host tensor")
-        t = x.detach() if detach else x
-        if keep_order and not t.is_contiguous():
-            fresh = mem.fresh_copy(t, dst, keep_order=True)
-        else:
-            fresh = np.empty(t.shape, ndt)
-            mem.as_tensor(fresh, dst).copy_(t)
+        fresh = mem.fresh_copy(x.detach() if detach else x, dst, keep_order)
         if readonly:
             fresh.flags.writeable = False
         return fresh
@@ -529,15 +520,8 @@ def _array_to_numpy(
     """Arrays given to ``to_numpy`` (as tree leaves often are) follow the same contract."""
     dst = _spec_row(dtype)
     src = native_row(a.dtype)
-    viewable = (
-        a.dtype.isnative
-        and strides_state(a) == _VIEWABLE
-        and type(a)
-        in (
-            np.ndarray,
-            np.memmap,
-        )
-    )
+    plain_type = type(a) in (np.ndarray, np.memmap)
+    viewable = plain_type and a.dtype.isnative and strides_state(a) == _VIEWABLE
     if dst is not None and dst.numpy != a.dtype:
         reason = f"is {a.dtype} and a cast to {dst.name} makes new values"
         needs_copy("to_numpy", reason, copy)
@@ -546,9 +530,7 @@ def _array_to_numpy(
         cast_to = dst
 
         def run_cast(x: np.ndarray) -> np.ndarray:
-            fresh = mem.empty(x.shape, cast_to)
-            fresh.copy_(mem.host_tensor(x, src))
-            return mem.as_numpy(fresh, cast_to)
+            return mem.fresh_copy(mem.host_tensor(x, src), cast_to, keep_order=False)
 
         steps = ("byteswap", "cast") if not a.dtype.isnative else ("cast",)
         return Plan(
@@ -787,9 +769,8 @@ def decide_torch(
 
             return Plan("torch", ("copy", *grad), None, True, src, dst, batch, run_copy)
         view = _tensor_view(src, subclass, requires_grad)
-        if not subclass and not requires_grad:
-            QUICK_TORCH[a.dtype] = view
-        return Plan("torch", ("view", *grad), None, False, src, dst, False, view)
+        quick = None if subclass or requires_grad else view
+        return Plan("torch", ("view", *grad), None, False, src, dst, False, view, quick)
     needs_copy("to_torch", reason, copy)
     if remote:
 

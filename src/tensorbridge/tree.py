@@ -315,7 +315,7 @@ class _Cast(NamedTuple):
 
     def spec_of(self, x: Any) -> Any:
         """The ``dtype=`` for one leaf (a tensor or an array)."""
-        if self.given is None and self.floats is None:
+        if self.none:
             return None
         if isinstance(x, torch.Tensor):
             return self.spec(BY_TORCH.get(x.dtype))
@@ -471,7 +471,7 @@ def _run_or_stage(
     leaves: list[Any], out: list[Any], batched: list[tuple[int, Plan]], host: bool, cursor: Cursor
 ) -> list[Leaf]:
     """Run the copy plans leaf by leaf where nothing ties them; else hand them to staging."""
-    if host and _separate(leaves, batched):  # no ties to keep, no device to wait for
+    if host and _separate(leaves, [i for i, _ in batched]):  # no ties, no device to wait for
         for i, plan in batched:
             cursor.index = i
             out[i] = plan.run(leaves[i], None)
@@ -480,8 +480,8 @@ def _run_or_stage(
     return [_leaf(i, leaves[i], plan.src, plan.dst) for i, plan in batched]
 
 
-def _separate(leaves: list[Any], at: Iterable[int] | list[tuple[int, Plan]]) -> bool:
-    """Whether the batched leaves are host memory that provably overlaps nowhere.
+def _separate(leaves: list[Any], at: Iterable[int]) -> bool:
+    """Whether the leaves at ``at`` are host memory that provably overlaps nowhere.
 
     Then each converts on its own (no tie to keep, no transfer to batch); otherwise the
     staging keeps overlapping leaves as views of one converted span.
@@ -489,8 +489,8 @@ def _separate(leaves: list[Any], at: Iterable[int] | list[tuple[int, Plan]]) -> 
     spans = []
     owners: list[np.ndarray] = []
     try:
-        for item in at:
-            x = leaves[item[0] if isinstance(item, tuple) else item]
+        for i in at:
+            x = leaves[i]
             if isinstance(x, torch.Tensor):
                 if not x.is_cpu:
                     return False
