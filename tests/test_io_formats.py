@@ -28,6 +28,11 @@ def by_name(f: Format) -> str:
     return f.name
 
 
+def required(fmt: Format) -> dict[str, str]:
+    """The metadata a format's files must hold (GGUF's general.architecture)."""
+    return {key: "test" for key in fmt.required_metadata}
+
+
 def two(fmt: Format) -> dict[str, np.ndarray]:
     return {"a": np.arange(6, dtype=np.float32), "b": np.ones(3, ml_dtypes.bfloat16)}
 
@@ -40,7 +45,7 @@ def test_rows_are_consistent() -> None:
     kinds = [k for f in FORMATS for k in f.kinds]
     assert len(suffixes) == len(set(suffixes)) and len(kinds) == len(set(kinds))
     assert all(s.startswith(".") and s == s.lower() for s in suffixes)
-    assert [f.name for f in FORMATS] == ["safetensors", "npy", "npz", "pt"]
+    assert [f.name for f in FORMATS] == ["safetensors", "npy", "npz", "pt", "gguf"]
     for f in FORMATS:
         assert f.single_array or f.many_arrays, f.name
         assert not f.text_metadata or f.metadata, f.name
@@ -70,8 +75,8 @@ def test_every_save_has_the_one_signature(fmt: Format) -> None:
 
 
 def test_listing_follows_the_table_order() -> None:
-    assert listing(lambda f: f.metadata, " or ") == ".safetensors or .pt"
-    assert listing(lambda f: f.many_arrays) == ".safetensors / .npz / .pt"
+    assert listing(lambda f: f.metadata, " or ") == ".safetensors or .pt or .gguf"
+    assert listing(lambda f: f.many_arrays) == ".safetensors / .npz / .pt / .gguf"
     assert listing(lambda f: False) == ""
 
 
@@ -86,7 +91,7 @@ def test_many_arrays(fmt: Format, tmp_path: Path) -> None:
             tb.save(two(fmt), path)
         assert not path.exists()
         return
-    tb.save(two(fmt), path)
+    tb.save(two(fmt), path, metadata=required(fmt))
     got = tb.load(path)
     assert list(got) == ["a", "b"]
     assert got["b"].dtype == ml_dtypes.bfloat16 and got["b"].tobytes() == two(fmt)["b"].tobytes()
@@ -116,7 +121,7 @@ def test_metadata(fmt: Format, tmp_path: Path) -> None:
             tb.save(data, path, metadata={"epoch": 3})
         assert not path.exists()
         return
-    tb.save(data, path, metadata={"epoch": 3})
+    tb.save(data, path, metadata={**required(fmt), "epoch": 3})
     with tb.open(path) as f:
         assert f.metadata["epoch"] == "3"
         assert f.plain_values()["epoch"] == ("3" if fmt.text_metadata else 3)
@@ -139,7 +144,8 @@ def test_sharding(fmt: Format, tmp_path: Path) -> None:
 @pytest.mark.parametrize("fmt", WRITABLE, ids=by_name)
 def test_memory_map(fmt: Format, tmp_path: Path) -> None:
     path = tmp_path / f"x{fmt.suffixes[0]}"
-    tb.save(two(fmt) if fmt.many_arrays else np.arange(6, dtype=np.float32), path)
+    data = two(fmt) if fmt.many_arrays else np.arange(6, dtype=np.float32)
+    tb.save(data, path, metadata=required(fmt))
     with tb.open(path) as f:
         name = f.keys()[0]
         first, again = f[name], f[name]
@@ -153,7 +159,8 @@ def test_memory_map(fmt: Format, tmp_path: Path) -> None:
 @pytest.mark.parametrize("fmt", WRITABLE, ids=by_name)
 def test_raw_dtype(fmt: Format, tmp_path: Path) -> None:
     path = tmp_path / f"x{fmt.suffixes[0]}"
-    tb.save(two(fmt) if fmt.many_arrays else np.arange(6, dtype=np.float32), path)
+    data = two(fmt) if fmt.many_arrays else np.arange(6, dtype=np.float32)
+    tb.save(data, path, metadata=required(fmt))
     if fmt.raw_dtype:
         with tb.open(path, dtype="bf16") as f:  # no raw member here: the dtypes stay
             assert f.info(f.keys()[0])[0].name == "float32"
@@ -167,7 +174,7 @@ def test_suffix_and_kind(fmt: Format, tmp_path: Path) -> None:
     for suffix in fmt.suffixes:
         path = tmp_path / f"x{suffix}"
         assert destination(path).format is fmt
-        tb.save(two(fmt) if fmt.many_arrays else np.zeros(2), path)
+        tb.save(two(fmt) if fmt.many_arrays else np.zeros(2), path, metadata=required(fmt))
         assert by_kind(detect(path)) is fmt
         with tb.open(path) as f:
             assert f.notes == [] and isinstance(f, fmt.reader)  # type: ignore[arg-type]
@@ -243,13 +250,13 @@ def test_cli_messages_come_from_the_table(
     assert main(["convert", str(src), str(tmp_path / "o.npy")]) == 2
     err = capsys.readouterr().err
     assert "a .npy file holds one array but 2 tensors were selected" in err
-    assert "write .safetensors / .npz / .pt" in err
+    assert "write .safetensors / .npz / .pt / .gguf" in err
     assert main(["convert", str(src), str(tmp_path / "o.npz"), "--max-shard-size", "1KB"]) == 2
     assert "--max-shard-size needs a .safetensors destination" in capsys.readouterr().err
     assert main(["convert", str(src), str(tmp_path / "o.npz")]) == 0
     assert capsys.readouterr().err == (
         "note: dropped metadata who: .npz files have no place for it (convert to "
-        ".safetensors or .pt to keep it)\n"
+        ".safetensors or .pt or .gguf to keep it)\n"
     )
     assert main(["convert", str(src), str(tmp_path / "a.npy"), "--include", "a", "--verify"]) == 0
     assert "verify: bit-exact" in capsys.readouterr().out

@@ -192,10 +192,10 @@ def test_torchscript_and_pickled_modules_are_refused_by_name(tmp_path: Path) -> 
         assert len(str(e.value)) < 250  # not torch's 600-character add_safe_globals advice
 
 
-def test_gguf_and_plain_pickles_are_refused(tmp_path: Path) -> None:
+def test_an_empty_gguf_is_read_and_plain_pickles_are_refused(tmp_path: Path) -> None:
     (tmp_path / "m.gguf").write_bytes(b"GGUF" + (3).to_bytes(4, "little") + bytes(16))
-    with pytest.raises(tb.FormatError, match=r"is a GGUF file .* does not read GGUF yet"):
-        tb.open(tmp_path / "m.gguf")
+    with tb.open(tmp_path / "m.gguf") as f:  # no tensors, no metadata: nothing wrong
+        assert f.keys() == [] and f.metadata == {}
     (tmp_path / "p.pt").write_bytes(pickle.dumps({"w": [1, 2]}, protocol=4))
     with pytest.raises(tb.FormatError, match=r"is a plain pickle, not a torch.save archive"):
         tb.open(tmp_path / "p.pt")
@@ -305,7 +305,7 @@ def test_convert_keeps_metadata(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert rc == 0 and json.loads(out)["dropped_metadata"] == ["epoch", "lr"]
     assert err == (
         "note: dropped metadata epoch, lr: .npz files have no place for it (convert to "
-        ".safetensors or .pt to keep it)\n"
+        ".safetensors or .pt or .gguf to keep it)\n"
     )
 
 

@@ -78,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
             help="read raw-byte .npy/.npz members (np.save of ml_dtypes arrays) as DTYPE",
         )
         p.add_argument(
+            "--dequantize",
+            metavar="DTYPE",
+            help="read a GGUF file's quantized tensors as DTYPE values (bf16, f16, f32)",
+        )
+        p.add_argument(
             "--quiet", "-q", action="store_true", help="no progress bar and no notes on stderr"
         )
 
@@ -278,11 +283,25 @@ def _open(path: str, args: argparse.Namespace) -> TensorFile:
     """Open a source file, printing what is worth knowing about how it was read."""
     from . import io as tbio
 
-    f = tbio.open(path, dtype=_dtype_arg(args.as_dtype, "--as-dtype"))
+    dequantize = _dtype_arg(args.dequantize, "--dequantize", floating=True)
+    if dequantize is not None and not _is_gguf(path):
+        dequantize = None  # it applies to the GGUF files among those read (compare A B)
+    f = tbio.open(path, dtype=_dtype_arg(args.as_dtype, "--as-dtype"), dequantize=dequantize)
     if not args.quiet:
         for note in f.notes:
             print(f"note: {note}", file=sys.stderr)
     return f
+
+
+def _is_gguf(path: str) -> bool:
+    from pathlib import Path
+
+    from .io._detect import detect, resolve
+
+    try:
+        return detect(resolve(Path(path))) == "gguf"
+    except (OSError, TensorBridgeError):
+        return False  # opening it says what is wrong
 
 
 def _dtype_arg(spec: str | None, option: str, floating: bool = False) -> Any:

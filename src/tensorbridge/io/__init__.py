@@ -11,15 +11,16 @@ safetensors                            :mod:`tensorbridge.io.safetensors`
                                        arbitrary objects)
 a shard index (``*.index.json``) and   :mod:`tensorbridge.io.sharded`
 its shards, or a directory holding one
+GGUF (llama.cpp's ``.gguf``)           :mod:`tensorbridge.io.gguf`
 =====================================  =========================================
 
 **Reading** looks at a file's first bytes (:mod:`tensorbridge.io._detect`), not its
 name: a torch archive named ``.safetensors`` or an ``.npy`` named ``.npz`` is read as
 what it is, with a note in the reader's ``notes`` (the command line prints it). A
-TorchScript archive, a pickled ``nn.Module``, a plain pickle and GGUF are refused, each
+TorchScript archive, a pickled ``nn.Module`` and a plain pickle are refused, each
 with its own message. A directory opens its checkpoint: a safetensors index, one
-``.safetensors`` file, a ``.bin`` index, one ``.bin`` / ``.pt`` / ``.pth`` file, in that
-order of preference (as ``transformers`` prefers safetensors).
+``.safetensors`` file, a ``.bin`` index, one ``.bin`` / ``.pt`` / ``.pth`` file, one
+``.gguf`` file, in that order of preference (as ``transformers`` prefers safetensors).
 
 **Writing** follows the destination's suffix. A directory (an existing one, or a path
 ending in ``/``) means ``model.safetensors`` in it; ``NAME.safetensors.index.json`` means a
@@ -45,7 +46,7 @@ import torch
 
 from ..dtypes import DeviceLike, DTypeLike
 from ..errors import DestinationExistsError, FormatError
-from . import npy, npz, pt, safetensors  # noqa: F401 - tb.io.<format> without an import
+from . import gguf, npy, npz, pt, safetensors  # noqa: F401 - tb.io.<format> without an import
 from ._common import TensorFile
 from ._detect import describe, detect, kind_by_suffix, mismatch_note, resolve
 from ._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, listing
@@ -138,7 +139,9 @@ def destination(path: str | os.PathLike[str]) -> Destination:
     raise FormatError(f"{text}: cannot tell the format from the suffix {p.suffix!r}; use {formats}")
 
 
-def _reader(path: Path, dtype: DTypeLike | None = None) -> TensorFile:
+def _reader(
+    path: Path, dtype: DTypeLike | None = None, dequantize: DTypeLike | None = None
+) -> TensorFile:
     """Open ``path`` with the reader its first bytes call for (the suffix's when unrecognised)."""
     kind = detect(path)
     where = repr(str(path))
@@ -153,9 +156,16 @@ def _reader(path: Path, dtype: DTypeLike | None = None) -> TensorFile:
             f"({listing(lambda f: f.raw_dtype)}); {where} is {describe(kind)}: to cast "
             "values pass float_dtype="
         )
+    if dequantize is not None and (fmt is None or fmt.name != "gguf"):
+        raise ValueError(
+            f"dequantize= reads the block-quantized tensors of a GGUF file as values; "
+            f"{where} is {describe(kind)}"
+        )
     f: TensorFile
     if fmt is None:  # a shard index: each shard by its own reader
         f = ShardedFile(path, lambda shard: _reader(shard, dtype))
+    elif dequantize is not None:
+        f = fmt.reader(path, dequantize=dequantize)
     elif fmt.raw_dtype:
         f = fmt.reader(path, dtype=dtype)
     else:
@@ -171,8 +181,6 @@ def _refusal(kind: str, where: str) -> str:
     readable = ", ".join(f.description for f in FORMATS)
     return {
         "torchscript": pt.TORCHSCRIPT_MESSAGE.format(where=where),
-        "gguf": f"{where} is a GGUF file (llama.cpp's format); tensorbridge does not read GGUF "
-        "yet (the gguf package's GGUFReader does)",
         "pickle": f"{where} is a plain pickle, not a torch.save archive; tensorbridge never "
         "unpickles arbitrary data (if you trust it, pickle.load it and pass the arrays to "
         "tb.save)",
@@ -218,6 +226,7 @@ def save(
     max_shard_size: int | str | None = None,
     overwrite: bool = False,
     progress: bool | None = None,
+    quantize: Any = None,
 ) -> None:
     """Save tensors or arrays to ``path``, streamed chunk by chunk, atomically.
 
@@ -231,7 +240,10 @@ def save(
     the very file being converted) is never replaced by surprise.
 
     ``metadata`` goes to safetensors' ``__metadata__`` (strings) or beside the
-    tensors of a ``.pt`` file (plain values); ``.npy`` / ``.npz`` have no place for it.
+    tensors of a ``.pt`` file (plain values), or into a GGUF file's key-value pairs
+    (typed; ``general.architecture`` required); ``.npy`` / ``.npz`` have no place for
+    it. ``quantize="q8_0"`` writes a GGUF file's floating-point matrices as Q8_0
+    blocks (see :func:`tensorbridge.io.gguf.save`).
 
     >>> import tempfile, os, torch, tensorbridge as tb
     >>> p = os.path.join(tempfile.mkdtemp(), "w.safetensors")
@@ -267,6 +279,13 @@ def save(
     options: dict[str, Any] = {}
     if fmt.sharding:
         options.update(max_shard_size=max_shard_size, index=dst.sharded)
+    if quantize is not None:
+        if fmt.name != "gguf":
+            raise ValueError(
+                f"quantize= writes GGUF's Q8_0 blocks; {suffix!r} files hold plain tensors "
+                "(save to a .gguf path, or leave out quantize=)"
+            )
+        options.update(quantize=quantize)
     single = fmt.single_array and (
         not fmt.many_arrays or isinstance(obj, (torch.Tensor, np.ndarray))
     )
@@ -289,6 +308,7 @@ def load(
     float_dtype: DTypeLike | None = None,
     keys: Any = None,
     dtype: DTypeLike | None = None,
+    dequantize: DTypeLike | None = None,
 ) -> Any:
     """Load a file's tensors as NumPy arrays (default) or torch tensors.
 
@@ -296,13 +316,20 @@ def load(
     format allows; a write raises, never reaches the file) and torch results writable
     (copy-on-write where mapped); ``mmap=False`` gives ordinary owned memory. ``keys``
     selects a subset. ``dtype`` names the type of raw-byte ``.npy`` / ``.npz`` members
-    that ``np.save`` wrote from ml_dtypes arrays (``|V2`` for bfloat16).
+    that ``np.save`` wrote from ml_dtypes arrays (``|V2`` for bfloat16). ``dequantize``
+    (``"bf16"``, ``"f32"``, ``"f16"``) reads a GGUF file's block-quantized tensors as
+    values of that dtype; without it they raise.
     """
-    with open(path, dtype=dtype) as f:
+    with open(path, dtype=dtype, dequantize=dequantize) as f:
         return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
 
 
-def open(path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> TensorFile:
+def open(
+    path: str | os.PathLike[str],
+    *,
+    dtype: DTypeLike | None = None,
+    dequantize: DTypeLike | None = None,
+) -> TensorFile:
     """Open a file, shard index or checkpoint directory lazily; nothing is read until asked.
 
     ``.keys()``, ``[name]``, ``.metadata``, ``.notes`` (how it was read, when that is
@@ -315,4 +342,4 @@ def open(path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> Ten
     ...     f.keys(), f["x"].tolist()
     (['x'], [0, 1, 2])
     """
-    return _reader(resolve(Path(path)), dtype)
+    return _reader(resolve(Path(path)), dtype, dequantize)

@@ -18,7 +18,7 @@ kind               how it is recognised
 ``index``          JSON: a shard index (``*.safetensors.index.json``, ``*.bin.index.json``)
 =================  ===================================================================
 
-A fixed magic (``npy``'s) is the format's own, read from its row in
+A fixed magic (``npy``'s, GGUF's) is the format's own, read from its row in
 ``tensorbridge.io._formats``; the structural rules above are this module's. Which
 format reads a kind, what it is called in messages, and which names a directory is
 searched for come from those rows too.
@@ -50,7 +50,6 @@ _PROTO = 0x80  # pickle's PROTO opcode: every pickle of protocol 2 or later star
 _KIND_DESCRIPTION = {
     "pt-legacy": "a legacy (pre-1.6) torch.save file",
     "torchscript": "a TorchScript archive",
-    "gguf": "a GGUF file",
     "pickle": "a plain pickle",
     "index": "a JSON shard index",
     "zip": "a zip archive",
@@ -80,8 +79,6 @@ def detect(path: str | os.PathLike[str]) -> str:
     for fmt in FORMATS:
         if fmt.magic and head.startswith(fmt.magic):
             return fmt.kinds[0]
-    if head.startswith(b"GGUF"):  # refused until a format reads it
-        return "gguf"
     if head.startswith((b"PK\x03\x04", b"PK\x05\x06")):
         return _zip_kind(path)
     # before pickle: a header length of 128 + 256k also starts with the PROTO byte

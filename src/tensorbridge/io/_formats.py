@@ -27,7 +27,7 @@ writer is first used.
 >>> by_suffix(".NPZ").name, by_kind("pt-legacy").name
 ('npz', 'pt')
 >>> [f.suffixes[0] for f in FORMATS if f.metadata]
-['.safetensors', '.pt']
+['.safetensors', '.pt', '.gguf']
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class Format:
     text_metadata: bool = False  # ... as strings only (``tb.save`` passes ``str(value)``)
     metadata_mark: str | None = None  # a metadata key the format's writers set for themselves
     metadata_with_tensors: bool = False  # metadata keys share one namespace with tensor names
+    required_metadata: tuple[str, ...] = ()  # keys ``save`` refuses to write a file without
     sharding: bool = False  # ``max_shard_size=`` splits a save into shards and an index
     memory_map: bool = False  # reads are zero-copy views of the mapped file
     raw_dtype: bool = False  # reads take ``dtype=`` to name raw-byte data (np.save's ml_dtypes)
@@ -161,6 +162,19 @@ FORMATS: tuple[Format, ...] = (
         memory_map=True,
         in_directory=("*.bin" + INDEX_SUFFIX, "*.bin", "*.pt", "*.pth"),
     ),
+    Format(
+        "gguf",
+        "tensorbridge.io.gguf",
+        "GGUFFile",
+        "a GGUF file",
+        suffixes=(".gguf",),
+        kinds=("gguf",),
+        metadata=True,
+        required_metadata=("general.architecture",),
+        memory_map=True,
+        magic=b"GGUF",
+        in_directory=("*.gguf",),
+    ),
 )
 
 # what a directory destination gets: model.safetensors in it
@@ -182,7 +196,7 @@ def by_kind(kind: str) -> Format | None:
 
 
 def by_name(name: str) -> Format:
-    """The format called ``name`` ("safetensors", "npy", "npz", "pt")."""
+    """The format called ``name`` ("safetensors", "npy", "npz", "pt", "gguf")."""
     return _BY_NAME[name]
 
 
@@ -190,6 +204,6 @@ def listing(has: Callable[[Format], bool], sep: str = " / ") -> str:
     """The usual suffixes of the formats that ``has`` a capability, for messages.
 
     >>> listing(lambda f: f.metadata, " or ")
-    '.safetensors or .pt'
+    '.safetensors or .pt or .gguf'
     """
     return sep.join(f.suffixes[0] for f in FORMATS if has(f))

@@ -1,0 +1,567 @@
+"""GGUF, llama.cpp's file format: read memory-mapped and checked, written atomically.
+
+The layout is in :mod:`tensorbridge.io._gguf_header` (checked field by field before
+anything is mapped or allocated). What this module promises:
+
+* **Shapes in PyTorch order.** GGUF stores dimensions innermost first (ggml's
+  ``ne[0]`` is the row length), so a ``[4096, 11008]`` weight is ``[11008, 4096]`` in
+  the file; reading reverses them back and writing reverses them again, so
+  ``tb.load(tb.save(x))`` has ``x``'s shape. The bytes are the same row-major bytes.
+* **Plain types zero-copy.** F32, F16, BF16, F64, I8, I16, I32 and I64 tensors are
+  read-only views of the memory-mapped file (torch: copy-on-write). BF16 comes as
+  ``ml_dtypes.bfloat16`` / ``torch.bfloat16``, never as raw ``uint8`` bytes.
+* **Quantized types kept or dequantized, never guessed.** A block-quantized tensor
+  (Q4_0 ... Q8_0, the K-quants, IQ types, MXFP4, NVFP4) read as a plain array raises
+  :class:`~tensorbridge.errors.UnsupportedDtypeError` naming ``dequantize=``; opened
+  with ``dequantize="bf16"`` (or ``"f32"``, ``"f16"``) it reads as values: the
+  product computed in float32 by the ``gguf`` package's own dequantizer (the
+  reference) and rounded once to that dtype. ``f.raw(name)`` gives the untouched
+  blocks, ``f.ggml_type(name)`` the type; each type's block layout (nibble order
+  included: GGUF's MXFP4 puts element ``j`` and ``j + 16`` in one byte, safetensors'
+  F4 ``2j`` and ``2j + 1``) is in ``_gguf_header.TYPES``.
+* **Metadata.** ``f.metadata`` shows every key-value pair as text (lists as JSON);
+  ``f.plain_values()`` gives them typed (NumPy scalars keep UINT32 apart from INT32),
+  ``f.metadata_types`` names each type (``"ARRAY[STRING]"``).
+* **Writing** F32 / F16 / BF16 / F64 / I8-I64 tensors, and Q8_0 (``quantize="q8_0"``:
+  bit-identical to the ``gguf`` package's quantizer), with the caller's metadata,
+  which must name ``general.architecture`` (the spec requires it). Tensor names are
+  written as given: mapping Hugging Face names to llama.cpp's (``blk.0.attn_q.weight``)
+  is a model converter's job (llama.cpp's ``convert_hf_to_gguf.py``), as is choosing
+  the architecture's other keys; llama.cpp itself also limits names to 63 bytes.
+
+The ``gguf`` package (``pip install tensorbridge[gguf]``) is needed only to dequantize
+and to write Q8_0; plain tensors and metadata are read and written without it.
+
+>>> import os, tempfile, numpy as np
+>>> p = os.path.join(tempfile.mkdtemp(), "m.gguf")
+>>> save({"w": np.ones((2, 3), np.float16)}, p, metadata={"general.architecture": "llama"})
+>>> with open(p) as f:
+...     f["w"].shape, f.metadata["general.architecture"]
+((2, 3), 'llama')
+"""
+
+from __future__ import annotations
+
+import math
+import mmap as _mmap
+import os
+import struct
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..convert import to_numpy
+from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
+from ..errors import FormatError, NoDataError, UnsupportedDtypeError, UnsupportedTensorError
+from ._common import (
+    DEFAULT_CHUNK,
+    TensorFile,
+    array_at,
+    atomic_write,
+    cast_target,
+    iter_bytes,
+    progress_bar,
+    row_of,
+)
+from ._gguf_header import (
+    ALIGNMENT_KEY,
+    ARCHITECTURE_KEY,
+    BY_NAME,
+    BY_PLAIN,
+    DEFAULT_ALIGNMENT,
+    MAGIC,
+    MAX_DIMS,
+    VERSION,
+    GgmlType,
+    TensorEntry,
+    encode_value,
+    parse,
+)
+
+__all__ = ["GGUFFile", "dequantize_blocks", "load", "open", "save"]
+
+_EXTRA = "pip install tensorbridge[gguf]"
+_DEQUANTIZE_TO = ("float32", "bfloat16", "float16", "float64")
+_WRITES_QUANTIZED = ("Q8_0",)
+
+
+def _gguf_quants() -> Any:
+    try:
+        from gguf import quants
+    except ImportError:
+        raise ImportError(
+            f"dequantizing and writing quantized GGUF tensors uses the gguf package; {_EXTRA}"
+        ) from None
+    return quants
+
+
+def _qtype(gtype: GgmlType) -> Any:
+    from gguf.constants import GGMLQuantizationType
+
+    return GGMLQuantizationType(gtype.code)
+
+
+# --- dequantizing -----------------------------------------------------------------------------
+
+
+def dequantize_blocks(
+    blocks: np.ndarray, ggml_type: str, shape: tuple[int, ...], dtype: DTypeLike = "float32"
+) -> np.ndarray:
+    """Values of a GGUF block-quantized tensor from its raw blocks, in new memory.
+
+    Each block is decoded to float32 by the ``gguf`` package's own dequantizer (the
+    reference implementation of every ggml type), a bounded number of rows at a
+    time, and rounded once to ``dtype`` with torch's kernel.
+
+    >>> import numpy as np
+    >>> blocks = np.zeros((1, 34), np.uint8)  # one Q8_0 block: f16 scale, 32 int8 codes
+    >>> blocks[0, :2] = np.frombuffer(np.float16(0.5).tobytes(), np.uint8)
+    >>> blocks[0, 2:] = np.arange(32, dtype=np.int8).view(np.uint8)
+    >>> dequantize_blocks(blocks, "Q8_0", (32,))[:4].tolist()
+    [0.0, 0.5, 1.0, 1.5]
+
+    Args:
+        blocks: the tensor's bytes (``uint8``), as :meth:`GGUFFile.raw` gives them.
+        ggml_type: the type's name (``"Q4_K"``).
+        shape: the tensor's PyTorch-order shape (the last dimension a whole number of
+            blocks).
+        dtype: float32, bfloat16, float16 or float64.
+
+    Raises:
+        UnsupportedDtypeError: a type the installed ``gguf`` cannot dequantize, or a
+            ``dtype`` that is not floating.
+    """
+    gtype = BY_NAME[ggml_type.upper()]
+    row = _float_row(dtype)
+    quants = _gguf_quants()
+    count = math.prod(shape)
+    out = torch.empty(count, dtype=row.torch)
+    result: np.ndarray = to_numpy(out.reshape(shape))  # a view: filled below
+    if count == 0:
+        return result
+    width = shape[-1] if shape else 1
+    row_bytes = width // gtype.block_size * gtype.type_size
+    raw = np.ascontiguousarray(blocks).view(np.uint8).reshape(-1, row_bytes)
+    rows_at_once = max(1, DEFAULT_CHUNK // 4 // width)
+    qtype = _qtype(gtype)
+    for i in range(0, raw.shape[0], rows_at_once):
+        piece = raw[i : i + rows_at_once]
+        try:
+            values = quants.dequantize(piece, qtype)
+        except NotImplementedError:
+            raise UnsupportedDtypeError(
+                f"the installed gguf package cannot dequantize {gtype.name}; upgrade it "
+                f"({_EXTRA} -U) or read the blocks with raw()"
+            ) from None
+        out[i * width : i * width + values.size].copy_(torch.from_numpy(values.reshape(-1)))
+    return result
+
+
+def _float_row(dtype: DTypeLike) -> DTypeRow:
+    row = resolve_dtype(dtype)
+    if row.name not in _DEQUANTIZE_TO:
+        raise UnsupportedDtypeError(
+            f"dequantize={dtype!r} is not a dtype to dequantize to; pass 'bf16', 'f32', "
+            "'f16' or 'f64'"
+        )
+    return row
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+class GGUFFile(TensorFile):
+    """A checked GGUF file; tensors are mapped when asked for, in PyTorch order.
+
+    ``[name]`` is a read-only NumPy view of the mapped file for plain types;
+    ``.get(name, framework="torch")`` a copy-on-write tensor over it. Quantized
+    tensors raise unless the file was opened with ``dequantize=`` (then they read as
+    values of that dtype, in new memory); :meth:`raw` gives their blocks.
+
+    Attributes:
+        metadata: every key-value pair as text (lists as JSON).
+        metadata_types: each key's GGUF value type (``"UINT32"``, ``"ARRAY[STRING]"``).
+        version: the GGUF version (2 or 3); alignment: the data alignment.
+        dequantize: the dtype quantized tensors are read as, or ``None``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, dequantize: DTypeLike | None = None):
+        super().__init__()
+        self.path = Path(path)
+        self.dequantize = None if dequantize is None else _float_row(dequantize)
+        with self.path.open("rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                raise FormatError(f"{str(self.path)!r} is empty; it is no GGUF file")
+            self._map = _mmap.mmap(fh.fileno(), 0, access=_mmap.ACCESS_READ)
+            self._cow: _mmap.mmap | None = None
+            self._fd = os.dup(fh.fileno())  # for the copy-on-write map, if torch asks
+        try:
+            header = parse(self._map, self.path)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self.version, self.alignment = header.version, header.alignment
+        self._values = header.values
+        self._entries: dict[str, TensorEntry] = header.tensors
+        self.metadata = {k: v.as_text() for k, v in self._values.items()}
+        self.metadata_types = {k: v.type_name for k, v in self._values.items()}
+        quantized: dict[str, int] = {}
+        for e in self._entries.values():
+            if e.type.quantized:
+                quantized[e.type.name] = quantized.get(e.type.name, 0) + 1
+        if quantized:
+            kinds = ", ".join(f"{n} {t}" for t, n in sorted(quantized.items()))
+            how = (
+                f"read as {self.dequantize.name} (dequantized)"
+                if self.dequantize
+                else "read with dequantize='bf16' (or 'f32', 'f16'), or as blocks with raw()"
+            )
+            self.notes.append(f"{self.path.name} holds quantized tensors ({kinds}); {how}")
+
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def entry(self, name: str) -> TensorEntry:
+        """``name``'s checked header entry: ggml type, PyTorch-order shape, offset, bytes."""
+        try:
+            return self._entries[name]
+        except KeyError:
+            keys = self.keys()[:10]
+            raise KeyError(f"{name!r} is not in {self.path}; its keys are {keys}") from None
+
+    def ggml_type(self, name: str) -> str:
+        """The ggml type ``name`` is stored as: ``"BF16"``, ``"Q4_K"``, ``"MXFP4"``."""
+        return self.entry(name).type.name
+
+    def info(self, name: str) -> tuple[DTypeRow, tuple[int, ...]]:
+        """The dtype row and PyTorch-order shape of ``name`` (as dequantized, if asked)."""
+        e = self.entry(name)
+        if e.type.plain is not None:
+            return resolve_dtype(e.type.plain), e.shape
+        if self.dequantize is None:
+            raise UnsupportedDtypeError(
+                f"{str(self.path)!r}: tensor {name!r} is {e.type.name}, ggml's block-quantized "
+                f"type ({e.type.block_size} values in {e.type.type_size} bytes), not a plain "
+                "array; open it with dequantize='bf16' (or 'f32', 'f16'; command line: "
+                f"--dequantize bf16) for its values, or read its blocks with raw({name!r})"
+            )
+        return self.dequantize, e.shape
+
+    def nbytes(self, name: str) -> int:
+        """The bytes ``name`` takes as read: stored, or dequantized when asked."""
+        e = self.entry(name)
+        if e.type.quantized and self.dequantize is not None:
+            return math.prod(e.shape) * self.dequantize.itemsize
+        return e.nbytes
+
+    def raw(self, name: str) -> np.ndarray:
+        """``name``'s stored bytes, untouched, as a read-only ``uint8`` view of the map.
+
+        Shaped ``(*shape[:-1], blocks a row, block bytes)`` for quantized types; a
+        plain type's bytes are ``(*shape[:-1], shape[-1] * itemsize)``.
+        """
+        e = self.entry(name)
+        flat = np.frombuffer(self._map, np.uint8, e.nbytes, e.begin) if e.nbytes else None
+        width = e.shape[-1] if e.shape else 1
+        lead = e.shape[:-1]
+        if e.type.quantized:
+            shape: tuple[int, ...] = (*lead, width // e.type.block_size, e.type.type_size)
+        else:
+            shape = (*lead, width * e.type.type_size)
+        return np.empty(shape, np.uint8) if flat is None else flat.reshape(shape)
+
+    def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
+        e = self.entry(name)
+        if e.type.plain is None:
+            row, shape = self.info(name)  # raises unless dequantize= was given
+            values = dequantize_blocks(self.raw(name), e.type.name, shape, row)
+            values.flags.writeable = copy_on_write
+            return values
+        buf = self._cow_map() if copy_on_write and e.nbytes else self._map
+        return array_at(buf, e.begin, e.shape, resolve_dtype(e.type.plain), name=name)
+
+    def _owned(self, name: str) -> np.ndarray:
+        e = self.entry(name)
+        if e.type.plain is None:
+            return self._array(name, copy_on_write=True)  # already new memory
+        return super()._owned(name)
+
+    def _cow_map(self) -> _mmap.mmap:
+        if self._cow is None:
+            self._cow = _mmap.mmap(self._fd, 0, access=_mmap.ACCESS_COPY)
+            if len(self._cow) != len(self._map):
+                raise FormatError(f"{self.path} changed size since it was opened; open it again")
+        return self._cow
+
+    def plain_values(self) -> dict[str, Any]:
+        """The key-value pairs typed: str, bool, NumPy scalars of the stored type, lists."""
+        return {k: v.typed() for k, v in self._values.items()}
+
+    def close(self) -> None:
+        """Release the file; arrays already handed out keep their own mapping alive."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> GGUFFile:
+        return self
+
+    def __repr__(self) -> str:
+        return f"<GGUFFile {str(self.path)!r}: {len(self._entries)} tensors>"
+
+
+def open(path: str | os.PathLike[str], *, dequantize: DTypeLike | None = None) -> GGUFFile:
+    """Open a GGUF file: its header is read and checked, tensors mapped when asked for.
+
+    >>> import os, tempfile, numpy as np
+    >>> p = os.path.join(tempfile.mkdtemp(), "m.gguf")
+    >>> save({"w": np.zeros((4, 32))}, p, metadata={"general.architecture": "x"},
+    ...      quantize="q8_0")
+    >>> with open(p) as f:
+    ...     f.ggml_type("w"), f.raw("w").shape
+    ('Q8_0', (4, 1, 34))
+    """
+    return GGUFFile(path, dequantize=dequantize)
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    framework: str = "numpy",
+    mmap: bool = True,
+    device: DeviceLike | None = None,
+    float_dtype: DTypeLike | None = None,
+    keys: Any = None,
+    dequantize: DTypeLike | None = None,
+) -> Any:
+    """Every tensor (or ``keys``) of a GGUF file; quantized ones need ``dequantize=``."""
+    with open(path, dequantize=dequantize) as f:
+        return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Item:
+    name: str
+    value: Any
+    src: DTypeRow
+    type: GgmlType
+    row: DTypeRow | None  # the stored dtype of a plain type; None for a quantized one
+    shape: tuple[int, ...]  # PyTorch order
+    nbytes: int
+
+
+Quantize = str | Mapping[str, str] | Callable[[str, tuple[int, ...]], "str | None"] | None
+
+
+def save(
+    tensors: Mapping[str, torch.Tensor | np.ndarray],
+    path: str | os.PathLike[str],
+    *,
+    float_dtype: DTypeLike | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
+    quantize: Quantize = None,
+    chunk_bytes: int = DEFAULT_CHUNK,
+) -> None:
+    """Write tensors or arrays and metadata to a GGUF file, streamed and atomic.
+
+    >>> import os, tempfile, torch
+    >>> p = os.path.join(tempfile.mkdtemp(), "m.gguf")
+    >>> save({"w": torch.ones(2, 3, dtype=torch.bfloat16)}, p,
+    ...      metadata={"general.architecture": "llama", "llama.block_count": 1})
+    >>> with open(p) as f:
+    ...     f.ggml_type("w"), f.metadata_types["llama.block_count"]
+    ('BF16', 'INT32')
+
+    Args:
+        tensors: names (kept as given) to tensors or arrays of float32, float16,
+            bfloat16, float64, int8, int16, int32 or int64, with at most 4 dimensions.
+        path: the file to write (replaced atomically: temporary file, fsync, rename).
+        float_dtype: store floating-point values as this dtype (cast chunk by chunk).
+        metadata: the key-value pairs; ``general.architecture`` is required. Python
+            values get the GGUF type llama.cpp reads such keys as (an int >= 0 UINT32,
+            a float FLOAT32, a list of ints INT32); NumPy scalars and 1-d arrays keep
+            their own type (``np.int32(-1)``, ``np.float64(x)``).
+            ``general.alignment`` (a ``np.uint32`` power of two) sets the alignment.
+        quantize: ``"q8_0"`` quantizes every floating-point tensor of 2 or more
+            dimensions (1-d norms and biases stay as they are, as llama.cpp keeps
+            them); a mapping ``{name: "q8_0"}`` or a function ``(name, shape) -> type
+            or None`` picks tensors. Bit-identical to the ``gguf`` package's quantizer.
+        progress: show a progress bar (``None``: when stderr is a terminal).
+        chunk_bytes: about how many bytes to hold at once when casting or quantizing.
+
+    Raises:
+        FormatError: no ``general.architecture`` in ``metadata``.
+        UnsupportedDtypeError: a dtype GGUF has no type for (bool, uint8, fp8, complex).
+        UnsupportedTensorError: more than 4 dimensions, or a quantized row that is no
+            whole number of blocks.
+    """
+    target = Path(path)
+    meta = dict(metadata or {})
+    arch = meta.pop(ARCHITECTURE_KEY, None)
+    if not isinstance(arch, str) or not arch:
+        raise FormatError(
+            f"cannot save {target}: a GGUF file needs the metadata key "
+            f"{ARCHITECTURE_KEY!r} (the model family llama.cpp loads it as, e.g. 'llama'); "
+            f"pass metadata={{{ARCHITECTURE_KEY!r}: ..., ...}}"
+        )
+    alignment = _alignment(meta.get(ALIGNMENT_KEY, DEFAULT_ALIGNMENT))
+    if not isinstance(tensors, Mapping):
+        raise TypeError(
+            f"save expects a mapping of names to tensors, got {type(tensors).__qualname__}; "
+            "pass a dict such as model.state_dict()"
+        )
+    items = []
+    for name, value in tensors.items():
+        try:
+            items.append(_item(name, value, float_dtype, _wanted(quantize, name, value)))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"cannot save tensor {name!r} to {target}: {e}") from e
+    if isinstance(quantize, Mapping):
+        unknown = [n for n in quantize if n not in tensors]
+        if unknown:
+            raise KeyError(f"quantize= names {unknown[0]!r}, which is not among the tensors")
+    header = _header(items, {ARCHITECTURE_KEY: arch, **meta}, alignment)
+    bar = progress_bar(sum(it.nbytes for it in items), f"saving {target.name}", progress)
+    try:
+        with atomic_write(target) as f:
+            f.write(header)
+            for it in items:
+                written = 0
+                for chunk in _chunks(it, chunk_bytes):
+                    f.write(chunk)
+                    written += len(chunk)
+                    bar.update(len(chunk))
+                if written != it.nbytes:
+                    raise RuntimeError(
+                        f"tensor {it.name!r} yielded {written} bytes where its header says "
+                        f"{it.nbytes}; do not resize tensors while they are being saved"
+                    )
+                f.write(bytes(-it.nbytes % alignment))
+    finally:
+        bar.close()
+
+
+def _alignment(value: Any) -> int:
+    if (
+        not isinstance(value, (int, np.integer))
+        or isinstance(value, bool)
+        or value <= 0
+        or value & (value - 1)
+        or value >= 2**32
+    ):
+        raise ValueError(f"{ALIGNMENT_KEY} must be a power of two below 2**32, got {value!r}")
+    return int(value)
+
+
+def _wanted(quantize: Quantize, name: str, value: Any) -> str | None:
+    if quantize is None:
+        return None
+    if isinstance(quantize, str):
+        ndim = value.ndim if isinstance(value, (torch.Tensor, np.ndarray)) else 0
+        floating = isinstance(value, (torch.Tensor, np.ndarray)) and row_of(value).is_floating
+        return quantize if ndim >= 2 and floating else None
+    if isinstance(quantize, Mapping):
+        return quantize.get(name)
+    return quantize(name, tuple(value.shape))
+
+
+def _item(name: Any, value: Any, float_dtype: Any, quantize: str | None) -> _Item:
+    if not isinstance(name, str):
+        raise TypeError(f"tensor names must be str, got {type(name).__qualname__}; pass str(name)")
+    if isinstance(value, torch.Tensor):
+        if value.layout is not torch.strided:
+            raise UnsupportedTensorError(
+                f"a {value.layout} tensor has no dense bytes to store; pass x.to_dense()"
+            )
+        if value.device.type == "meta":
+            raise NoDataError("a meta tensor holds no data; materialise it first")
+    elif not isinstance(value, np.ndarray) or isinstance(value, np.ma.MaskedArray):
+        raise UnsupportedTensorError(
+            f"the value is a {type(value).__qualname__}; GGUF stores torch.Tensor or "
+            "np.ndarray values (pass torch.as_tensor(x))"
+        )
+    src = row_of(value)
+    shape = tuple(int(d) for d in value.shape)
+    if len(shape) > MAX_DIMS:
+        raise UnsupportedTensorError(
+            f"shape {list(shape)} has {len(shape)} dimensions; GGUF holds at most {MAX_DIMS} "
+            "(reshape it)"
+        )
+    if quantize is not None:
+        qname = quantize.upper()
+        if qname not in _WRITES_QUANTIZED:
+            raise ValueError(
+                f"quantize={quantize!r}: tensorbridge writes {', '.join(_WRITES_QUANTIZED)} "
+                "(llama.cpp's llama-quantize makes the other types from an F16/BF16 file)"
+            )
+        gtype = BY_NAME[qname]
+        if not src.is_floating:
+            raise UnsupportedDtypeError(f"{src.name} values cannot be quantized to {qname}")
+        width = shape[-1] if shape else 1
+        if width % gtype.block_size:
+            raise UnsupportedTensorError(
+                f"{qname} quantizes rows in blocks of {gtype.block_size} values; the last "
+                f"dimension of shape {list(shape)} is not a multiple (leave it out of quantize=)"
+            )
+        nbytes = math.prod(shape) // gtype.block_size * gtype.type_size
+        return _Item(name, value, src, gtype, None, shape, nbytes)
+    row = cast_target(src, float_dtype)
+    plain = BY_PLAIN.get(row.name)
+    if plain is None:
+        kinds = ", ".join(t.plain or "" for t in BY_PLAIN.values())
+        raise UnsupportedDtypeError(
+            f"GGUF has no tensor type for {row.name}; it holds {kinds} (pass float_dtype= "
+            "for floats, or convert the values)"
+        )
+    return _Item(name, value, src, plain, row, shape, math.prod(shape) * row.itemsize)
+
+
+def _header(items: list[_Item], meta: dict[str, Any], alignment: int) -> bytes:
+    out = bytearray(MAGIC + struct.pack("<IQQ", VERSION, len(items), len(meta)))
+    for key, value in meta.items():
+        if not isinstance(key, str):
+            raise TypeError(f"metadata keys must be str, got {key!r}")
+        out += _string(key) + encode_value(key, value)
+    offset = 0
+    for it in items:
+        out += _string(it.name) + struct.pack("<I", len(it.shape))
+        out += b"".join(struct.pack("<Q", d) for d in reversed(it.shape))
+        out += struct.pack("<IQ", it.type.code, offset)
+        offset += it.nbytes + (-it.nbytes % alignment)
+    out += bytes(-len(out) % alignment)
+    return bytes(out)
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode("utf-8", "surrogateescape")
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
+    """``it``'s bytes as stored, a chunk at a time: zero-copy where the memory allows."""
+    if it.row is not None:
+        yield from iter_bytes(it.value, it.row, chunk_bytes)
+        return
+    quants = _gguf_quants()
+    qtype = _qtype(it.type)
+    v = it.value
+    a = to_numpy(v.detach().cpu()) if isinstance(v, torch.Tensor) else np.asarray(v)
+    width = it.shape[-1] if it.shape else 1
+    rows = a.reshape(-1, width)
+    step = max(1, chunk_bytes // 4 // width)
+    for i in range(0, rows.shape[0], step):
+        # the float32 values gguf's quantizer starts from (it casts rows to float32 itself)
+        f32 = np.asarray(rows[i : i + step]).astype(np.float32)
+        yield np.ascontiguousarray(quants.quantize(f32, qtype)).reshape(-1).data
