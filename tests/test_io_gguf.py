@@ -217,7 +217,7 @@ def test_quantized_types_dequantize_as_gguf_does(
         ]
     with pytest.raises(UnsupportedDtypeError, match=rf"tensor 'q' is {name}, ggml's"):
         tb.load(path)
-    monkeypatch.setattr(tbg, "DEFAULT_CHUNK", 4 * width * 2)  # two rows a step: several steps
+    monkeypatch.setattr(tbg, "_DEQUANTIZE_CHUNK", 4 * 32 * 3)  # 1-3 blocks a step
     got = tb.load(path, dequantize="f32")
     assert got["q"].dtype == np.float32 and got["q"].shape == (rows, width)
     assert got["q"].tobytes() == reference.tobytes()  # bit for bit, NaN payloads included
@@ -581,3 +581,21 @@ def test_open_does_not_allocate_what_a_header_claims(tmp_path: Path) -> None:
     path.write_bytes(header(n_tensors=2**60, n_kv=2**60))
     with pytest.raises(FormatError, match=r"more than the file's 32 bytes can hold"):
         tb.open(path)
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "MXFP4"])
+def test_own_kernels_match_gguf_on_every_bit_pattern(name: str) -> None:
+    # random bytes: every code, and f16 / e8m0 scales that are subnormal, inf or NaN
+    block, size = gguf.GGML_QUANT_SIZES[Q[name]]
+    rng = np.random.default_rng(1)
+    blocks = rng.integers(0, 256, (4096, size), dtype=np.uint8)
+    blocks[:256, 0] = np.arange(256)  # every scale byte (MXFP4's whole scale)
+    with np.errstate(all="ignore"):
+        want = quants.dequantize(blocks, Q[name])
+    got = tbg.dequantize_blocks(blocks, name, (4096 * block,))
+    assert got.view(np.uint32).tobytes() == want.reshape(-1).view(np.uint32).tobytes()
+    bf16 = tbg.dequantize_blocks(blocks, name, (4096 * block,), "bf16")
+    assert (
+        bf16.tobytes()
+        == torch.from_numpy(want.reshape(-1)).bfloat16().view(torch.int16).numpy().tobytes()
+    )

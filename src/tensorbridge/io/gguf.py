@@ -102,10 +102,56 @@ def _gguf_quants() -> Any:
 def _qtype(gtype: GgmlType) -> Any:
     from gguf.constants import GGMLQuantizationType
 
-    return GGMLQuantizationType(gtype.code)
+    try:
+        return GGMLQuantizationType(gtype.code)
+    except ValueError:
+        raise UnsupportedDtypeError(
+            f"the installed gguf package does not know {gtype.name}; upgrade it ({_EXTRA} -U)"
+        ) from None
 
 
 # --- dequantizing -----------------------------------------------------------------------------
+
+
+# Dequantizing works a few hundred KiB of output at a time, in cache, whatever the size.
+_DEQUANTIZE_CHUNK = 1 << 20
+
+# e2m1 code -> value, doubled as ggml's kvalues_mxfp4 (the e8m0 scale is halved to match)
+_KVALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+
+
+def _q8_0(blocks: np.ndarray, out: np.ndarray) -> None:
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    np.multiply(blocks[:, 2:].view(np.int8), d, out=out)
+
+
+def _q4_0(blocks: np.ndarray, out: np.ndarray) -> None:
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    qs = blocks[:, 2:]
+    half = out.shape[1] // 2  # the layout: element j in the low nibble, j + 16 in the high
+    np.multiply((qs & 0x0F).view(np.int8) - np.int8(8), d, out=out[:, :half])
+    np.multiply((qs >> 4).view(np.int8) - np.int8(8), d, out=out[:, half:])
+
+
+def _mxfp4(blocks: np.ndarray, out: np.ndarray) -> None:
+    e = blocks[:, :1].astype(np.uint32)
+    # ggml_e8m0_to_fp32_half: 2**(e - 128) as float32 bits, subnormal for e < 2
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - 1) << np.uint32(23))
+    d = bits.view(np.float32)
+    qs = blocks[:, 1:]
+    half = out.shape[1] // 2  # element j in the low nibble, j + 16 in the high
+    np.multiply(_KVALUES[qs & 0x0F], d, out=out[:, :half])
+    np.multiply(_KVALUES[qs >> 4], d, out=out[:, half:])
+
+
+# Own kernels for the commonest types: the same float32 products as the gguf package's
+# (every one exact: a 16-bit scale times a code of at most 8 bits), written in place.
+# tests/test_io_gguf.py checks them bit for bit against gguf.quants.dequantize.
+_KERNELS: dict[str, Callable[[np.ndarray, np.ndarray], None]] = {
+    "Q8_0": _q8_0,
+    "Q4_0": _q4_0,
+    "MXFP4": _mxfp4,
+}
 
 
 def dequantize_blocks(
@@ -137,27 +183,38 @@ def dequantize_blocks(
     """
     gtype = BY_NAME[ggml_type.upper()]
     row = _float_row(dtype)
-    quants = _gguf_quants()
     count = math.prod(shape)
     out = torch.empty(count, dtype=row.torch)
     result: np.ndarray = to_numpy(out.reshape(shape))  # a view: filled below
     if count == 0:
         return result
-    width = shape[-1] if shape else 1
-    row_bytes = width // gtype.block_size * gtype.type_size
-    raw = np.ascontiguousarray(blocks).view(np.uint8).reshape(-1, row_bytes)
-    rows_at_once = max(1, DEFAULT_CHUNK // 4 // width)
-    qtype = _qtype(gtype)
-    for i in range(0, raw.shape[0], rows_at_once):
-        piece = raw[i : i + rows_at_once]
-        try:
-            values = quants.dequantize(piece, qtype)
-        except NotImplementedError:
-            raise UnsupportedDtypeError(
-                f"the installed gguf package cannot dequantize {gtype.name}; upgrade it "
-                f"({_EXTRA} -U) or read the blocks with raw()"
-            ) from None
-        out[i * width : i * width + values.size].copy_(torch.from_numpy(values.reshape(-1)))
+    raw = np.ascontiguousarray(blocks).view(np.uint8).reshape(-1, gtype.type_size)
+    kernel = _KERNELS.get(gtype.name)
+    if kernel is None:
+        quants, qtype = _gguf_quants(), _qtype(gtype)
+    step = max(1, _DEQUANTIZE_CHUNK // 4 // gtype.block_size)  # blocks a step
+    f32 = out.numpy() if row.name == "float32" else np.empty((step, gtype.block_size), np.float32)
+    f32 = f32.reshape(-1, gtype.block_size)
+    with np.errstate(all="ignore"):  # inf and NaN scales give inf and NaN, as in ggml
+        for i in range(0, raw.shape[0], step):
+            piece = raw[i : i + step]
+            dst = f32[i : i + step] if row.name == "float32" else f32[: len(piece)]
+            if kernel is not None:
+                kernel(piece, dst)
+            else:
+                try:
+                    # one row of many blocks: gguf vectorises over a row's blocks
+                    dst[...] = quants.dequantize(piece.reshape(1, -1), qtype).reshape(dst.shape)
+                except NotImplementedError:
+                    raise UnsupportedDtypeError(
+                        f"the installed gguf package cannot dequantize {gtype.name}; upgrade "
+                        f"it ({_EXTRA} -U) or read the blocks with raw()"
+                    ) from None
+            if row.name != "float32":
+                n = dst.size
+                out[i * gtype.block_size : i * gtype.block_size + n].copy_(
+                    torch.from_numpy(dst.reshape(-1))
+                )
     return result
 
 
