@@ -29,6 +29,7 @@ import itertools
 import json
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,13 +152,30 @@ NUMPY_OF: dict[int, Any] = {  # numeric value types as NumPy scalar types
 CODE_OF_NUMPY = {np.dtype(t): c for c, t in NUMPY_OF.items()} | {np.dtype(np.bool_): 7}
 
 
-@dataclass(frozen=True)
 class Value:
-    """One key's value as stored: its GGUF type, and for arrays the items' type."""
+    """One key's value as stored: its GGUF type, and for arrays the items' type.
 
-    type: int
-    value: Any  # int, float, bool, str, or a list of them
-    item_type: int | None = None
+    An array's items are turned into Python values only when first asked for: a
+    tokenizer's 150,000 strings cost nothing until someone reads them.
+    """
+
+    __slots__ = ("_load", "_value", "item_type", "type")
+
+    def __init__(
+        self,
+        type: int,
+        value: Any = None,
+        item_type: int | None = None,
+        load: Callable[[], Any] | None = None,
+    ) -> None:
+        self.type, self.item_type, self._value, self._load = type, item_type, value, load
+
+    @property
+    def value(self) -> Any:
+        """int, float, bool, str, or a list of them."""
+        if self._load is not None:
+            self._value, self._load = self._load(), None
+        return self._value
 
     @property
     def type_name(self) -> str:
@@ -169,11 +187,12 @@ class Value:
 
     def as_text(self) -> str:
         """The value as ``metadata`` shows it: strings as they are, lists as JSON."""
-        if isinstance(self.value, str):
-            return self.value
-        if isinstance(self.value, list):
-            return json.dumps(self.value, ensure_ascii=False)
-        return str(self.value)
+        value = self.value
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list):
+            return json.dumps(value, ensure_ascii=False)
+        return str(value)
 
     def typed(self) -> Any:
         """The value with its exact type: NumPy scalars for numbers (a GGUF save keeps them)."""
@@ -264,13 +283,38 @@ class _Cursor:
                 f"{self.size - self.pos} bytes are left"
             )
         if fmt is not None:
-            items = np.frombuffer(self.buf, np.dtype(fmt), count, self.pos).tolist()
+            view = np.frombuffer(self.buf, np.dtype(fmt), count, self.pos)
             self.pos += count * size
-            if item == VALUE_CODE["BOOL"]:
-                items = [bool(v) for v in items]
-        else:
-            items = [self.string(f"{what}[{i}]") for i in range(count)]
-        return Value(ARRAY, items, item)
+            as_bool = item == VALUE_CODE["BOOL"]
+            return Value(ARRAY, None, item, lambda: _items(view, as_bool))
+        start = self.pos
+        try:  # only the lengths are read now; the strings are decoded when asked for
+            pos = start
+            for _ in range(count):
+                pos += 8 + _U64(self.buf, pos)[0]
+        except struct.error:
+            pos = self.size + 1
+        if pos > self.size:
+            raise self.fail(f"{what}'s {count} strings run past the end of the file")
+        self.pos = pos
+        return Value(ARRAY, None, item, lambda: _strings(self.buf, start, count))
+
+
+_U64 = struct.Struct("<Q").unpack_from
+
+
+def _items(view: np.ndarray, as_bool: bool) -> list[Any]:
+    items: list[Any] = view.tolist()
+    return [bool(v) for v in items] if as_bool else items
+
+
+def _strings(buf: Any, pos: int, count: int) -> list[str]:
+    out = []
+    for _ in range(count):
+        n = _U64(buf, pos)[0]
+        out.append(bytes(buf[pos + 8 : pos + 8 + n]).decode("utf-8", "surrogateescape"))
+        pos += 8 + n
+    return out
 
 
 def parse(buf: Any, path: Path) -> Header:

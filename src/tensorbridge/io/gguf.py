@@ -265,7 +265,7 @@ class GGUFFile(TensorFile):
         self.version, self.alignment = header.version, header.alignment
         self._values = header.values
         self._entries: dict[str, TensorEntry] = header.tensors
-        self.metadata = {k: v.as_text() for k, v in self._values.items()}
+        self._metadata: dict[str, str] | None = None  # made from _values when first read
         self.metadata_types = {k: v.type_name for k, v in self._values.items()}
         quantized: dict[str, int] = {}
         for e in self._entries.values():
@@ -279,6 +279,17 @@ class GGUFFile(TensorFile):
                 else "read with dequantize='bf16' (or 'f32', 'f16'), or as blocks with raw()"
             )
             self.notes.append(f"{self.path.name} holds quantized tensors ({kinds}); {how}")
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """Every key-value pair as text (lists as JSON), made when first asked for."""
+        if self._metadata is None:
+            self._metadata = {k: v.as_text() for k, v in self._values.items()}
+        return self._metadata
+
+    @metadata.setter
+    def metadata(self, value: dict[str, str]) -> None:
+        self._metadata = value
 
     def keys(self) -> list[str]:
         return list(self._entries)
