@@ -599,3 +599,11 @@ def test_own_kernels_match_gguf_on_every_bit_pattern(name: str) -> None:
         bf16.tobytes()
         == torch.from_numpy(want.reshape(-1)).bfloat16().view(torch.int16).numpy().tobytes()
     )
+
+
+@pytest.mark.parametrize("module", [tbg, tb.io])
+def test_docstring_examples_run(module: Any) -> None:
+    import doctest
+
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0

@@ -34,7 +34,8 @@ and to write Q8_0; plain tensors and metadata are read and written without it.
 
 >>> import os, tempfile, numpy as np
 >>> p = os.path.join(tempfile.mkdtemp(), "m.gguf")
->>> save({"w": np.ones((2, 3), np.float16)}, p, metadata={"general.architecture": "llama"})
+>>> meta = {"general.architecture": "llama"}
+>>> save({"w": np.ones((2, 3), np.float16)}, p, metadata=meta)
 >>> with open(p) as f:
 ...     f["w"].shape, f.metadata["general.architecture"]
 ((2, 3), 'llama')
@@ -164,7 +165,7 @@ def dequantize_blocks(
     time, and rounded once to ``dtype`` with torch's kernel.
 
     >>> import numpy as np
-    >>> blocks = np.zeros((1, 34), np.uint8)  # one Q8_0 block: f16 scale, 32 int8 codes
+    >>> blocks = np.zeros((1, 34), np.uint8)  # Q8_0: an f16 scale, 32 int8 codes
     >>> blocks[0, :2] = np.frombuffer(np.float16(0.5).tobytes(), np.uint8)
     >>> blocks[0, 2:] = np.arange(32, dtype=np.int8).view(np.uint8)
     >>> dequantize_blocks(blocks, "Q8_0", (32,))[:4].tolist()
@@ -450,7 +451,7 @@ def save(
     ...      metadata={"general.architecture": "llama", "llama.block_count": 1})
     >>> with open(p) as f:
     ...     f.ggml_type("w"), f.metadata_types["llama.block_count"]
-    ('BF16', 'INT32')
+    ('BF16', 'UINT32')
 
     Args:
         tensors: names (kept as given) to tensors or arrays of float32, float16,
