@@ -7,6 +7,7 @@ tensorbridge writes are read by ``gguf.GGUFReader``; quantized tensors dequantiz
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 from pathlib import Path
@@ -607,3 +608,48 @@ def test_docstring_examples_run(module: Any) -> None:
 
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_inspect_cuts_long_metadata_short(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "m.gguf"
+    tokens = [f"token{i}" for i in range(1000)]
+    tb.save({"w": np.ones(2)}, path, metadata={**ARCH, "tokenizer.ggml.tokens": tokens})
+    assert main(["inspect", str(path)]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    shown = json.loads(line.removeprefix("metadata: "))["tokenizer.ggml.tokens"]
+    assert shown.startswith('["token0", "token1"') and len(line) < 300
+    assert shown.endswith(f"... ({len(json.dumps(tokens)):,} characters; --json shows them all)")
+    assert main(["inspect", "--json", str(path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert json.loads(report[0]["metadata"]["tokenizer.ggml.tokens"]) == tokens
+
+
+def test_convert_gguf_to_gguf_keeps_every_metadata_type(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, dst = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    write_with_gguf(
+        src,
+        {"w": (values(PLAIN["F32"], (3, 64)), None)},
+        **{"x.u16": ("uint16", 7), "x.i64": ("int64", -1), "x.f32": ("float32", 0.1)},
+    )
+    assert main(["convert", str(src), str(dst), "--float-dtype", "f16", "--verify"]) == 0
+    assert "verify: bit-exact to the source cast to float16" in capsys.readouterr().out
+    with tb.open(src) as a, tb.open(dst) as b:
+        assert b.metadata_types == a.metadata_types and b.metadata == a.metadata
+        assert b.ggml_type("w") == "F16"
+
+
+def test_version_2_scalars_empty_tensors_and_directories(tmp_path: Path) -> None:
+    path = tmp_path / "m.gguf"
+    sd = {"s": np.array(3.5, np.float32), "e": np.zeros((0, 4), np.float16)}
+    tb.save(sd, path, metadata=ARCH)
+    data = bytearray(path.read_bytes())
+    data[4:8] = struct.pack("<I", 2)  # GGUF v2 has v3's layout
+    path.write_bytes(bytes(data))
+    with tb.open(tmp_path) as f:  # a directory holding one .gguf file
+        assert f.version == 2 and f.keys() == ["s", "e"]
+        assert f["s"].shape == () and f["s"] == 3.5 and f["e"].shape == (0, 4)
+    assert [list(t.shape) for t in gguf.GGUFReader(str(path)).tensors] == [[], [4, 0]]

@@ -384,7 +384,8 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         skipped = len(file["tensors"]) - len(readable)
         out.write(line + (f", {skipped} unsupported" if skipped else "") + "\n")
         if file["metadata"]:
-            out.write("metadata: " + json.dumps(file["metadata"]) + "\n")
+            shown = {k: _clip(v) for k, v in file["metadata"].items()}
+            out.write("metadata: " + json.dumps(shown, ensure_ascii=False) + "\n")
         headers = ["name", "dtype", "shape", "size"]
         if args.stats:
             headers += ["min", "max", "mean", "std", "nan", "inf"]
@@ -405,6 +406,13 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
             if "unsupported" in t:
                 out.write(f"unsupported: {t['unsupported']}\n")
     return 0
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    """A long metadata value (a GGUF tokenizer's 150,000 tokens) cut short for the table."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit // 2]}... ({len(text):,} characters; --json shows them all)"
 
 
 def _convert(args: argparse.Namespace, out: TextIO) -> int:

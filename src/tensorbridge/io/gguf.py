@@ -47,6 +47,7 @@ import math
 import mmap as _mmap
 import os
 import struct
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,10 +259,11 @@ class GGUFFile(TensorFile):
             self._map = _mmap.mmap(fh.fileno(), 0, access=_mmap.ACCESS_READ)
             self._cow: _mmap.mmap | None = None
             self._fd = os.dup(fh.fileno())  # for the copy-on-write map, if torch asks
+        self._close = weakref.finalize(self, os.close, self._fd)  # quiet if never closed
         try:
             header = parse(self._map, self.path)
         except BaseException:
-            os.close(self._fd)
+            self._close()
             raise
         self.version, self.alignment = header.version, header.alignment
         self._values = header.values
@@ -365,6 +367,8 @@ class GGUFFile(TensorFile):
 
     def _cow_map(self) -> _mmap.mmap:
         if self._cow is None:
+            if not self._close.alive:
+                raise ValueError(f"{self.path} is closed; open it again")
             self._cow = _mmap.mmap(self._fd, 0, access=_mmap.ACCESS_COPY)
             if len(self._cow) != len(self._map):
                 raise FormatError(f"{self.path} changed size since it was opened; open it again")
@@ -376,9 +380,7 @@ class GGUFFile(TensorFile):
 
     def close(self) -> None:
         """Release the file; arrays already handed out keep their own mapping alive."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._close()
 
     def __enter__(self) -> GGUFFile:
         return self
