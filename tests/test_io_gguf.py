@@ -246,6 +246,14 @@ def test_mxfp4_nibble_order_is_the_layouts_not_a_global_rule(tmp_path: Path) -> 
     assert interleaved.tolist() == e2m1[np.stack([codes[:16], codes[16:]], 1).reshape(-1)].tolist()
     assert interleaved.tolist() != expected.tolist()
     assert "element j in the low nibble and element j + 16" in tbg.BY_NAME["MXFP4"].layout
+    assert [t.name for t in TYPES if t.nibbles] == ["Q4_0", "Q4_1", "IQ4_NL", "MXFP4", "NVFP4"]
+    assert {t.nibbles for t in TYPES if t.nibbles} == {"halves"}
+    # the kernel follows the row: told "pairs", the same bytes give safetensors' order
+    pairs = np.empty((1, 32), np.float32)
+    codes_, where = tbg._nibbles(block[:, 1:], "pairs")
+    for half, at in zip(codes_, where, strict=True):
+        pairs[:, at] = tbg._KVALUES[half] * 0.5
+    assert pairs[0].tolist() == interleaved.tolist()
 
 
 def test_nvfp4_nibble_order_within_its_sub_blocks(tmp_path: Path) -> None:

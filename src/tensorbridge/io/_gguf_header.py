@@ -61,6 +61,10 @@ class GgmlType:
     type_size: int
     plain: str | None = None
     layout: str = ""
+    # where a 4-bit type's block puts its values: "halves" (element j in the low nibble
+    # of byte j, element j + n/2 in the high one, n = 32 or NVFP4's groups of 16), or
+    # "pairs" (2j low, 2j + 1 high: safetensors' F4, torchao, gpt-oss); "" otherwise
+    nibbles: str = ""
 
     @property
     def quantized(self) -> bool:
@@ -88,8 +92,10 @@ _Q4_LAYOUT = (
 TYPES: tuple[GgmlType, ...] = (
     GgmlType("F32", 0, 1, 4, "float32"),
     GgmlType("F16", 1, 1, 2, "float16"),
-    GgmlType("Q4_0", 2, 32, 18, layout=_Q4_LAYOUT.format(extra="")),
-    GgmlType("Q4_1", 3, 32, 20, layout=_Q4_LAYOUT.format(extra=" and an f16 minimum")),
+    GgmlType("Q4_0", 2, 32, 18, layout=_Q4_LAYOUT.format(extra=""), nibbles="halves"),
+    GgmlType(
+        "Q4_1", 3, 32, 20, layout=_Q4_LAYOUT.format(extra=" and an f16 minimum"), nibbles="halves"
+    ),
     GgmlType("Q5_0", 6, 32, 22),
     GgmlType("Q5_1", 7, 32, 24),
     GgmlType("Q8_0", 8, 32, 34, layout="blocks of 32: an f16 scale, then 32 int8 codes"),
@@ -104,7 +110,7 @@ TYPES: tuple[GgmlType, ...] = (
     GgmlType("IQ2_XS", 17, 256, 74),
     GgmlType("IQ3_XXS", 18, 256, 98),
     GgmlType("IQ1_S", 19, 256, 50),
-    GgmlType("IQ4_NL", 20, 32, 18),
+    GgmlType("IQ4_NL", 20, 32, 18, nibbles="halves"),
     GgmlType("IQ3_S", 21, 256, 110),
     GgmlType("IQ2_S", 22, 256, 82),
     GgmlType("IQ4_XS", 23, 256, 136),
@@ -117,8 +123,8 @@ TYPES: tuple[GgmlType, ...] = (
     GgmlType("BF16", 30, 1, 2, "bfloat16"),
     GgmlType("TQ1_0", 34, 256, 54),
     GgmlType("TQ2_0", 35, 256, 66),
-    GgmlType("MXFP4", 39, 32, 17, layout=_MXFP4_LAYOUT),
-    GgmlType("NVFP4", 40, 64, 36, layout=_NVFP4_LAYOUT),
+    GgmlType("MXFP4", 39, 32, 17, layout=_MXFP4_LAYOUT, nibbles="halves"),
+    GgmlType("NVFP4", 40, 64, 36, layout=_NVFP4_LAYOUT, nibbles="halves"),
     GgmlType("Q1_0", 41, 128, 18),
 )
 BY_CODE = {t.code: t for t in TYPES}

@@ -127,12 +127,23 @@ def _q8_0(blocks: np.ndarray, out: np.ndarray) -> None:
     np.multiply(blocks[:, 2:].view(np.int8), d, out=out)
 
 
+def _nibbles(
+    qs: np.ndarray, order: str
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[slice, slice]]:
+    """The low and high nibbles of ``qs`` and where each goes in a block's values."""
+    n = 2 * qs.shape[1]
+    if order == "halves":
+        return (qs & 0x0F, qs >> 4), (slice(0, n // 2), slice(n // 2, n))
+    if order == "pairs":
+        return (qs & 0x0F, qs >> 4), (slice(0, n, 2), slice(1, n, 2))
+    raise ValueError(f"unknown nibble order {order!r}")
+
+
 def _q4_0(blocks: np.ndarray, out: np.ndarray) -> None:
     d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
-    qs = blocks[:, 2:]
-    half = out.shape[1] // 2  # the layout: element j in the low nibble, j + 16 in the high
-    np.multiply((qs & 0x0F).view(np.int8) - np.int8(8), d, out=out[:, :half])
-    np.multiply((qs >> 4).view(np.int8) - np.int8(8), d, out=out[:, half:])
+    codes, where = _nibbles(blocks[:, 2:], BY_NAME["Q4_0"].nibbles)
+    for half, at in zip(codes, where, strict=True):
+        np.multiply(half.view(np.int8) - np.int8(8), d, out=out[:, at])
 
 
 def _mxfp4(blocks: np.ndarray, out: np.ndarray) -> None:
@@ -140,10 +151,9 @@ def _mxfp4(blocks: np.ndarray, out: np.ndarray) -> None:
     # ggml_e8m0_to_fp32_half: 2**(e - 128) as float32 bits, subnormal for e < 2
     bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - 1) << np.uint32(23))
     d = bits.view(np.float32)
-    qs = blocks[:, 1:]
-    half = out.shape[1] // 2  # element j in the low nibble, j + 16 in the high
-    np.multiply(_KVALUES[qs & 0x0F], d, out=out[:, :half])
-    np.multiply(_KVALUES[qs >> 4], d, out=out[:, half:])
+    codes, where = _nibbles(blocks[:, 1:], BY_NAME["MXFP4"].nibbles)
+    for half, at in zip(codes, where, strict=True):
+        np.multiply(_KVALUES[half], d, out=out[:, at])
 
 
 # Own kernels for the commonest types: the same float32 products as the gguf package's
@@ -161,9 +171,10 @@ def dequantize_blocks(
 ) -> np.ndarray:
     """Values of a GGUF block-quantized tensor from its raw blocks, in new memory.
 
-    Each block is decoded to float32 by the ``gguf`` package's own dequantizer (the
-    reference implementation of every ggml type), a bounded number of rows at a
-    time, and rounded once to ``dtype`` with torch's kernel.
+    Each block is decoded to float32 as the ``gguf`` package (llama.cpp's reference
+    in Python) decodes it: by its own code, or for Q8_0, Q4_0 and MXFP4 by kernels
+    here that compute the same products (tested bit for bit against it), about a MiB
+    of values at a time; then rounded once to ``dtype`` with torch's kernel.
 
     >>> import numpy as np
     >>> blocks = np.zeros((1, 34), np.uint8)  # Q8_0: an f16 scale, 32 int8 codes
@@ -186,6 +197,13 @@ def dequantize_blocks(
     gtype = BY_NAME[ggml_type.upper()]
     row = _float_row(dtype)
     count = math.prod(shape)
+    width = shape[-1] if shape else 1
+    nbytes = count // gtype.block_size * gtype.type_size
+    if width % gtype.block_size or blocks.nbytes != nbytes:
+        raise ValueError(
+            f"{gtype.name} blocks of shape {list(shape)} take {nbytes} bytes in rows of whole "
+            f"{gtype.block_size}-value blocks; got {blocks.nbytes} bytes for rows of {width}"
+        )
     out = torch.empty(count, dtype=row.torch)
     result: np.ndarray = to_numpy(out.reshape(shape))  # a view: filled below
     if count == 0:
