@@ -661,3 +661,22 @@ def test_version_2_scalars_empty_tensors_and_directories(tmp_path: Path) -> None
         assert f.version == 2 and f.keys() == ["s", "e"]
         assert f["s"].shape == () and f["s"] == 3.5 and f["e"].shape == (0, 4)
     assert [list(t.shape) for t in gguf.GGUFReader(str(path)).tensors] == [[], [4, 0]]
+
+
+def test_string_arrays_are_walked_across_windows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tensorbridge.io import _gguf_header
+
+    monkeypatch.setattr(_gguf_header, "_WINDOW", 24)  # shorter than some strings
+    tokens = ["", "a", "x" * 50, "bc", "y" * 17, "z"] * 5
+    path = tmp_path / "m.gguf"
+    tb.save({"w": np.ones(3)}, path, metadata={**ARCH, "t": tokens, "after": "end"})
+    with tb.open(path) as f:
+        assert f.plain_values()["t"] == tokens and f.metadata["after"] == "end"
+        assert f["w"].tolist() == [1.0, 1.0, 1.0]
+    data = path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: data.index(b"x" * 50) + 300])  # inside the array: a walk fails
+    with pytest.raises(FormatError, match=r"key 't''s 30 strings run past the end of the file"):
+        tb.open(cut)

@@ -294,19 +294,34 @@ class _Cursor:
             as_bool = item == VALUE_CODE["BOOL"]
             return Value(ARRAY, None, item, lambda: _items(view, as_bool))
         start = self.pos
-        try:  # only the lengths are read now; the strings are decoded when asked for
-            pos = start
-            for _ in range(count):
-                pos += 8 + _U64(self.buf, pos)[0]
-        except struct.error:
-            pos = self.size + 1
-        if pos > self.size:
+        self.pos = _skip_strings(self.buf, start, count, self.size)
+        if self.pos > self.size:
             raise self.fail(f"{what}'s {count} strings run past the end of the file")
-        self.pos = pos
         return Value(ARRAY, None, item, lambda: _strings(self.buf, start, count))
 
 
 _U64 = struct.Struct("<Q").unpack_from
+_WINDOW = 1 << 20
+
+
+def _skip_strings(buf: Any, pos: int, count: int, size: int) -> int:
+    """Where ``count`` length-prefixed strings from ``pos`` end (past ``size``: truncated).
+
+    Only the lengths are read, a window of bytes at a time (reading from ``bytes`` is
+    twice as fast as from a map): a tokenizer's strings are walked, not decoded.
+    """
+    i = j = 0
+    while i < count:
+        if pos + 8 > size:
+            return size + 1
+        base, window = pos, bytes(buf[pos : pos + _WINDOW])
+        try:
+            for j in range(i, count):  # noqa: B007 - j says where a refill resumes
+                pos += 8 + _U64(window, pos - base)[0]
+            i = count
+        except struct.error:  # string j's length lies past the window: refill there
+            i = j
+    return pos
 
 
 def _items(view: np.ndarray, as_bool: bool) -> list[Any]:
