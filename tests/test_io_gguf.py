@@ -142,6 +142,7 @@ def test_metadata_of_every_value_type(tmp_path: Path) -> None:
         "a.tokens": ("array", ["<s>", "</s>", "▁the"]),
         "a.scores": ("array", [0.0, -1.5]),
         "a.types": ("array", [1, 2, 3]),
+        "a.flags": ("array", [True, False]),
     }
     path = tmp_path / "m.gguf"
     write_with_gguf(path, {"w": (np.zeros(4, np.float32), None)}, **kv)
@@ -153,11 +154,12 @@ def test_metadata_of_every_value_type(tmp_path: Path) -> None:
     assert [types[k] for k in kv] == [
         "UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "UINT64", "INT64",
         "FLOAT32", "FLOAT64", "BOOL", "STRING", "ARRAY[STRING]", "ARRAY[FLOAT32]",
-        "ARRAY[INT32]",
+        "ARRAY[INT32]", "ARRAY[BOOL]",
     ]  # fmt: skip
     assert typed["a.u32"] == 4096 and type(typed["a.u32"]) is np.uint32
     assert typed["a.f32"] == np.float32(1e-5) and typed["a.f64"] == 0.1
     assert typed["a.bool"] is True and typed["a.tokens"] == ["<s>", "</s>", "▁the"]
+    assert typed["a.flags"] == [True, False] and text["a.flags"] == "[true, false]"
     assert text["a.tokens"] == '["<s>", "</s>", "▁the"]' and text["a.u64"] == str(2**40)
     # written back by tensorbridge: every type kept, as the gguf package reads it
     out = tmp_path / "out.gguf"

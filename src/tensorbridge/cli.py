@@ -35,7 +35,8 @@ _EXAMPLES = {
     "convert": "examples:\n  tensorbridge convert pytorch_model.bin model.safetensors\n"
     "  tensorbridge convert model.safetensors out/ --float-dtype bf16 \\\n"
     "      --max-shard-size 5GB --verify\n"
-    "  tensorbridge convert model.safetensors emb.npy --include 'embed*'",
+    "  tensorbridge convert model.safetensors emb.npy --include 'embed*'\n"
+    "  tensorbridge convert model-Q4_K_M.gguf out.safetensors --dequantize bf16",
     "compare": "examples:\n  tensorbridge compare a.safetensors b.safetensors\n"
     "  tensorbridge compare ref.npz out.npz --rtol 1e-3 --plot errors.png",
     "cast-report": "examples:\n  tensorbridge cast-report model.safetensors --dtype bf16\n"
