@@ -594,7 +594,7 @@ def test_open_does_not_allocate_what_a_header_claims(tmp_path: Path) -> None:
         tb.open(path)
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "MXFP4"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "MXFP4", "Q4_K", "Q6_K"])
 def test_own_kernels_match_gguf_on_every_bit_pattern(name: str) -> None:
     # random bytes: every code, and f16 / e8m0 scales that are subnormal, inf or NaN
     block, size = gguf.GGML_QUANT_SIZES[Q[name]]

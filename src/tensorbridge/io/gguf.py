@@ -13,9 +13,9 @@ anything is mapped or allocated). What this module promises:
 * **Quantized types kept or dequantized, never guessed.** A block-quantized tensor
   (Q4_0 ... Q8_0, the K-quants, IQ types, MXFP4, NVFP4) read as a plain array raises
   :class:`~tensorbridge.errors.UnsupportedDtypeError` naming ``dequantize=``; opened
-  with ``dequantize="bf16"`` (or ``"f32"``, ``"f16"``) it reads as values: the
-  product computed in float32 by the ``gguf`` package's own dequantizer (the
-  reference) and rounded once to that dtype. ``f.raw(name)`` gives the untouched
+  with ``dequantize="bf16"`` (or ``"f32"``, ``"f16"``) it reads as values: computed
+  in float32 exactly as the ``gguf`` package (the reference) computes them, and
+  rounded once to that dtype. ``f.raw(name)`` gives the untouched
   blocks, ``f.ggml_type(name)`` the type; each type's block layout (nibble order
   included: GGUF's MXFP4 puts element ``j`` and ``j + 16`` in one byte, safetensors'
   F4 ``2j`` and ``2j + 1``) is in ``_gguf_header.TYPES``.
@@ -115,16 +115,21 @@ def _qtype(gtype: GgmlType) -> Any:
 # --- dequantizing -----------------------------------------------------------------------------
 
 
-# Dequantizing works a few hundred KiB of output at a time, in cache, whatever the size.
-_DEQUANTIZE_CHUNK = 1 << 20
+# Dequantizing works 256 KiB of float32 values at a time, in cache, whatever the size.
+_DEQUANTIZE_CHUNK = 1 << 18
 
 # e2m1 code -> value, doubled as ggml's kvalues_mxfp4 (the e8m0 scale is halved to match)
 _KVALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
 
 
+def _f16(two_bytes: np.ndarray) -> np.ndarray:
+    """Each row's two bytes as an f16 scale, widened (exactly) to float32."""
+    scale: np.ndarray = two_bytes.copy().view(np.float16).astype(np.float32)
+    return scale
+
+
 def _q8_0(blocks: np.ndarray, out: np.ndarray) -> None:
-    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
-    np.multiply(blocks[:, 2:].view(np.int8), d, out=out)
+    np.multiply(blocks[:, 2:].view(np.int8), _f16(blocks[:, :2]), out=out)
 
 
 def _nibbles(
@@ -140,7 +145,7 @@ def _nibbles(
 
 
 def _q4_0(blocks: np.ndarray, out: np.ndarray) -> None:
-    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    d = _f16(blocks[:, :2])
     codes, where = _nibbles(blocks[:, 2:], BY_NAME["Q4_0"].nibbles)
     for half, at in zip(codes, where, strict=True):
         np.multiply(half.view(np.int8) - np.int8(8), d, out=out[:, at])
@@ -156,13 +161,43 @@ def _mxfp4(blocks: np.ndarray, out: np.ndarray) -> None:
         np.multiply(_KVALUES[half], d, out=out[:, at])
 
 
-# Own kernels for the commonest types: the same float32 products as the gguf package's
-# (every one exact: a 16-bit scale times a code of at most 8 bits), written in place.
+def _q4_k(blocks: np.ndarray, out: np.ndarray) -> None:
+    n = len(blocks)
+    d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+    s = blocks[:, 4:16].reshape(n, 3, 4)  # eight 6-bit scales and mins, packed
+    lo, mid, top = s[:, 0], s[:, 1], s[:, 2]
+    sc = np.concatenate([lo & 0x3F, (top & 0x0F) | ((lo >> 2) & 0x30)], axis=1)
+    mn = np.concatenate([mid & 0x3F, (top >> 4) | ((mid >> 2) & 0x30)], axis=1)
+    ds = (d * sc.astype(np.float32))[:, :, None]  # exact: 11 bits times 6
+    dm = (dmin * mn.astype(np.float32))[:, :, None]
+    qs = blocks[:, 16:].reshape(n, 4, 1, 32)
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(n, 8, 32)
+    values = out.reshape(n, 8, 32)
+    np.multiply(codes, ds, out=values)  # rounded once, then the minimum: as gguf does
+    np.subtract(values, dm, out=values)
+
+
+def _q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
+    n = len(blocks)
+    ql = blocks[:, :128].reshape(n, 2, 1, 64)
+    qh = blocks[:, 128:192].reshape(n, 2, 1, 32)
+    ds = _f16(blocks[:, 208:210]) * blocks[:, 192:208].view(np.int8).astype(np.float32)
+    low = np.concatenate([ql & 0x0F, ql >> 4], axis=2).reshape(n, 2, 128)
+    high = np.concatenate([qh & 3, (qh >> 2) & 3, (qh >> 4) & 3, qh >> 6], axis=2)
+    codes = (low | (high.reshape(n, 2, 128) << 4)).view(np.int8) - np.int8(32)
+    np.multiply(codes.reshape(n, 16, 16), ds[:, :, None], out=out.reshape(n, 16, 16))
+
+
+# Own kernels for the commonest types, in place and without temporaries of float32:
+# the same float32 operations as the gguf package's, in the same order (scale times
+# code is exact for Q8_0, Q4_0 and MXFP4; the K-quants round where gguf rounds).
 # tests/test_io_gguf.py checks them bit for bit against gguf.quants.dequantize.
 _KERNELS: dict[str, Callable[[np.ndarray, np.ndarray], None]] = {
     "Q8_0": _q8_0,
     "Q4_0": _q4_0,
     "MXFP4": _mxfp4,
+    "Q4_K": _q4_k,
+    "Q6_K": _q6_k,
 }
 
 
@@ -172,9 +207,10 @@ def dequantize_blocks(
     """Values of a GGUF block-quantized tensor from its raw blocks, in new memory.
 
     Each block is decoded to float32 as the ``gguf`` package (llama.cpp's reference
-    in Python) decodes it: by its own code, or for Q8_0, Q4_0 and MXFP4 by kernels
-    here that compute the same products (tested bit for bit against it), about a MiB
-    of values at a time; then rounded once to ``dtype`` with torch's kernel.
+    in Python) decodes it: by its own code, or for Q8_0, Q4_0, MXFP4, Q4_K and Q6_K
+    by kernels here that do the same float32 operations in the same order (tested
+    bit for bit against it), 256 KiB of values at a time; then rounded once to
+    ``dtype`` with torch's kernel.
 
     >>> import numpy as np
     >>> blocks = np.zeros((1, 34), np.uint8)  # Q8_0: an f16 scale, 32 int8 codes
