@@ -257,6 +257,20 @@ def _two_ranks(rank: int, world_size: int) -> dict[str, Any]:
     return out
 
 
+def _model_checks(model: torch.nn.Module, ref: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Every state-dict entry of a sharded model: gathered and local bytes vs ``ref``."""
+    out: dict[str, Any] = {}
+    for k, v in model.state_dict().items():
+        s = tb.local_shard(v)
+        index = tuple(slice(o, o + n) for o, n in zip(s.offset, s.array.shape, strict=True))
+        out[k] = (
+            str(v.placements),
+            tb.to_numpy(v, gather=True).tobytes() == _bytes(ref[k]),
+            s.array.tobytes() == _bytes(ref[k][index]),
+        )
+    return out
+
+
 def _four_ranks(rank: int, world_size: int) -> dict[str, Any]:
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -283,13 +297,33 @@ def _four_ranks(rank: int, world_size: int) -> dict[str, Any]:
     x = _distribute(ref, mesh, (Replicate(), Shard(0)))
     y = _distribute(ref, mesh, (Shard(1), Replicate()))
     out["primary"] = (tb.local_shard(x).primary, tb.local_shard(y).primary)
+
+    # real FSDP2 (uneven, empty shards) and FSDP2 x TP (_StridedShard) state dicts
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 7), torch.nn.Linear(7, 3)).bfloat16()
+    ref = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    fully_shard(model, mesh=line)
+    out["fsdp2"] = _model_checks(model, ref)
+    named = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model = torch.nn.Sequential(torch.nn.Linear(6, 7), torch.nn.ReLU(), torch.nn.Linear(7, 5))
+    ref = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    parallelize_module(model, named["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=named["dp"])
+    out["fsdp2 x tp"] = _model_checks(model, ref)
     return out
 
 
 def _assert_all_hold(results: list[dict[str, Any]]) -> None:
     for rank, res in enumerate(results):
         for name, got in res.items():
-            if isinstance(got, dict):
+            if isinstance(got, dict) and not name.startswith("fsdp2"):
                 for what, flags in got.items():
                     ok = all(flags) if isinstance(flags, tuple) else flags
                     assert ok, f"rank {rank}: {name}: {what}: {flags}"
@@ -315,7 +349,24 @@ def test_every_dtype_and_placement_gathers_bit_exact_on_two_ranks(two: list[Any]
 
 def test_every_dtype_and_placement_gathers_bit_exact_on_a_2x2_mesh(four: list[Any]) -> None:
     _assert_all_hold(four)
-    assert len([k for k in four[0] if isinstance(four[0][k], dict)]) == 7 * len(ROWS) + 2
+    assert len([k for k in four[0] if isinstance(four[0][k], dict)]) == 7 * len(ROWS) + 4
+
+
+def test_fsdp2_and_fsdp2_x_tp_state_dicts_gather_and_split_exactly(four: list[Any]) -> None:
+    strided = "(_StridedShard(dim=0, sf=2), Shard(dim=0))"
+    for res in four:
+        assert res["fsdp2"] == {
+            "0.weight": ("(Shard(dim=0),)", True, True),  # 7 rows on 4 ranks
+            "0.bias": ("(Shard(dim=0),)", True, True),
+            "1.weight": ("(Shard(dim=0),)", True, True),  # 3 rows: rank 3 holds none
+            "1.bias": ("(Shard(dim=0),)", True, True),
+        }
+        assert res["fsdp2 x tp"] == {
+            "0.weight": (strided, True, True),
+            "0.bias": (strided, True, True),
+            "2.weight": ("(Shard(dim=0), Shard(dim=1))", True, True),
+            "2.bias": ("(Shard(dim=0), Replicate())", True, True),
+        }
 
 
 def test_default_is_a_refusal_that_names_both_options(two: list[Any]) -> None:
