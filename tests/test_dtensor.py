@@ -224,7 +224,9 @@ def _two_ranks(rank: int, world_size: int) -> dict[str, Any]:
     out["default to_numpy"] = _messages(lambda: tb.to_numpy(plain))
     out["default to_torch"] = _messages(lambda: tb.to_torch(plain))
     out["default tree"] = _messages(lambda: tb.tree_to_numpy({"w": plain}))
-    out["describe"] = tb.describe(plain).to_numpy.verdict, tb.describe(plain).to_numpy.reason
+    d = tb.describe(plain)
+    out["describe"] = (d.to_numpy.verdict, d.to_numpy.reason, d.to_torch.verdict, d.notes[0])
+    out["describe shape"] = (d.shape, d.storage_nbytes, d.storage_offset)
     out["copy=False"] = _messages(lambda: tb.to_numpy(plain, gather=True, copy=False))
     partial = DTensor.from_local(torch.ones(3), mesh, [Partial()])
     out["partial gather"] = _messages(lambda: tb.to_numpy(partial, gather=True))
@@ -384,7 +386,14 @@ def test_default_is_a_refusal_that_names_both_options(two: list[Any]) -> None:
     assert "x.to_local()" in msg
     cls, msg = two[1]["default tree"]
     assert cls == "ShardedTensorError" and msg.startswith("at ['w']: a DTensor")
-    assert two[0]["describe"] == ("error", two[0]["default to_numpy"][1])
+    verdict, reason, to_torch, note = two[0]["describe"]
+    assert (verdict, reason, to_torch) == ("error", two[0]["default to_numpy"][1], "error")
+    assert note == (
+        "a DTensor (global shape (10,), placements (Shard(dim=0)) on a mesh of shape (2,)): "
+        "this rank's storage holds only its local tensor of shape (5,); tb.local_shard(x) "
+        "gives that block, gather=True the whole tensor"
+    )
+    assert two[1]["describe shape"] == ((10,), None, None)  # no storage facts of one rank
     assert issubclass(tb.ShardedTensorError, tb.UnsupportedTensorError)
 
 

@@ -55,6 +55,7 @@ __all__ = [
     "is_dtensor",
     "layout",
     "local_block",
+    "note",
     "redistributed",
     "refusal",
     "signature",
@@ -86,6 +87,15 @@ def _where(x: Any) -> str:
     placements = ", ".join(repr(p) for p in x.placements)
     return f"global shape {tuple(x.shape)}, placements ({placements}) on a mesh of shape " + str(
         tuple(mesh.shape)
+    )
+
+
+def note(x: Any) -> str:
+    """What ``describe`` says about a DTensor: where it lives and the two ways to read it."""
+    return (
+        f"a DTensor ({_where(x)}): this rank's storage holds only its local tensor of shape "
+        f"{tuple(x.to_local().shape)}; tb.local_shard(x) gives that block, gather=True the "
+        "whole tensor"
     )
 
 

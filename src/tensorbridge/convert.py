@@ -202,9 +202,11 @@ def local_shard(
 
     Example (on each rank of a 2-rank process group)::
 
-        x = distribute_tensor(torch.arange(10.0), init_device_mesh("cpu", (2,)), [Shard(0)])
-        s = tb.local_shard(x)     # rank 1: s.array = [5, 6, 7, 8, 9], s.offset = (5,)
-        full[tuple(slice(o, o + n) for o, n in zip(s.offset, s.array.shape))] = s.array
+        mesh = init_device_mesh("cpu", (2,))
+        x = distribute_tensor(torch.arange(10.0), mesh, [Shard(0)])
+        s = tb.local_shard(x)  # rank 1: s.array = [5, 6, 7, 8, 9], s.offset = (5,)
+        at = tuple(slice(o, o + n) for o, n in zip(s.offset, s.array.shape))
+        full[at] = s.array  # e.g. into a memory-mapped file of s.global_shape
     """
     if not dtensor.is_dtensor(tensor):
         raise UnsupportedTensorError(
