@@ -107,7 +107,7 @@ def signature(x: Any) -> Hashable | None:
     if cls is np.ndarray or cls is np.memmap:
         return (cls, x.dtype, x.flags.writeable, strides_state(x))
     if isinstance(x, torch.Tensor):
-        if cls is not torch.Tensor and dtensor.is_dtensor(x):
+        if cls is not torch.Tensor and cls not in mem.PLAIN_SUBCLASSES and dtensor.is_dtensor(x):
             return dtensor.signature(x)
         dtype = x.dtype
         conj = dtype.is_complex and x.is_conj()
