@@ -236,6 +236,8 @@ def _two_ranks(rank: int, world_size: int) -> dict[str, Any]:
 
     tree = tb.tree_to_numpy({"w": plain, "r": rep, "t": torch.ones(2)}, gather=True)
     out["tree"] = (tree["w"].tolist(), tree["r"].tolist(), tree["t"].tolist())
+    back = tb.tree_to_torch({"w": plain, "t": torch.ones(2)}, gather=True)
+    out["tree torch"] = (type(back["w"]) is torch.Tensor, back["w"].tolist(), back["t"].tolist())
     cast = tb.to_numpy(plain.to(torch.bfloat16), gather=True, dtype="float32")
     out["cast"] = (str(cast.dtype), cast.tolist())
     out["plan steps"] = repr(tb.describe(plain).to_torch.steps)
@@ -422,6 +424,7 @@ def test_gather_follows_the_copy_contract(two: list[Any]) -> None:
 def test_tree_gathers_dtensor_leaves_and_keeps_plain_ones(two: list[Any]) -> None:
     for res in two:
         assert res["tree"] == ([float(i) for i in range(10)], [0, 1, 2, 3], [1.0, 1.0])
+        assert res["tree torch"] == (True, [float(i) for i in range(10)], [1.0, 1.0])
 
 
 def test_local_shard_is_a_view_and_primary_marks_one_copy(two: list[Any], four: list[Any]) -> None:
