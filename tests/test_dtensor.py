@@ -231,6 +231,10 @@ def _two_ranks(rank: int, world_size: int) -> dict[str, Any]:
     partial = DTensor.from_local(torch.ones(3), mesh, [Partial()])
     out["partial gather"] = _messages(lambda: tb.to_numpy(partial, gather=True))
     out["partial local"] = _messages(lambda: tb.local_shard(partial))
+    wrong = DTensor.from_local(
+        torch.ones(3), mesh, [Shard(0)], run_check=False, shape=(5,), stride=(1,)
+    )  # rank 1 should hold 2 elements, not 3
+    out["wrong local shape"] = _messages(lambda: tb.to_numpy(wrong, gather=True))
     strided = distribute_tensor(torch.arange(8.0), mesh, [_ss(0, 2)])
     out["strided local"] = _messages(lambda: tb.local_shard(strided))
 
@@ -409,6 +413,19 @@ def test_partial_and_interleaved_blocks_are_refused(two: list[Any]) -> None:
     assert cls == "ShardedTensorError"
     assert "holds indices [2, 3, 6, 7] of dimension 0, interleaved by the _StridedShard" in msg
     assert "pass gather=True" in msg
+
+
+def test_a_local_shape_the_placements_do_not_give_is_refused_on_every_rank(
+    two: list[Any],
+) -> None:
+    for res in two:  # rank 0 is right, yet it refuses too: every rank saw rank 1's status
+        cls, msg = res["wrong local shape"]
+        assert cls == "ShardedTensorError"
+        assert msg.startswith(
+            "the local tensor at mesh coordinate (1,) (mesh dimensions (0,)) of the DTensor "
+            "(global shape (5,), placements (Shard(dim=0)) on a mesh of shape (2,)) does not "
+            "have the shape (2,) its placements give"
+        )
 
 
 def test_gather_follows_the_copy_contract(two: list[Any]) -> None:

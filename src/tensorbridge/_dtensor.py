@@ -83,11 +83,9 @@ def stand_in(x: Any) -> torch.Tensor:
 
 
 def _where(x: Any) -> str:
-    mesh = x.device_mesh
     placements = ", ".join(repr(p) for p in x.placements)
-    return f"global shape {tuple(x.shape)}, placements ({placements}) on a mesh of shape " + str(
-        tuple(mesh.shape)
-    )
+    mesh = tuple(x.device_mesh.shape)
+    return f"global shape {tuple(x.shape)}, placements ({placements}) on a mesh of shape {mesh}"
 
 
 def note(x: Any) -> str:
@@ -307,8 +305,8 @@ def local_block(x: Any) -> Block:
     placements = tuple(x.placements)
     shape = tuple(x.shape)
     lay = layout(shape, tuple(mesh.shape), placements)
-    mine = lay.blocks[lay.position(coordinate)]
-    for d, index in enumerate(mine):
+    at = lay.position(coordinate)
+    for d, index in enumerate(lay.blocks[at]):
         if not isinstance(index, range):
             shown = ", ".join(str(int(v)) for v in index[:6]) + (", ..." if len(index) > 6 else "")
             raise ShardedTensorError(
@@ -319,10 +317,8 @@ def local_block(x: Any) -> Block:
             )
     local = x.to_local()
     local_shape, offset = compute_local_shape_and_global_offset(shape, mesh, placements)
-    if tuple(local.shape) != tuple(local_shape) or tuple(local_shape) != lay.block_shape(
-        lay.position(coordinate)
-    ):
-        raise _mismatch(x, tuple(local.shape), lay.block_shape(lay.position(coordinate)))
+    if not tuple(local.shape) == tuple(local_shape) == lay.block_shape(at):
+        raise _mismatch(x, tuple(local.shape), lay.block_shape(at))
     primary = all(coordinate[i] == 0 for i, p in enumerate(placements) if p.is_replicate())
     return Block(local, tuple(int(o) for o in offset), shape, primary)
 
