@@ -16,7 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .convert import to_numpy, to_torch
+    from .convert import LocalShard, local_shard, to_numpy, to_torch
     from .diagnostics import (
         CastReport,
         Comparison,
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         FormatError,
         NoDataError,
         ShapeMismatchError,
+        ShardedTensorError,
         TensorBridgeError,
         UnsupportedDtypeError,
         UnsupportedTensorError,
@@ -51,8 +52,10 @@ __all__ = [
     "Description",
     "DestinationExistsError",
     "FormatError",
+    "LocalShard",
     "NoDataError",
     "ShapeMismatchError",
+    "ShardedTensorError",
     "Stats",
     "TensorBridgeError",
     "UnsupportedDtypeError",
@@ -63,6 +66,7 @@ __all__ = [
     "describe",
     "dtype_table",
     "load",
+    "local_shard",
     "numpy_dtype",
     "open",
     "resolve_dtype",
@@ -77,7 +81,7 @@ __all__ = [
 
 # Where each public name lives: the submodule is imported when the name is first used.
 _HOME = {
-    **dict.fromkeys(["to_numpy", "to_torch"], ".convert"),
+    **dict.fromkeys(["LocalShard", "local_shard", "to_numpy", "to_torch"], ".convert"),
     **dict.fromkeys(
         [
             "CastReport",
@@ -101,6 +105,7 @@ _HOME = {
             "FormatError",
             "NoDataError",
             "ShapeMismatchError",
+            "ShardedTensorError",
             "TensorBridgeError",
             "UnsupportedDtypeError",
             "UnsupportedTensorError",
