@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .convert import to_numpy, to_torch
+    from .dcp.safetensors import SafetensorsReader, SafetensorsWriter
     from .diagnostics import (
         CastReport,
         Comparison,
@@ -53,6 +54,8 @@ __all__ = [
     "DestinationExistsError",
     "FormatError",
     "NoDataError",
+    "SafetensorsReader",
+    "SafetensorsWriter",
     "ShapeMismatchError",
     "Stats",
     "TensorBridgeError",
@@ -111,6 +114,7 @@ _HOME = {
         ".errors",
     ),
     **dict.fromkeys(["load", "open", "save"], ".io"),
+    **dict.fromkeys(["SafetensorsReader", "SafetensorsWriter"], ".dcp.safetensors"),
     **dict.fromkeys(["tree_to_numpy", "tree_to_torch"], ".tree"),
 }
 
