@@ -125,13 +125,16 @@ class _Value:
 class SafetensorsWriter(StorageWriter):
     """A DCP ``StorageWriter`` whose output is the final Hugging Face safetensors checkpoint.
 
-    >>> import tempfile, torch, torch.distributed.checkpoint as dcp, tensorbridge as tb
+    >>> import os, tempfile, torch
+    >>> import torch.distributed.checkpoint as dcp, tensorbridge as tb
     >>> d = tempfile.mkdtemp()
-    >>> _ = dcp.save({"a": torch.ones(4), "b": torch.zeros(4, dtype=torch.int8)},
-    ...              storage_writer=tb.SafetensorsWriter(d, max_shard_size=16))
-    >>> sorted(p for p in os.listdir(d))
-    ['model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors', \
-'model.safetensors.index.json']
+    >>> sd = {"a": torch.ones(4), "b": torch.zeros(4, dtype=torch.int8)}
+    >>> _ = dcp.save(sd, storage_writer=tb.SafetensorsWriter(d, max_shard_size=16))
+    >>> for name in sorted(os.listdir(d)):
+    ...     print(name)
+    model-00001-of-00002.safetensors
+    model-00002-of-00002.safetensors
+    model.safetensors.index.json
 
     Args:
         path: the checkpoint directory (created if missing). A previous checkpoint
