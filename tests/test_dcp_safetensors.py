@@ -56,6 +56,7 @@ CASES: dict[str, tuple[torch.dtype, tuple[int, ...], str]] = {
     "f8e5m2fnuz": (torch.float8_e5m2fnuz, (5,), "S0"),
     "scales.e8m0": (torch.float8_e8m0fnu, (4, 4), "S0"),
     "c64": (torch.complex64, (3, 4), "S1"),
+    "f4.packed": (torch.float4_e2m1fn_x2, (4, 2), "S0"),  # two values a byte
     "empty": (torch.float32, (0, 4), "R"),
     "int_scalar": (torch.int64, (), "R"),
 }
@@ -96,7 +97,8 @@ def _state_dict(mesh: Any, zeros: bool = False, flip: bool = False) -> dict[str,
     for name, (dtype, shape, code) in CASES.items():
         full = _full(name, dtype, shape)
         if zeros:
-            full = torch.zeros_like(full)
+            full = torch.zeros(shape, dtype=torch.uint8 if dtype.itemsize == 1 else dtype)
+            full = full.view(dtype)
         if flip and code.startswith("S") and len(shape) > 1:  # reload along another dim
             code = "S1" if code == "S0" else "S0"
         sd[name] = _dtensor(full, mesh, _placements(code, mesh.ndim))
@@ -126,6 +128,8 @@ def _mesh_name(mesh_shape: tuple[int, ...]) -> str:
 
 
 def _code(t: torch.Tensor) -> str:
+    if t.dtype == torch.float4_e2m1fn_x2:
+        return "F4"
     return tb.resolve_dtype(t.dtype).safetensors or ""
 
 
@@ -184,7 +188,7 @@ def _reference() -> dict[str, torch.Tensor]:
     return ref
 
 
-KNOWN = {"F8_E8M0"}  # codes safetensors 0.8's torch reader lacks; tensorbridge reads them
+KNOWN = {"F8_E8M0", "F4"}  # codes safetensors 0.8's torch reader lacks; tensorbridge reads them
 
 
 def _check_checkpoint(ckpt: Path) -> dict[str, str]:
@@ -470,3 +474,28 @@ def test_block_runs_cover_exactly_the_chunks_bytes(
             got += range(blk.start + r * blk.step, blk.start + r * blk.step + blk.run)
 
     assert sorted(got) == want and len(got) == len(set(got))
+
+
+class Ünïcode:  # a non-ASCII type name in a skip reason
+    pass
+
+
+def test_the_headers_reserved_room_holds_the_largest_entries(tmp_path: Path) -> None:
+    values = {
+        "n" * 300: "é" * 240,  # 482 bytes of JSON: under the 512-byte limit
+        'q"\\' * 40: '"\\' * 60,  # every character escaped, twice: 486 bytes
+        "too.long": "x" * 600,
+    }
+    sd: dict[str, Any] = {"w": torch.arange(3), **values, "obj": Ünïcode()}
+
+    dcp.save(sd, storage_writer=tb.SafetensorsWriter(tmp_path))
+
+    with safe_open(tmp_path / "model-00001-of-00001.safetensors", framework="pt") as f:
+        meta = f.metadata()
+        assert torch.equal(f.get_tensor("w"), torch.arange(3))
+    skipped = json.loads(meta["tensorbridge.skipped"])
+    assert meta["n" * 300] == json.dumps("é" * 240, ensure_ascii=False)
+    assert json.loads(meta['q"\\' * 40]) == '"\\' * 60
+    assert skipped["too.long"] == "its JSON is over the 512-byte limit for header metadata"
+    assert skipped["obj"].startswith("a \\xdcn\\xefcode is not a simple value")
+    assert len(skipped["obj"]) <= 160 and skipped["obj"].isascii()

@@ -180,15 +180,24 @@ def file_metadata(
 
 
 def simple_value(name: str, obj: Any) -> tuple[str | None, str]:
-    """``obj`` as JSON text for the header, or ``(None, why not)``; never a pickle."""
+    """``obj`` as JSON text for the header, or ``(None, why not)``; never a pickle.
+
+    >>> simple_value("step", 7), simple_value("betas", (0.9, 0.99))[1][:30]
+    (('7', ''), 'a tuple is not a simple value ')
+    """
+    text, reason = _as_json(name, obj)
+    # ASCII and short: the header's room for it was reserved before the value was known
+    return text, reason.encode("ascii", "backslashreplace").decode()[:REASON_LIMIT]
+
+
+def _as_json(name: str, obj: Any) -> tuple[str | None, str]:
     if name == "format" or name.startswith("tensorbridge."):
         return None, f"{name!r} is a reserved metadata key; rename the entry"
     if not _is_simple(obj, 0):
-        what = type(obj).__qualname__
         return None, (
-            f"a {what} is not a simple value (bool, int, float, str, None, or lists and "
-            "str-keyed dicts of those) and would need pickle"
-        )[:REASON_LIMIT]
+            f"a {type(obj).__qualname__} is not a simple value (bool, int, float, str, None, "
+            "or lists and str-keyed dicts of those) and would need pickle"
+        )
     try:
         text = json.dumps(obj, ensure_ascii=False, allow_nan=False)
     except ValueError:

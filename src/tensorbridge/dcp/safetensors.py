@@ -266,7 +266,7 @@ class SafetensorsWriter(StorageWriter):
                 at = rank_plan.placements[name]
                 fd = fds.get(at.file)
                 if fd is None:
-                    fd = fds[at.file] = os.open(staging / at.file, os.O_RDWR)
+                    fd = fds[at.file] = _open_staged(staging / at.file)
                 tensor = planner.resolve_data(item)
                 assert isinstance(tensor, torch.Tensor) and item.tensor_data is not None
                 chunk = item.tensor_data.chunk
@@ -325,6 +325,16 @@ class SafetensorsWriter(StorageWriter):
             stale=[*stale, SINGLE_NAME],
         )
         self._layout = self._staging = None
+
+
+def _open_staged(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{path} was created by the coordinator but is not visible on this rank; every "
+            "rank must see the same checkpoint directory (a shared filesystem)"
+        ) from None
 
 
 def _check_name(name: str) -> None:
