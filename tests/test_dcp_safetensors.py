@@ -499,3 +499,18 @@ def test_the_headers_reserved_room_holds_the_largest_entries(tmp_path: Path) -> 
     assert skipped["too.long"] == "its JSON is over the 512-byte limit for header metadata"
     assert skipped["obj"].startswith("a \\xdcn\\xefcode is not a simple value")
     assert len(skipped["obj"]) <= 160 and skipped["obj"].isascii()
+
+
+def test_a_partial_checkpoint_is_refused(tmp_path: Path) -> None:
+    sd = {"a": torch.ones(64), "b": torch.zeros(64)}
+    for d in ("truncated", "missing"):
+        dcp.save(sd, storage_writer=tb.SafetensorsWriter(tmp_path / d, max_shard_size=256))
+    first = tmp_path / "truncated" / "model-00001-of-00002.safetensors"
+    with open(first, "r+b") as f:
+        f.truncate(first.stat().st_size - 4)
+    (tmp_path / "missing" / "model-00002-of-00002.safetensors").unlink()
+
+    with pytest.raises(tb.FormatError, match="the file is truncated or corrupt"):
+        tb.SafetensorsReader(tmp_path / "truncated").read_metadata()
+    with pytest.raises(tb.FormatError, match="the download is incomplete"):
+        tb.SafetensorsReader(tmp_path / "missing").read_metadata()
