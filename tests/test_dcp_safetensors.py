@@ -79,7 +79,9 @@ def _placements(code: str, mesh_ndim: int) -> list[Any]:
     one: Any = Replicate() if code == "R" else Shard(int(code[1:]))
     if mesh_ndim == 1:
         return [one]
-    return [Replicate(), one] if code == "R" else [Shard(0), one]  # a 2-D block or dim 0 twice
+    if code in ("R", "S1"):  # replicated across the first mesh dim (HSDP): written once
+        return [Replicate(), one]
+    return [Shard(0), one]  # a 2-D block, or dim 0 split twice
 
 
 def _dtensor(full: torch.Tensor, mesh: Any, placements: list[Any]) -> DTensor:

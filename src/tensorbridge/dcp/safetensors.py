@@ -268,7 +268,11 @@ class SafetensorsWriter(StorageWriter):
                 if fd is None:
                     fd = fds[at.file] = _open_staged(staging / at.file)
                 tensor = planner.resolve_data(item)
-                assert isinstance(tensor, torch.Tensor) and item.tensor_data is not None
+                if not isinstance(tensor, torch.Tensor) or item.tensor_data is None:
+                    raise UnsupportedTensorError(
+                        f"tensor {name!r}: the save planner resolved it to a "
+                        f"{type(tensor).__qualname__}, not a tensor"
+                    )
                 chunk = item.tensor_data.chunk
                 n = _write_chunk(
                     fd, tensor, at, tuple(chunk.offsets), tuple(chunk.sizes), self.buffer_size,
