@@ -16,7 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .convert import to_numpy, to_torch
+    from .convert import LocalShard, local_shard, to_numpy, to_torch
     from .dcp.safetensors import SafetensorsReader, SafetensorsWriter
     from .diagnostics import (
         CastReport,
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         FormatError,
         NoDataError,
         ShapeMismatchError,
+        ShardedTensorError,
         TensorBridgeError,
         UncommittedCheckpointError,
         UnsupportedDtypeError,
@@ -53,10 +54,12 @@ __all__ = [
     "Description",
     "DestinationExistsError",
     "FormatError",
+    "LocalShard",
     "NoDataError",
     "SafetensorsReader",
     "SafetensorsWriter",
     "ShapeMismatchError",
+    "ShardedTensorError",
     "Stats",
     "TensorBridgeError",
     "UncommittedCheckpointError",
@@ -68,6 +71,7 @@ __all__ = [
     "describe",
     "dtype_table",
     "load",
+    "local_shard",
     "numpy_dtype",
     "open",
     "resolve_dtype",
@@ -82,7 +86,7 @@ __all__ = [
 
 # Where each public name lives: the submodule is imported when the name is first used.
 _HOME = {
-    **dict.fromkeys(["to_numpy", "to_torch"], ".convert"),
+    **dict.fromkeys(["LocalShard", "local_shard", "to_numpy", "to_torch"], ".convert"),
     **dict.fromkeys(
         [
             "CastReport",
@@ -106,6 +110,7 @@ _HOME = {
             "FormatError",
             "NoDataError",
             "ShapeMismatchError",
+            "ShardedTensorError",
             "TensorBridgeError",
             "UncommittedCheckpointError",
             "UnsupportedDtypeError",

@@ -19,6 +19,7 @@ __all__ = [
     "FormatError",
     "NoDataError",
     "ShapeMismatchError",
+    "ShardedTensorError",
     "TensorBridgeError",
     "UncommittedCheckpointError",
     "UnsupportedDtypeError",
@@ -40,6 +41,14 @@ class UnsupportedTensorError(TensorBridgeError, TypeError):
 
 class NoDataError(UnsupportedTensorError):
     """A meta or fake tensor: it describes a shape and dtype but holds no values."""
+
+
+class ShardedTensorError(UnsupportedTensorError):
+    """A DTensor asked for as a whole: its storage on this rank holds only a part of it.
+
+    Pass ``tb.local_shard(x)`` for this rank's block, or ``gather=True`` for the whole
+    tensor on every rank; ``Partial`` placements must be reduced first.
+    """
 
 
 class CopyRequiredError(TensorBridgeError, ValueError):
