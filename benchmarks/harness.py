@@ -43,6 +43,7 @@ SECTIONS = (
     "diagnostics",
     "startup",
     "gguf",
+    "dcp_save",
     "cuda",
 )
 

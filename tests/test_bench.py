@@ -43,7 +43,8 @@ HEADINGS = [
     "## 9. Comparing and summarising tensors: tb.compare and tb.stats vs hand-written torch",
     "## 10. Start-up time of the command line",
     "## 11. GGUF: open, BF16 zero-copy, dequantizing against the gguf package",
-    "## 12. Device transfers of whole trees (CUDA)",
+    "## 12. Distributed checkpoints: dcp.save to Hugging Face safetensors on 2 ranks",
+    "## 13. Device transfers of whole trees (CUDA)",
 ]
 # a section that cannot run here (no CUDA device) is left out of the report, and said so
 SHOWN = HEADINGS if torch.cuda.is_available() else HEADINGS[:-1]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .convert import LocalShard, local_shard, to_numpy, to_torch
+    from .dcp.safetensors import SafetensorsReader, SafetensorsWriter
     from .diagnostics import (
         CastReport,
         Comparison,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
         ShapeMismatchError,
         ShardedTensorError,
         TensorBridgeError,
+        UncommittedCheckpointError,
         UnsupportedDtypeError,
         UnsupportedTensorError,
     )
@@ -54,10 +56,13 @@ __all__ = [
     "FormatError",
     "LocalShard",
     "NoDataError",
+    "SafetensorsReader",
+    "SafetensorsWriter",
     "ShapeMismatchError",
     "ShardedTensorError",
     "Stats",
     "TensorBridgeError",
+    "UncommittedCheckpointError",
     "UnsupportedDtypeError",
     "UnsupportedTensorError",
     "__version__",
@@ -107,12 +112,14 @@ _HOME = {
             "ShapeMismatchError",
             "ShardedTensorError",
             "TensorBridgeError",
+            "UncommittedCheckpointError",
             "UnsupportedDtypeError",
             "UnsupportedTensorError",
         ],
         ".errors",
     ),
     **dict.fromkeys(["load", "open", "save"], ".io"),
+    **dict.fromkeys(["SafetensorsReader", "SafetensorsWriter"], ".dcp.safetensors"),
     **dict.fromkeys(["tree_to_numpy", "tree_to_torch"], ".tree"),
 }
 

@@ -21,6 +21,7 @@ __all__ = [
     "ShapeMismatchError",
     "ShardedTensorError",
     "TensorBridgeError",
+    "UncommittedCheckpointError",
     "UnsupportedDtypeError",
     "UnsupportedTensorError",
 ]
@@ -64,3 +65,7 @@ class FormatError(TensorBridgeError, ValueError):
 
 class DestinationExistsError(TensorBridgeError, FileExistsError):
     """A save would replace an existing file, and ``overwrite=True`` was not passed."""
+
+
+class UncommittedCheckpointError(FormatError):
+    """A checkpoint whose save never committed: interrupted, still running, or partial."""
