@@ -803,7 +803,21 @@ def _tensor_view(row: DTypeRow, subclass: bool, requires_grad: bool) -> Run:
         return lambda x, out: torch.from_numpy(x)
     if not subclass and not requires_grad:
         carrier, tdt = row.carrier_numpy, row.torch
-        return lambda x, out: torch.from_numpy(x.view(carrier)).view(tdt)
+        frombuffer, from_numpy = torch.frombuffer, torch.from_numpy
+        unit = (row.itemsize,)
+
+        def bits(x: np.ndarray, out: Any) -> torch.Tensor:
+            # A 1-D array of unit stride: one call instead of three (the carrier view,
+            # from_numpy, the dtype view), the same tensor (shares x's memory, keeps x
+            # alive); frombuffer refuses an empty one (ValueError).
+            if x.strides == unit:
+                try:
+                    return frombuffer(x, dtype=tdt)
+                except ValueError:
+                    pass
+            return from_numpy(x.view(carrier)).view(tdt)
+
+        return bits
     return lambda x, out: finish_tensor(mem.as_tensor(x.view(np.ndarray), row), requires_grad, None)
 
 
