@@ -107,13 +107,11 @@ def tree_to_numpy(
     (dtype('float32'), dtype('int64'))
     """
     cast = _Cast.of(dtype, float_dtype)
-    leaves, spec = _flatten(tree)
-    cursor = Cursor()
 
-    def convert() -> list[Any]:
+    def convert(leaves: list[Any], cursor: Cursor) -> list[Any]:
         return _numpy_pass(leaves, cast, copy, readonly, cursor)
 
-    return _rebuilt(spec, cursor, convert)
+    return _converted(tree, convert)
 
 
 def tree_to_torch(
@@ -155,19 +153,37 @@ def tree_to_torch(
     """
     cast = _Cast.of(dtype, float_dtype)
     target = None if device is None else torch.device(device)
-    leaves, spec = _flatten(tree)
-    cursor = Cursor()
 
-    def convert() -> list[Any]:
+    def convert(leaves: list[Any], cursor: Cursor) -> list[Any]:
         return _torch_pass(leaves, cast, target, copy, cursor)
 
-    return _rebuilt(spec, cursor, convert)
+    return _converted(tree, convert)
 
 
-def _rebuilt(spec: optree.PyTreeSpec, cursor: Cursor, convert: Callable[[], list[Any]]) -> Any:
-    """Run a leaf pass and rebuild the tree; an error gains the failing leaf's key path."""
+_ARRAY_TYPES = frozenset({torch.Tensor, np.ndarray})
+
+
+def _converted(tree: Any, convert: Callable[[list[Any], Cursor], list[Any]]) -> Any:
+    """Flatten, run a leaf pass, rebuild; an error gains the failing leaf's key path.
+
+    The usual state dict, a plain dict of ``str`` keys to plain tensors or arrays, is
+    converted without a tree walk (optree's costs more than converting a small leaf),
+    in its own key order. Should a leaf fail there, the walk runs instead: it meets the
+    leaves in optree's order (sorted keys), so the error names the same leaf either way.
+    """
+    if (
+        type(tree) is dict
+        and set(map(type, tree.values())) <= _ARRAY_TYPES
+        and set(map(type, tree)) <= {str}
+    ):
+        try:
+            return dict(zip(list(tree), convert(list(tree.values()), Cursor()), strict=True))
+        except Exception:
+            pass  # converted again below, to raise the error with its key path
+    leaves, spec = _flatten(tree)
+    cursor = Cursor()
     try:
-        out = convert()
+        out = convert(leaves, cursor)
     except Exception as error:
         located = _with_path(error, spec, cursor.index)
         if located is error:
@@ -352,22 +368,25 @@ def _numpy_pass(
         quicks = QUICK_NUMPY if alone else QUICK_SHARES
         plain_cast = cast.none
         keys: dict[torch.dtype, tuple[Any, ...]] = {}  # a dtype's quick-plan key, made once
+        found: dict[torch.dtype, Any] = {}  # and its quick plan, once there is one
         for i in firsts:
             x = leaves[i]
             if type(x) is torch.Tensor:  # the planner's quick plan for the dtype
                 dt = x.dtype
-                key = keys.get(dt)
-                if key is None:
-                    spec = None if plain_cast else cast.spec(BY_TORCH.get(dt))
-                    key = keys[dt] = (dt, spec, copy, readonly)
-                quick = quicks.get(key)
+                quick = found.get(dt)
+                if quick is None:
+                    key = keys.get(dt)
+                    if key is None:
+                        spec = None if plain_cast else cast.spec(BY_TORCH.get(dt))
+                        key = keys[dt] = (dt, spec, copy, readonly)
+                    quick = found[dt] = quicks.get(key)
                 if quick is not None:
                     try:
                         out[i] = quick(x, None)
                         continue
                     except REFUSALS:
                         pass  # a flag the quick plan does not cover: the full signature decides
-                spec = key[1]
+                spec = keys[dt][1]
             elif dlpack.is_producer(x):  # another library's array: import it, then cast it
                 made = run_numpy(x, cast.every, copy, readonly)
                 out[i] = made if cast.none else run_numpy(made, cast.spec_of(made), None, readonly)
@@ -468,7 +487,10 @@ def _torch_pass(
 def _firsts(leaves: list[Any], torch_side: bool = False) -> tuple[Iterable[int], dict[int, int]]:
     """The positions of array leaves to convert, and repeats (repeat -> first occurrence)."""
     kinds = (torch.Tensor, np.ndarray, np.generic) if torch_side else (torch.Tensor, np.ndarray)
-    arrays = [i for i, x in enumerate(leaves) if isinstance(x, kinds) or dlpack.is_producer(x)]
+    if set(map(type, leaves)) <= _ARRAY_TYPES:  # all plain tensors and arrays: all of them
+        arrays = list(range(len(leaves)))
+    else:
+        arrays = [i for i, x in enumerate(leaves) if isinstance(x, kinds) or dlpack.is_producer(x)]
     if len(arrays) == len(leaves):  # the usual state dict: every leaf is an array
         if len(set(map(id, leaves))) == len(leaves):
             return arrays, {}
