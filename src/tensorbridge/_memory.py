@@ -159,7 +159,7 @@ def empty(shape: tuple[int, ...], row: DTypeRow) -> torch.Tensor:
 def host_copy(t: torch.Tensor, dst: DTypeRow) -> torch.Tensor:
     """A host copy of a CPU tensor as a tensor, cast to ``dst``: the faster way for its size."""
     if t.numel() * dst.itemsize < TORCH_COPY_BYTES and t.dtype not in LOOKUP_SOURCES:
-        return t.to(dst.torch, copy=True)
+        return t.to(dtype=dst.torch, copy=True)  # by keyword: torch's parser decides sooner
     return cast_into(empty(tuple(t.shape), dst), t)
 
 

@@ -73,10 +73,10 @@ class Plan:
         batch: a plain strided copy, cast or transfer that the tree functions may
             stage together with other leaves.
         run: the executor, ``run(value, out)``.
-        quick: for a plain host tensor's (or a writable array's) plan, the same executor
-            guarded so that it refuses (raises) any value whose full signature would plan
-            differently: it may then serve every value of the dtype (``to_numpy`` /
-            ``to_torch`` try it first).
+        quick: for a plain host tensor's (or a writable array's) plan, and an array's
+            host cast, the same executor guarded so that it refuses (raises) any value
+            whose full signature would plan another conversion: it may then serve every
+            value of the dtype (``to_numpy`` / ``to_torch`` and the trees try it first).
     """
 
     to: str
@@ -794,7 +794,10 @@ def decide_torch(
         return finish_tensor(made, True, None) if requires_grad else made
 
     shown = (*steps, *moves) if moves or steps else ("copy",)
-    return Plan("torch", (*shown, *grad), reason, True, src, dst, batch, run_host)
+    # A cast of memory torch can read serves writable and read-only arrays alike (the
+    # reader picks the window); torch.from_numpy refuses the strides that plan otherwise.
+    quick = run_host if direct and dst is not src and not (subclass or requires_grad) else None
+    return Plan("torch", (*shown, *grad), reason, True, src, dst, batch, run_host, quick)
 
 
 def _tensor_view(row: DTypeRow, subclass: bool, requires_grad: bool) -> Run:

@@ -431,17 +431,30 @@ def _torch_pass(
     device = None if target is None else str(target)
     indexed: list[torch.device] = []  # the target with its index, found once when needed
     specs: dict[Any, Any] = {}  # an array dtype's dtype=, resolved once
+    found: dict[Any, Any] = {}  # and its quick plan, once there is one
     i = 0
     try:
+        # Host casts ahead and nothing overlaps: each array converts on its own, by the
+        # planner's quick plan for its dtype where there is one.
+        alone = target is None and not cast.none and _separate(leaves, firsts)
         for i in firsts:
             x = leaves[i]
             if type(x) is np.ndarray:
                 dt = x.dtype
+                quick = found.get(dt) if alone else None
+                if quick is not None:
+                    try:
+                        out[i] = quick(x, None)
+                        continue
+                    except REFUSALS:
+                        pass  # strides torch cannot view: the full signature decides
                 try:
                     spec = specs[dt]
                 except KeyError:
                     spec = specs[dt] = cast.spec_of(x)
                 plan = plan_torch(x, spec, device, copy)
+                if alone and plan.quick is not None and plan.copies:
+                    found[dt] = plan.quick  # a cast: it serves every array of the dtype
                 if plan.batch and x.flags.aligned:  # stageable: see _stageable
                     batched.append((i, plan))
                 else:
