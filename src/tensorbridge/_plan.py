@@ -158,11 +158,14 @@ def plan_numpy(
         _NUMPY_PLANS.clear()
         QUICK_NUMPY.clear()
         QUICK_SHARES.clear()
+        QUICK_VIEWS.clear()
     _NUMPY_PLANS[key] = plan
     if plan.quick is not None and not into and type(x) is torch.Tensor:
         QUICK_NUMPY[(x.dtype, dtype, copy, readonly)] = plan.quick
         if not plan.copies:
             QUICK_SHARES[(x.dtype, dtype, copy, readonly)] = plan.quick
+        if dtype is None and copy is None and not readonly:
+            QUICK_VIEWS[x.dtype] = plan.quick  # to_numpy asks for it with those defaults only
     return plan
 
 
@@ -204,6 +207,7 @@ def forget() -> None:
     _TORCH_PLANS.clear()
     QUICK_NUMPY.clear()
     QUICK_SHARES.clear()
+    QUICK_VIEWS.clear()
     QUICK_TORCH.clear()
 
 
@@ -219,6 +223,9 @@ QUICK_TORCH: dict[np.dtype[Any], Run] = {}
 # The zero-copy subset of QUICK_NUMPY: what a tree may run leaf by leaf without looking
 # for ties (views share memory anyway; copies may have to keep ties).
 QUICK_SHARES: dict[tuple[torch.dtype, Any, bool | None, bool], Run] = {}
+# The plain view of QUICK_NUMPY (no dtype=, copy=None, readonly=False) by dtype alone: every
+# call's hot path, without a key to build.
+QUICK_VIEWS: dict[torch.dtype, Run] = {}
 REFUSALS = (RuntimeError, TypeError, ValueError)
 
 
