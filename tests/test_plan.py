@@ -88,6 +88,36 @@ def test_a_quick_plan_never_serves_a_value_it_was_not_made_for(
     assert got.flags.writeable == want.flags.writeable
 
 
+def test_a_quick_array_cast_serves_only_arrays_it_can_read(fresh_plans: Any) -> None:
+    def base() -> np.ndarray:  # each leaf its own memory: no ties, so no staging
+        return np.arange(24, dtype=np.float32)
+
+    frozen = base()
+    frozen.flags.writeable = False
+    odd = np.ndarray((5,), np.float32, buffer=bytearray(64), strides=(6,))  # torch has none
+    arrays = {
+        "a plain": base(),  # first in order: its plan's quick serves the others
+        "frozen": frozen,
+        "reversed": base()[::-1],
+        "strided": base()[::2],
+        "transposed": base().reshape(4, 6).T,
+        "odd strides": odd,
+        "empty": base()[:0],
+    }
+
+    owners = {k: arrays[k] for k in ("a plain", "frozen")}  # provably apart: quick plans
+
+    for tree in (owners, arrays):
+        out = tb.tree_to_torch(tree, float_dtype="bfloat16")
+
+        for k, a in tree.items():
+            want = tb.to_torch(a, dtype=torch.bfloat16)  # the full plan of its own signature
+            got = out[k]
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert got.stride() == want.stride() and torch.equal(got, want)
+            assert a.size == 0 or not np.shares_memory(tb.to_numpy(got), a)
+
+
 def _ro(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {"readonly": kwargs.get("readonly", False), "into": False}
 

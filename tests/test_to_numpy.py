@@ -493,6 +493,31 @@ def test_upcast_every_pattern_matches_torch(srow: tb.DTypeRow) -> None:
     assert a.tobytes() == tensor_bytes(t.to(torch.float32))
 
 
+ONE_BYTE_FLOATS = [r for r in ROWS if r.category == "float" and r.itemsize == 1]
+FLOAT_ROWS = [r for r in ROWS if r.category == "float"]
+
+
+@pytest.mark.parametrize("srow", ONE_BYTE_FLOATS, ids=lambda r: r.name)
+@pytest.mark.parametrize("drow", FLOAT_ROWS, ids=lambda r: r.name)
+@pytest.mark.parametrize("n", [256, 1 << 20], ids=["small", "1M"])
+def test_one_byte_float_casts_match_torch_both_ways(
+    srow: tb.DTypeRow, drow: tb.DTypeRow, n: int
+) -> None:
+    # every pattern, many times over (torch's own bits, whichever kernel or table runs),
+    # read strided as well as contiguous
+    t = tensor_from_bytes(np.resize(make_patterns(srow), n).tobytes(), srow)
+    for x in (t, t.reshape(-1, 16).t()):
+        expected = tensor_bytes(x.to(drow.torch).contiguous())
+
+        a = tb.to_numpy(x, dtype=drow.numpy)
+        b = tb.to_torch(tb.to_numpy(x), dtype=drow.torch)
+
+        assert a.dtype == drow.numpy
+        assert a.flags.c_contiguous or drow is srow  # a cast writes C order; no cast is a view
+        assert a.tobytes() == expected
+        assert b.dtype == drow.torch and tensor_bytes(b.contiguous()) == expected
+
+
 def test_complex32_upcast_matches_torch() -> None:
     needs_row(torch.complex32)
     row = tb.resolve_dtype("complex32")

@@ -504,6 +504,31 @@ def test_key_path_entries_for_every_container_kind() -> None:
         assert message_of(tree_to_numpy, tree) == f"at {path}: {plain}"
 
 
+@pytest.mark.parametrize("to", ["numpy", "torch"])
+def test_a_flat_state_dict_names_the_leaf_a_nested_one_would(to: str) -> None:
+    # A flat dict of str keys skips the tree walk; its errors still name the leaf that
+    # optree's order (sorted keys) meets first, and its keys keep their own order.
+    if to == "numpy":
+        bad: Any = torch.empty(2, device="meta")
+        good: Any = torch.ones(2)
+        convert: Any = tree_to_numpy
+    else:
+        bad, good, convert = np.array(["x", "y"]), np.ones(2), tree_to_torch
+    flat = {"z": good, "m": bad, "b": bad[:1], "a": good}
+    nested = {"n": flat}
+
+    with pytest.raises(Exception) as flat_error:
+        convert(flat)
+    with pytest.raises(Exception) as nested_error:
+        convert(nested)
+
+    assert type(flat_error.value) is type(nested_error.value)
+    assert str(flat_error.value).startswith("at ['b']: ")
+    assert str(nested_error.value) == str(flat_error.value).replace("at [", "at ['n'][", 1)
+    fine = convert({"z": good, "a": good, "m": good})
+    assert list(fine) == ["z", "a", "m"] and fine["z"] is fine["a"]
+
+
 def test_a_failing_root_leaf_keeps_its_own_message() -> None:
     meta = torch.empty(2, device="meta")
     assert message_of(tree_to_numpy, meta) == message_of(tb.to_numpy, meta)

@@ -74,10 +74,10 @@ class Plan:
         batch: a plain strided copy, cast or transfer that the tree functions may
             stage together with other leaves.
         run: the executor, ``run(value, out)``.
-        quick: for a plain host tensor's (or a writable array's) plan, the same executor
-            guarded so that it refuses (raises) any value whose full signature would plan
-            differently: it may then serve every value of the dtype (``to_numpy`` /
-            ``to_torch`` try it first).
+        quick: for a plain host tensor's (or a writable array's) plan, and an array's
+            host cast, the same executor guarded so that it refuses (raises) any value
+            whose full signature would plan another conversion: it may then serve every
+            value of the dtype (``to_numpy`` / ``to_torch`` and the trees try it first).
     """
 
     to: str
@@ -162,11 +162,14 @@ def plan_numpy(
         _NUMPY_PLANS.clear()
         QUICK_NUMPY.clear()
         QUICK_SHARES.clear()
+        QUICK_VIEWS.clear()
     _NUMPY_PLANS[key] = plan
     if plan.quick is not None and not into and type(x) is torch.Tensor:
         QUICK_NUMPY[(x.dtype, dtype, copy, readonly)] = plan.quick
         if not plan.copies:
             QUICK_SHARES[(x.dtype, dtype, copy, readonly)] = plan.quick
+        if dtype is None and copy is None and not readonly:
+            QUICK_VIEWS[x.dtype] = plan.quick  # to_numpy asks for it with those defaults only
     return plan
 
 
@@ -209,6 +212,7 @@ def forget() -> None:
     _TORCH_PLANS.clear()
     QUICK_NUMPY.clear()
     QUICK_SHARES.clear()
+    QUICK_VIEWS.clear()
     QUICK_TORCH.clear()
 
 
@@ -224,6 +228,9 @@ QUICK_TORCH: dict[np.dtype[Any], Run] = {}
 # The zero-copy subset of QUICK_NUMPY: what a tree may run leaf by leaf without looking
 # for ties (views share memory anyway; copies may have to keep ties).
 QUICK_SHARES: dict[tuple[torch.dtype, Any, bool | None, bool], Run] = {}
+# The plain view of QUICK_NUMPY (no dtype=, copy=None, readonly=False) by dtype alone: every
+# call's hot path, without a key to build.
+QUICK_VIEWS: dict[torch.dtype, Run] = {}
 REFUSALS = (RuntimeError, TypeError, ValueError)
 
 
@@ -839,7 +846,10 @@ def decide_torch(
         return finish_tensor(made, True, None) if requires_grad else made
 
     shown = (*steps, *moves) if moves or steps else ("copy",)
-    return Plan("torch", (*shown, *grad), reason, True, src, dst, batch, run_host)
+    # A cast of memory torch can read serves writable and read-only arrays alike (the
+    # reader picks the window); torch.from_numpy refuses the strides that plan otherwise.
+    quick = run_host if direct and dst is not src and not (subclass or requires_grad) else None
+    return Plan("torch", (*shown, *grad), reason, True, src, dst, batch, run_host, quick)
 
 
 def _tensor_view(row: DTypeRow, subclass: bool, requires_grad: bool) -> Run:
@@ -848,7 +858,21 @@ def _tensor_view(row: DTypeRow, subclass: bool, requires_grad: bool) -> Run:
         return lambda x, out: torch.from_numpy(x)
     if not subclass and not requires_grad:
         carrier, tdt = row.carrier_numpy, row.torch
-        return lambda x, out: torch.from_numpy(x.view(carrier)).view(tdt)
+        frombuffer, from_numpy = torch.frombuffer, torch.from_numpy
+        unit = (row.itemsize,)
+
+        def bits(x: np.ndarray, out: Any) -> torch.Tensor:
+            # A 1-D array of unit stride: one call instead of three (the carrier view,
+            # from_numpy, the dtype view), the same tensor (shares x's memory, keeps x
+            # alive); frombuffer refuses an empty one (ValueError).
+            if x.strides == unit:
+                try:
+                    return frombuffer(x, dtype=tdt)
+                except ValueError:
+                    pass
+            return from_numpy(x.view(carrier)).view(tdt)
+
+        return bits
     return lambda x, out: finish_tensor(mem.as_tensor(x.view(np.ndarray), row), requires_grad, None)
 
 

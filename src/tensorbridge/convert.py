@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from . import _dtensor as dtensor
-from ._plan import QUICK_NUMPY, QUICK_TORCH, REFUSALS, run_numpy, run_torch
+from ._plan import QUICK_NUMPY, QUICK_TORCH, QUICK_VIEWS, REFUSALS, run_numpy, run_torch
 from .dtypes import DeviceLike, DTypeLike
 from .errors import UnsupportedTensorError
 
@@ -87,7 +87,10 @@ def to_numpy(
     """
     if out is None and type(tensor) is torch.Tensor:  # the planner's quick plan for the dtype
         try:
-            quick = QUICK_NUMPY.get((tensor.dtype, dtype, copy, readonly))
+            if dtype is None and copy is None and not readonly:
+                quick = QUICK_VIEWS.get(tensor.dtype)
+            else:
+                quick = QUICK_NUMPY.get((tensor.dtype, dtype, copy, readonly))
             if quick is not None:
                 return quick(tensor, None)
         except REFUSALS:

@@ -112,13 +112,11 @@ def tree_to_numpy(
     (dtype('float32'), dtype('int64'))
     """
     cast = _Cast.of(dtype, float_dtype)
-    leaves, spec = _flatten(tree)
-    cursor = Cursor()
 
-    def convert() -> list[Any]:
+    def convert(leaves: list[Any], cursor: Cursor) -> list[Any]:
         return _numpy_pass(leaves, cast, copy, readonly, cursor, gather)
 
-    return _rebuilt(spec, cursor, convert)
+    return _converted(tree, convert)
 
 
 def tree_to_torch(
@@ -163,19 +161,37 @@ def tree_to_torch(
     """
     cast = _Cast.of(dtype, float_dtype)
     target = None if device is None else torch.device(device)
-    leaves, spec = _flatten(tree)
-    cursor = Cursor()
 
-    def convert() -> list[Any]:
+    def convert(leaves: list[Any], cursor: Cursor) -> list[Any]:
         return _torch_pass(leaves, cast, target, copy, cursor, gather)
 
-    return _rebuilt(spec, cursor, convert)
+    return _converted(tree, convert)
 
 
-def _rebuilt(spec: optree.PyTreeSpec, cursor: Cursor, convert: Callable[[], list[Any]]) -> Any:
-    """Run a leaf pass and rebuild the tree; an error gains the failing leaf's key path."""
+_ARRAY_TYPES = frozenset({torch.Tensor, np.ndarray})
+
+
+def _converted(tree: Any, convert: Callable[[list[Any], Cursor], list[Any]]) -> Any:
+    """Flatten, run a leaf pass, rebuild; an error gains the failing leaf's key path.
+
+    The usual state dict, a plain dict of ``str`` keys to plain tensors or arrays, is
+    converted without a tree walk (optree's costs more than converting a small leaf),
+    in its own key order. Should a leaf fail there, the walk runs instead: it meets the
+    leaves in optree's order (sorted keys), so the error names the same leaf either way.
+    """
+    if (
+        type(tree) is dict
+        and set(map(type, tree.values())) <= _ARRAY_TYPES
+        and set(map(type, tree)) <= {str}
+    ):
+        try:
+            return dict(zip(list(tree), convert(list(tree.values()), Cursor()), strict=True))
+        except Exception:
+            pass  # converted again below, to raise the error with its key path
+    leaves, spec = _flatten(tree)
+    cursor = Cursor()
     try:
-        out = convert()
+        out = convert(leaves, cursor)
     except Exception as error:
         located = _with_path(error, spec, cursor.index)
         if located is error:
@@ -193,12 +209,11 @@ _register_lock = threading.Lock()
 def _flatten(tree: Any) -> tuple[list[Any], optree.PyTreeSpec]:
     while True:
         leaves, spec = optree.tree_flatten(tree, namespace=_NAMESPACE)
+        # Each leaf type once (a class leaf's type is its metaclass, never a dataclass).
         fresh = {
-            type(x)
-            for x in leaves
-            if type(x) not in _NEVER_DATACLASS
-            and dataclasses.is_dataclass(x)
-            and not isinstance(x, type)
+            cls
+            for cls in set(map(type, leaves)) - _NEVER_DATACLASS
+            if dataclasses.is_dataclass(cls)
         }
         if not fresh or fresh <= _registered:
             return leaves, spec
@@ -365,17 +380,26 @@ def _numpy_pass(
         alone = (copy or not cast.none) and _separate(leaves, firsts)
         quicks = QUICK_NUMPY if alone else QUICK_SHARES
         plain_cast = cast.none
+        keys: dict[torch.dtype, tuple[Any, ...]] = {}  # a dtype's quick-plan key, made once
+        found: dict[torch.dtype, Any] = {}  # and its quick plan, once there is one
         for i in firsts:
             x = leaves[i]
             if type(x) is torch.Tensor:  # the planner's quick plan for the dtype
-                spec = None if plain_cast else cast.spec_of(x)
-                try:
-                    quick = quicks.get((x.dtype, spec, copy, readonly))
-                    if quick is not None:
+                dt = x.dtype
+                quick = found.get(dt)
+                if quick is None:
+                    key = keys.get(dt)
+                    if key is None:
+                        spec = None if plain_cast else cast.spec(BY_TORCH.get(dt))
+                        key = keys[dt] = (dt, spec, copy, readonly)
+                    quick = found[dt] = quicks.get(key)
+                if quick is not None:
+                    try:
                         out[i] = quick(x, None)
                         continue
-                except REFUSALS:
-                    pass  # a flag the quick plan does not cover: the full signature decides
+                    except REFUSALS:
+                        pass  # a flag the quick plan does not cover: the full signature decides
+                spec = keys[dt][1]
             elif dlpack.is_producer(x):  # another library's array: import it, then cast it
                 made = run_numpy(x, cast.every, copy, readonly)
                 out[i] = made if cast.none else run_numpy(made, cast.spec_of(made), None, readonly)
@@ -420,13 +444,37 @@ def _torch_pass(
     firsts, repeats = _firsts(leaves, torch_side=True)
     device = None if target is None else str(target)
     indexed: list[torch.device] = []  # the target with its index, found once when needed
+    specs: dict[Any, Any] = {}  # an array dtype's dtype=, resolved once
+    found: dict[Any, Any] = {}  # and its quick plan, once there is one
     i = 0
     try:
+        # Host casts ahead and nothing overlaps: each array converts on its own, by the
+        # planner's quick plan for its dtype where there is one.
+        alone = target is None and not cast.none and _separate(leaves, firsts)
         for i in firsts:
             x = leaves[i]
             if type(x) is np.ndarray:
-                pass
-            elif isinstance(x, np.generic):
+                dt = x.dtype
+                quick = found.get(dt) if alone else None
+                if quick is not None:
+                    try:
+                        out[i] = quick(x, None)
+                        continue
+                    except REFUSALS:
+                        pass  # strides torch cannot view: the full signature decides
+                try:
+                    spec = specs[dt]
+                except KeyError:
+                    spec = specs[dt] = cast.spec_of(x)
+                plan = plan_torch(x, spec, device, copy)
+                if alone and plan.quick is not None and plan.copies:
+                    found[dt] = plan.quick  # a cast: it serves every array of the dtype
+                if plan.batch and x.flags.aligned:  # stageable: see _stageable
+                    batched.append((i, plan))
+                else:
+                    out[i] = plan.run(x, None)
+                continue
+            if isinstance(x, np.generic):
                 x = np.asarray(x)
             elif dlpack.is_producer(x):  # another library's array: import it, then cast it
                 imported = run_torch(x, cast.every, device, copy)
@@ -466,8 +514,14 @@ def _torch_pass(
 def _firsts(leaves: list[Any], torch_side: bool = False) -> tuple[Iterable[int], dict[int, int]]:
     """The positions of array leaves to convert, and repeats (repeat -> first occurrence)."""
     kinds = (torch.Tensor, np.ndarray, np.generic) if torch_side else (torch.Tensor, np.ndarray)
-    arrays = [i for i, x in enumerate(leaves) if isinstance(x, kinds) or dlpack.is_producer(x)]
-    if len({id(leaves[i]) for i in arrays}) == len(arrays):
+    if set(map(type, leaves)) <= _ARRAY_TYPES:  # all plain tensors and arrays: all of them
+        arrays = list(range(len(leaves)))
+    else:
+        arrays = [i for i, x in enumerate(leaves) if isinstance(x, kinds) or dlpack.is_producer(x)]
+    if len(arrays) == len(leaves):  # the usual state dict: every leaf is an array
+        if len(set(map(id, leaves))) == len(leaves):
+            return arrays, {}
+    elif len({id(leaves[i]) for i in arrays}) == len(arrays):
         return arrays, {}
     first: dict[int, int] = {}
     unique: list[int] = []
@@ -498,35 +552,63 @@ def _separate(leaves: list[Any], at: Iterable[int]) -> bool:
     """Whether the leaves at ``at`` are host memory that provably overlaps nowhere.
 
     Then each converts on its own (no tie to keep, no transfer to batch); otherwise the
-    staging keeps overlapping leaves as views of one converted span.
+    staging keeps overlapping leaves as views of one converted span. The proof tries
+    cheap spans first (an array viewing a tensor lies within the tensor's storage) and
+    the exact ones (array addresses) only when those overlap.
+    """
+    at = list(at)
+    try:
+        rough = _spans(leaves, at, rough=True)
+        if rough is None:
+            return False
+        if _disjoint(rough):
+            return True
+        exact = _spans(leaves, at, rough=False)
+        return exact is not None and _disjoint(exact)
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def _spans(leaves: list[Any], at: list[int], rough: bool) -> list[tuple[int, int]] | None:
+    """Byte ranges that hold the leaves at ``at`` (``None``: not host memory we can place).
+
+    ``rough``: an array that views a tensor is placed at the tensor's whole storage (a
+    superset of its bytes: no address to ask NumPy for, the slow part).
     """
     spans = []
     owners: list[np.ndarray] = []
-    try:
-        for i in at:
-            x = leaves[i]
-            if isinstance(x, torch.Tensor):
-                if not x.is_cpu:
-                    return False
-                st = x.untyped_storage()  # sparse / nested tensors have none: they raise
+    for i in at:
+        x = leaves[i]
+        if isinstance(x, torch.Tensor):
+            if not x.is_cpu:
+                return None
+            st = x.untyped_storage()  # sparse / nested tensors have none: they raise
+            lo = st.data_ptr()
+            spans.append((lo, lo + st.nbytes()))
+        elif isinstance(x, np.ndarray):
+            base = x.base
+            if base is None:  # owns its memory: only a tensor leaf could view it
+                owners.append(x)
+                continue
+            if not x.flags.c_contiguous:
+                return None
+            if rough and isinstance(base, torch.Tensor):
+                st = base.untyped_storage()
                 lo = st.data_ptr()
                 spans.append((lo, lo + st.nbytes()))
-            elif isinstance(x, np.ndarray):
-                if x.base is None:  # owns its memory: only a tensor leaf could view it
-                    owners.append(x)
-                    continue
-                if not x.flags.c_contiguous:
-                    return False
+            else:
                 lo = mem.address(x)
                 spans.append((lo, lo + x.nbytes))
-            else:  # a producer or a scalar: not worth proving
-                return False
-    except (RuntimeError, NotImplementedError):
-        return False
+        else:  # a producer or a scalar: not worth proving
+            return None
     if spans:  # other leaves could view an owner's memory: place the owners too
         for x in owners:
             lo = mem.address(x)
             spans.append((lo, lo + x.nbytes))
+    return spans
+
+
+def _disjoint(spans: list[tuple[int, int]]) -> bool:
     spans.sort()
     return all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
 
