@@ -33,12 +33,14 @@ if TYPE_CHECKING:
         DestinationExistsError,
         FormatError,
         NoDataError,
+        QuantizationError,
         ShapeMismatchError,
         TensorBridgeError,
         UnsupportedDtypeError,
         UnsupportedTensorError,
     )
     from .io import load, open, save
+    from .quant import dequantize, quantize
     from .tree import tree_to_numpy, tree_to_torch
 
 __version__ = "0.1.0"
@@ -52,6 +54,7 @@ __all__ = [
     "DestinationExistsError",
     "FormatError",
     "NoDataError",
+    "QuantizationError",
     "ShapeMismatchError",
     "Stats",
     "TensorBridgeError",
@@ -60,11 +63,13 @@ __all__ = [
     "__version__",
     "cast_report",
     "compare",
+    "dequantize",
     "describe",
     "dtype_table",
     "load",
     "numpy_dtype",
     "open",
+    "quantize",
     "resolve_dtype",
     "save",
     "stats",
@@ -100,6 +105,7 @@ _HOME = {
             "DestinationExistsError",
             "FormatError",
             "NoDataError",
+            "QuantizationError",
             "ShapeMismatchError",
             "TensorBridgeError",
             "UnsupportedDtypeError",
@@ -108,6 +114,7 @@ _HOME = {
         ".errors",
     ),
     **dict.fromkeys(["load", "open", "save"], ".io"),
+    **dict.fromkeys(["dequantize", "quantize"], ".quant"),
     **dict.fromkeys(["tree_to_numpy", "tree_to_torch"], ".tree"),
 }
 

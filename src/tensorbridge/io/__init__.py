@@ -46,7 +46,7 @@ import torch
 from ..dtypes import DeviceLike, DTypeLike
 from ..errors import DestinationExistsError, FormatError
 from . import npy, npz, pt, safetensors  # noqa: F401 - tb.io.<format> without an import
-from ._common import TensorFile
+from ._common import Deferred, TensorFile
 from ._detect import describe, detect, kind_by_suffix, mismatch_note, resolve
 from ._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, listing
 from ._keys import flatten
@@ -201,7 +201,7 @@ def _tensors(obj: Any, where: str) -> dict[str, Any]:
     for name, value in flat.items():
         if isinstance(value, np.generic):
             flat[name] = np.asarray(value)
-        elif not isinstance(value, (torch.Tensor, np.ndarray)):
+        elif not isinstance(value, (torch.Tensor, np.ndarray, Deferred)):
             raise TypeError(
                 f"at {name!r}: {type(value).__qualname__} is not a tensor or array; file "
                 "formats store tensors only (put other values in metadata=)"
@@ -289,6 +289,8 @@ def load(
     float_dtype: DTypeLike | None = None,
     keys: Any = None,
     dtype: DTypeLike | None = None,
+    dequantize: DTypeLike | None = None,
+    scheme: str | None = None,
 ) -> Any:
     """Load a file's tensors as NumPy arrays (default) or torch tensors.
 
@@ -297,16 +299,32 @@ def load(
     (copy-on-write where mapped); ``mmap=False`` gives ordinary owned memory. ``keys``
     selects a subset. ``dtype`` names the type of raw-byte ``.npy`` / ``.npz`` members
     that ``np.save`` wrote from ml_dtypes arrays (``|V2`` for bfloat16).
+    ``dequantize`` (``"bf16"``, ``"f16"``, ``"f32"``) reads a quantized checkpoint as
+    the unquantized model (see :func:`open`).
     """
-    with open(path, dtype=dtype) as f:
+    with open(path, dtype=dtype, dequantize=dequantize, scheme=scheme) as f:
         return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
 
 
-def open(path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> TensorFile:
+def open(
+    path: str | os.PathLike[str],
+    *,
+    dtype: DTypeLike | None = None,
+    dequantize: DTypeLike | None = None,
+    scheme: str | None = None,
+) -> TensorFile:
     """Open a file, shard index or checkpoint directory lazily; nothing is read until asked.
 
     ``.keys()``, ``[name]``, ``.metadata``, ``.notes`` (how it was read, when that is
     worth knowing).
+
+    ``dequantize="bf16"`` (or ``"f16"``, ``"f32"``) reads a quantized checkpoint as
+    the unquantized model: its names and shapes, each quantized weight computed
+    when read (code x scale in float32, rounded once), other tensors as stored,
+    activation scales left out. The scheme comes from ``scheme=``, else the config
+    beside the checkpoint (``config.json``'s ``quantization_config``,
+    ``hf_quant_config.json``), else unambiguous tensor names; anything else raises
+    :class:`~tensorbridge.QuantizationError`.
 
     >>> import tempfile, os, numpy as np, tensorbridge as tb
     >>> p = os.path.join(tempfile.mkdtemp(), "a.npz")
@@ -315,4 +333,16 @@ def open(path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> Ten
     ...     f.keys(), f["x"].tolist()
     (['x'], [0, 1, 2])
     """
-    return _reader(resolve(Path(path)), dtype)
+    f = _reader(resolve(Path(path)), dtype)
+    if dequantize is None:
+        if scheme is not None:
+            f.close()
+            raise ValueError("scheme= says how to dequantize; pass dequantize='bf16' with it")
+        return f
+    from ..quant.api import DequantizedFile
+
+    try:
+        return DequantizedFile(f, dequantize, scheme=scheme)
+    except BaseException:
+        f.close()
+        raise
