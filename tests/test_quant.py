@@ -43,7 +43,9 @@ def _torchao_mx() -> Any:
 # --- fp8 block-wise (deepseek-ai/DeepSeek-V3) ------------------------------------------------
 
 
-def deepseek_dir(tmp_path: Path, shapes: dict[str, tuple[int, int]], shard: int | None = None) -> Path:
+def deepseek_dir(
+    tmp_path: Path, shapes: dict[str, tuple[int, int]], shard: int | None = None
+) -> Path:
     """deepseek-ai/DeepSeek-V3: F8_E4M3 weights + F32 weight_scale_inv per 128x128 block,
     config.json quantization_config {"quant_method": "fp8", "weight_block_size": [128, 128]}."""
     torch.manual_seed(0)
@@ -72,7 +74,9 @@ def deepseek_dir(tmp_path: Path, shapes: dict[str, tuple[int, int]], shard: int 
 
 def test_fp8_block_matches_transformers_bit_exact() -> None:
     q = tb.quantize(torch.randn(256, 384), "fp8-block")
-    ours = tb.dequantize(q["weight"], q["weight_scale_inv"], scheme="fp8-block", block_size=(128, 128))
+    ours = tb.dequantize(
+        q["weight"], q["weight_scale_inv"], scheme="fp8-block", block_size=(128, 128)
+    )
     ref = finegrained.Fp8Dequantize(None)._dequantize_one(
         q["weight"], q["weight_scale_inv"], output_dtype=torch.bfloat16
     )
@@ -172,7 +176,11 @@ def test_fp8_channel_matches_compressed_tensors() -> None:
     assert list(out) == ["model.layers.0.mlp.down_proj.weight", "model.norm.weight"]
     assert ref.dtype == torch.float32  # its product in float32, then one rounding: ours
     assert torch.equal(out["model.layers.0.mlp.down_proj.weight"], ref.to(torch.bfloat16))
-    p = plan({k: (tb.resolve_dtype(v.dtype), tuple(v.shape)) for k, v in sd.items()}, read_config(None) or None, "fp8")
+    p = plan(
+        {k: (tb.resolve_dtype(v.dtype), tuple(v.shape)) for k, v in sd.items()},
+        read_config(None) or None,
+        "fp8",
+    )
     assert p.dropped == ("model.layers.0.mlp.down_proj.input_scale",)
 
 
@@ -211,7 +219,9 @@ def test_mx_quantize_and_dequantize_match_torchao(scheme: str, element: str | No
 def test_mx_u8_scale_is_refused_without_config() -> None:
     codes = torch.zeros(4, 16, dtype=torch.uint8)
     scale = torch.full((4, 1), 127, dtype=torch.uint8)
-    with pytest.raises(tb.QuantizationError, match=r"w_scale is U8: it could hold e8m0.*scheme='mxfp4'"):
+    with pytest.raises(
+        tb.QuantizationError, match=r"w_scale is U8: it could hold e8m0.*scheme='mxfp4'"
+    ):
         tb.dequantize({"w": codes, "w_scale": scale})
     out = tb.dequantize({"w": codes, "w_scale": scale}, scheme="mxfp4")
     assert out["w"].shape == (4, 32)
@@ -224,9 +234,17 @@ def gpt_oss_experts(e: int, hidden: int, inter: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(2)
     pre = "model.layers.0.mlp.experts."
     sd: dict[str, torch.Tensor] = {}
-    sd.update(tb.quantize(torch.randn(e, hidden, 2 * inter), "mxfp4", name=pre + "gate_up_proj", layout="gpt-oss"))
+    sd.update(
+        tb.quantize(
+            torch.randn(e, hidden, 2 * inter), "mxfp4", name=pre + "gate_up_proj", layout="gpt-oss"
+        )
+    )
     sd[pre + "gate_up_proj_bias"] = torch.randn(e, 2 * inter).bfloat16()
-    sd.update(tb.quantize(torch.randn(e, inter, hidden), "mxfp4", name=pre + "down_proj", layout="gpt-oss"))
+    sd.update(
+        tb.quantize(
+            torch.randn(e, inter, hidden), "mxfp4", name=pre + "down_proj", layout="gpt-oss"
+        )
+    )
     sd[pre + "down_proj_bias"] = torch.randn(e, hidden).bfloat16()
     return sd
 
@@ -237,11 +255,24 @@ def test_gpt_oss_square_down_proj_transposed_like_transformers(tmp_path: Path) -
     assert sd[pre + "down_proj_blocks"].shape == (4, 64, 1, 16)  # [E, out=hidden, G, 16]
     d = tmp_path / "gpt-oss"
     tb.save(sd, d / "model.safetensors")
-    (d / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "quantization_config": {
+                    "quant_method": "mxfp4",
+                    "modules_to_not_convert": ["model.layers.*.self_attn"],
+                }
+            }
+        )
+    )
     out = tb.load(d, dequantize="bf16", framework="torch")
-    assert sorted(out) == sorted(pre + n for n in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"))
+    assert sorted(out) == sorted(
+        pre + n for n in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+    )
     for proj, shape in (("gate_up_proj", (4, 64, 64)), ("down_proj", (4, 32, 64))):
-        ref = mxfp4_ref.convert_moe_packed_tensors(sd[pre + proj + "_blocks"], sd[pre + proj + "_scales"], dtype=torch.bfloat16)
+        ref = mxfp4_ref.convert_moe_packed_tensors(
+            sd[pre + proj + "_blocks"], sd[pre + proj + "_scales"], dtype=torch.bfloat16
+        )
         assert out[pre + proj].shape == ref.shape == shape
         assert torch.equal(out[pre + proj].view(torch.int16), ref.view(torch.int16))
     # square: a missing transpose keeps the shape and scrambles the weights
@@ -265,7 +296,12 @@ def test_nvfp4_modelopt_matches_torchao() -> None:
     assert torch.equal(q["weight_scale_2"], per_tensor.reshape(()))
     t = nv.NVFP4Tensor(ref_data, ref_scale, 16, torch.bfloat16, per_tensor_scale=per_tensor)
     ref = t.dequantize(torch.bfloat16)
-    sd = {"layers.0.weight": q["weight"], "layers.0.weight_scale": q["weight_scale"], "layers.0.weight_scale_2": q["weight_scale_2"], "layers.0.input_scale": torch.ones(())}
+    sd = {
+        "layers.0.weight": q["weight"],
+        "layers.0.weight_scale": q["weight_scale"],
+        "layers.0.weight_scale_2": q["weight_scale_2"],
+        "layers.0.input_scale": torch.ones(()),
+    }
     out = tb.dequantize(sd, config={"quant_method": "modelopt", "quant_algo": "NVFP4"})
     assert list(out) == ["layers.0.weight"]
     assert torch.equal(out["layers.0.weight"].view(torch.int16), ref.view(torch.int16))
@@ -282,30 +318,61 @@ def test_nvfp4_compressed_tensors_matches_its_decompressor() -> None:
     q = tb.quantize(x, "nvfp4-compressed-tensors")
     scheme = preset_name_to_scheme("NVFP4", ["Linear"])
     ref = NVFP4PackedCompressor.decompress(dict(q), scheme)["weight"]
-    sd = {"l.weight_packed": q["weight_packed"], "l.weight_scale": q["weight_scale"], "l.weight_global_scale": q["weight_global_scale"], "l.input_global_scale": torch.ones(1)}
-    config = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {"format": "nvfp4-pack-quantized"}}}
+    sd = {
+        "l.weight_packed": q["weight_packed"],
+        "l.weight_scale": q["weight_scale"],
+        "l.weight_global_scale": q["weight_global_scale"],
+        "l.input_global_scale": torch.ones(1),
+    }
+    config = {
+        "quant_method": "compressed-tensors",
+        "format": "nvfp4-pack-quantized",
+        "config_groups": {"group_0": {"format": "nvfp4-pack-quantized"}},
+    }
     out = tb.dequantize(sd, config=config, dtype=ref.dtype)
     assert list(out) == ["l.weight"] and torch.equal(out["l.weight"], ref)
     # the two conventions hold reciprocal global scales: the same weight either way
     mo = tb.quantize(x, "nvfp4-modelopt")
     assert torch.equal(mo["weight"], q["weight_packed"])
-    a = tb.dequantize(mo["weight"], mo["weight_scale"], global_scale=mo["weight_scale_2"], scheme="nvfp4-modelopt", dtype="f32")
-    b = tb.dequantize(q["weight_packed"], q["weight_scale"], global_scale=q["weight_global_scale"], scheme="nvfp4-ct", dtype="f32")
+    a = tb.dequantize(
+        mo["weight"],
+        mo["weight_scale"],
+        global_scale=mo["weight_scale_2"],
+        scheme="nvfp4-modelopt",
+        dtype="f32",
+    )
+    b = tb.dequantize(
+        q["weight_packed"],
+        q["weight_scale"],
+        global_scale=q["weight_global_scale"],
+        scheme="nvfp4-ct",
+        dtype="f32",
+    )
     assert torch.allclose(a, b, rtol=1e-6, atol=0)
 
 
 def test_nvfp4_refusals() -> None:
     q = tb.quantize(torch.randn(8, 32), "nvfp4-modelopt", name="w")
-    with pytest.raises(tb.QuantizationError, match=r"w_scale looks like NVFP4, whose convention is never guessed.*nvfp4-modelopt"):
+    with pytest.raises(
+        tb.QuantizationError,
+        match=r"w_scale looks like NVFP4, whose convention is never guessed.*nvfp4-modelopt",
+    ):
         tb.dequantize(q)  # never guessed
     with pytest.raises(tb.QuantizationError, match="scheme='nvfp4' does not say whose convention"):
         tb.dequantize(q, scheme="nvfp4")
     missing = {k: v for k, v in q.items() if k != "w_scale_2"}
-    with pytest.raises(tb.QuantizationError, match=r"no global scale w_scale_2.*off by a constant factor"):
+    with pytest.raises(
+        tb.QuantizationError, match=r"no global scale w_scale_2.*off by a constant factor"
+    ):
         tb.dequantize(missing, scheme="nvfp4-modelopt")
     ct_config = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}
-    with pytest.raises(tb.QuantizationError, match=r"w_scale_2 is there: the config says compressed-tensors"):
-        tb.dequantize({"w_packed": q["w"], "w_scale": q["w_scale"], "w_scale_2": q["w_scale_2"]}, config=ct_config)
+    with pytest.raises(
+        tb.QuantizationError, match=r"w_scale_2 is there: the config says compressed-tensors"
+    ):
+        tb.dequantize(
+            {"w_packed": q["w"], "w_scale": q["w_scale"], "w_scale_2": q["w_scale_2"]},
+            config=ct_config,
+        )
     bad = dict(q, w_scale=q["w_scale"][:, :1].contiguous())
     with pytest.raises(tb.QuantizationError, match=r"w_scale \[8, 1\] does not tile w \[8, 16\]"):
         tb.dequantize(bad, scheme="nvfp4-modelopt")
@@ -315,7 +382,7 @@ def test_nvfp4_refusals() -> None:
 
 
 def test_unsupported_method_and_orphans_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(tb.QuantizationError, match="quant_method 'gptq'.*AutoGPTQ"):
+    with pytest.raises(tb.QuantizationError, match=r"quant_method 'gptq'.*AutoGPTQ"):
         tb.dequantize({"w": torch.ones(2)}, config={"quant_method": "gptq"})
     q = tb.quantize(torch.randn(128, 128), "fp8-block", name="w")
     q["v_scale_inv"] = torch.ones(1)
@@ -328,10 +395,15 @@ def test_unsupported_method_and_orphans_are_refused(tmp_path: Path) -> None:
 def test_convert_streams_and_drops_quantization_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    names = {"model.layers.0.self_attn.kv_a_proj_with_mqa.weight": (576, 256), "model.layers.0.mlp.down_proj.weight": (128, 384)}
+    names = {
+        "model.layers.0.self_attn.kv_a_proj_with_mqa.weight": (576, 256),
+        "model.layers.0.mlp.down_proj.weight": (128, 384),
+    }
     d = deepseek_dir(tmp_path, names, shard=100_000)
     out_dir = tmp_path / "out"
-    assert main(["convert", str(d), str(out_dir) + "/", "--dequantize", "bf16", "--json", "-q"]) == 0
+    assert (
+        main(["convert", str(d), str(out_dir) + "/", "--dequantize", "bf16", "--json", "-q"]) == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert "fp8-block: 2 quantized weights" in summary["dequantized"]
     config = json.loads((out_dir / "config.json").read_text())
@@ -354,7 +426,11 @@ def test_inspect_names_the_scheme(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "quantized: fp8-block: 1 quantized weights (block size [128, 128])" in text
     assert main(["inspect", str(d), "-q", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)[0]["quantization"]
-    assert report["weights"]["a.weight"] == {"scheme": "fp8-block", "codes": "a.weight", "scale": "a.weight_scale_inv"}
+    assert report["weights"]["a.weight"] == {
+        "scheme": "fp8-block",
+        "codes": "a.weight",
+        "scale": "a.weight_scale_inv",
+    }
 
 
 def test_numpy_in_numpy_out() -> None:

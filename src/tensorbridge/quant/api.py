@@ -160,8 +160,8 @@ def _stored_row(v: Any) -> DTypeRow:
     if isinstance(v, torch.Tensor) and v.dtype == getattr(torch, "float4_e2m1fn_x2", None):
         return resolve_dtype("uint8")  # packed two a byte, as a U8 checkpoint stores them
     if isinstance(v, np.ndarray) and v.dtype.name == "float4_e2m1fn":
-        from ..io._safetensors_header import PSEUDO_ROWS
         from ..dtypes import PACKED
+        from ..io._safetensors_header import PSEUDO_ROWS
 
         return PSEUDO_ROWS[PACKED[0]]
     return row_of(v)
@@ -251,7 +251,8 @@ class DequantizedFile(TensorFile):
         self.row = _float_row(dtype)
         self.path = getattr(src, "path", None)
         cfg = config_of(config) if config is not None else read_config(self.path)
-        index: Index = {n: src.info(n) for n in src.keys() if n not in src.unsupported()}
+        skip = src.unsupported()
+        index: Index = {n: src.info(n) for n in src if n not in skip}
         self.plan: Plan = plan(index, cfg, scheme, _options(block_size, None, None))
         self.metadata = dict(src.metadata)
         self.notes = list(src.notes)
@@ -283,7 +284,8 @@ class DequantizedFile(TensorFile):
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
         value = self.stream_value(name)
         if isinstance(value, DequantizedTensor):
-            return to_numpy(value.materialize())
+            dequantized: np.ndarray = to_numpy(value.materialize())
+            return dequantized
         out: np.ndarray = self.src._array(name, copy_on_write=copy_on_write)
         return out
 

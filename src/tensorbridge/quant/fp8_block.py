@@ -102,20 +102,21 @@ class FP8Block(Scheme):
         br, _ = group.options["block_size"]
         *lead, rows, cols = group.shape
         for idx, r0, r1 in row_pieces(tuple(lead), rows, cols, br):
-            yield {
-                "codes": parts["codes"][(*idx, slice(r0, r1))],
-                "scale": parts["scale"][(*idx, slice(r0 // br, -(-r1 // br)))],
-            }
+            rows_at = (*idx, slice(r0, r1))
+            blocks_at = (*idx, slice(r0 // br, -(-r1 // br)))
+            yield {"codes": parts["codes"][rows_at], "scale": parts["scale"][blocks_at]}
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
         br, bc = group.options["block_size"]
         w, s = parts["codes"], parts["scale"].to(torch.float32)
-        lead, (n, cols) = w.shape[:-2], w.shape[-2:]
+        n, cols = w.shape[-2:]
         s_rows = s.repeat_interleave(br, dim=-2)[..., :n, :]
         out = w.to(torch.float32)
         full = cols // bc
         if full:
-            out[..., : full * bc].unflatten(-1, (full, bc)).mul_(s_rows[..., :full, None])
+            out[..., : full * bc].unflatten(-1, (full, bc)).mul_(  # type: ignore[no-untyped-call]
+                s_rows[..., :full, None]
+            )
         if full * bc != cols:
             out[..., full * bc :].mul_(s_rows[..., full:])
         return out

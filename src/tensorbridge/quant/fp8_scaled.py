@@ -114,12 +114,10 @@ class FP8Scaled(Scheme):
             return
         *lead, rows, cols = shape
         per_tensor = group.options["granularity"] == "tensor"
+        scale = parts["scale"] if per_tensor else parts["scale"].reshape(*lead, rows)
         for idx, r0, r1 in row_pieces(tuple(lead), rows, cols, 1):
-            scale = parts["scale"]
-            yield {
-                "codes": parts["codes"][(*idx, slice(r0, r1))],
-                "scale": scale if per_tensor else scale.reshape(*lead, rows)[(*idx, slice(r0, r1))],
-            }
+            at = (*idx, slice(r0, r1))
+            yield {"codes": parts["codes"][at], "scale": scale if per_tensor else scale[at]}
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
         w, s = parts["codes"].to(torch.float32), parts["scale"].to(torch.float32)

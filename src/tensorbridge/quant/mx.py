@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import QuantizationError
@@ -52,7 +53,7 @@ from .fp8_scaled import activation_scales
 __all__ = ["MX"]
 
 BLOCK = 32
-# (largest power of two of the element type, its largest value, mantissa bits)
+# element type -> (exponent of its largest power of two, its largest value)
 _ELEMENT = {
     "float8_e4m3fn": (8, 448.0),
     "float8_e5m2": (15, 57344.0),
@@ -168,19 +169,10 @@ class MX(Scheme):
         if group.options["layout"] == "gpt-oss":
             *lead, groups, out = (*group.shape[:-2], group.shape[-2] // BLOCK, group.shape[-1])
             per = max(1, PIECE_ELEMENTS // (BLOCK * out))
-            for e in (
-                torch.cartesian_prod(*[torch.arange(n) for n in lead])
-                .reshape(-1, len(lead))
-                .tolist()
-                if lead
-                else [[]]
-            ):
+            for e in np.ndindex(*lead):
                 for g0 in range(0, groups, per):
-                    g1 = min(groups, g0 + per)
-                    yield {
-                        "codes": codes[(*e, slice(None), slice(g0, g1))],
-                        "scale": scale[(*e, slice(None), slice(g0, g1))],
-                    }
+                    key = (*e, slice(None), slice(g0, min(groups, g0 + per)))
+                    yield {"codes": codes[key], "scale": scale[key]}
             return
         k = group.shape[-1]
         rows = 1

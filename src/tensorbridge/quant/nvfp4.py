@@ -116,9 +116,9 @@ class NVFP4(Scheme):
     ) -> Group:
         codes, scale = parts["codes"], parts["scale"]
         if "global_scale" not in parts:
+            what = "weight_scale_2" if self.convention == "modelopt" else "weight_global_scale"
             raise QuantizationError(
-                f"{codes} has no global scale; pass global_scale= (NVFP4 needs the "
-                f"float32 {'weight_scale_2' if self.convention == 'modelopt' else 'weight_global_scale'})"
+                f"{codes} has no global scale; pass global_scale= (NVFP4 needs the float32 {what})"
             )
         (crow, cshape), (srow, sshape) = index[codes], index[scale]
         grow, gshape = index[parts["global_scale"]]
