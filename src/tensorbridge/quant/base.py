@@ -56,8 +56,8 @@ __all__ = [
 # name -> (stored dtype row, stored shape): what a checkpoint's headers say, nothing read
 Index = Mapping[str, tuple[DTypeRow, tuple[int, ...]]]
 
-# about how many output elements one streamed piece holds (16 MiB of float32)
-PIECE_ELEMENTS = 1 << 22
+# about how many output elements one piece holds: its float32 values (1 MiB) stay in cache
+PIECE_ELEMENTS = 1 << 18
 
 # e2m1: code bits s e e m; the OCP MX spec's table (also ml_dtypes.float4_e2m1fn's)
 FP4_VALUES = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
@@ -238,9 +238,15 @@ def row_pieces(
     lead: tuple[int, ...], rows: int, cols: int, block_rows: int
 ) -> Iterator[tuple[tuple[int, ...], int, int]]:
     """``(leading index, first row, end row)`` for every piece of a ``[*lead, rows, cols]``
-    weight: whole multiples of ``block_rows``, about :data:`PIECE_ELEMENTS` values each."""
-    per = max(1, PIECE_ELEMENTS // max(1, cols * block_rows)) * block_rows
-    for idx in np.ndindex(*lead) if lead else [()]:
+    weight, about :data:`PIECE_ELEMENTS` values each: whole multiples of ``block_rows``,
+    or a divisor of it, so that no piece straddles two block rows."""
+    per = max(1, PIECE_ELEMENTS // max(1, cols))
+    if per >= block_rows:
+        per = per // block_rows * block_rows
+    else:
+        while block_rows % per:
+            per -= 1
+    for idx in np.ndindex(*lead):
         for r0 in range(0, rows, per):
             yield tuple(int(i) for i in idx), r0, min(rows, r0 + per)
 
