@@ -42,6 +42,7 @@ SECTIONS = (
     "files",
     "diagnostics",
     "startup",
+    "quant",
     "cuda",
 )
 

@@ -276,8 +276,9 @@ class DequantizedFile(TensorFile):
         g = self.plan.group(name)
         if g is None:
             return self.src._array(name, copy_on_write=False)
+        # copy-on-write maps: torch shares them without a copy, and nothing writes them
         parts = {
-            role: self.src._array(stored, copy_on_write=False) for role, stored in g.parts.items()
+            role: self.src._array(stored, copy_on_write=True) for role, stored in g.parts.items()
         }
         return DequantizedTensor(SCHEMES[g.scheme], g, parts, self.row)
 

@@ -48,6 +48,7 @@ __all__ = [
     "e8m0_to_f32",
     "fp4_codes_to_f32",
     "fp4_encode",
+    "fp8_to_f32",
     "require",
     "row_pieces",
     "shape_text",
@@ -62,10 +63,17 @@ PIECE_ELEMENTS = 1 << 18
 # e2m1: code bits s e e m; the OCP MX spec's table (also ml_dtypes.float4_e2m1fn's)
 FP4_VALUES = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
 # one byte -> its two values, element 2j in the low nibble (safetensors F4, torchao, gpt-oss)
-_FP4_PAIRS = torch.from_numpy(
-    np.stack([FP4_VALUES[np.arange(256) & 0xF], FP4_VALUES[np.arange(256) >> 4]], axis=1)
+_FP4_PAIRS_NP = np.stack(
+    [FP4_VALUES[np.arange(256) & 0xF], FP4_VALUES[np.arange(256) >> 4]], axis=1
 )
 _FP4_ONE = torch.from_numpy(FP4_VALUES.copy())
+# fp8 byte -> its float32 value: a table lookup is 2-3x faster than torch's fp8 cast on CPU
+_FP8_TABLES = {
+    getattr(torch, name): np.arange(256, dtype=np.uint8)
+    .view(getattr(ml_dtypes, name))
+    .astype(np.float32)
+    for name in ("float8_e4m3fn", "float8_e5m2")
+}
 # e8m0 byte -> 2**(byte - 127) in float32 (byte 0: 2**-127, a subnormal; 255: NaN)
 _E8M0 = torch.from_numpy(
     np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
@@ -213,9 +221,18 @@ def fp4_codes_to_f32(codes: torch.Tensor, packed: bool) -> torch.Tensor:
     """fp4 e2m1 codes as float32: packed bytes (2j low nibble) or one code a byte."""
     u8 = codes.view(torch.uint8) if codes.dtype != torch.uint8 else codes
     if packed:
-        pairs = torch.nn.functional.embedding(u8.long(), _FP4_PAIRS)
-        return pairs.reshape(*u8.shape[:-1], u8.shape[-1] * 2)
+        pairs = np.take(_FP4_PAIRS_NP, u8.contiguous().numpy(), axis=0)
+        return torch.from_numpy(pairs).reshape(*u8.shape[:-1], u8.shape[-1] * 2)
     return _FP4_ONE[u8.long() & 0xF]
+
+
+def fp8_to_f32(codes: torch.Tensor) -> torch.Tensor:
+    """fp8 codes as float32 (exact), by table lookup; other dtypes by torch's cast."""
+    table = _FP8_TABLES.get(codes.dtype)
+    if table is None:
+        return codes.to(torch.float32)
+    u8 = codes.contiguous().view(torch.uint8).numpy()
+    return torch.from_numpy(np.take(table, u8))
 
 
 def e8m0_to_f32(scale: torch.Tensor) -> torch.Tensor:

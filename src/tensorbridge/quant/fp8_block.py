@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..errors import QuantizationError
-from .base import Config, Group, Index, Scheme, require, row_pieces, shape_text
+from .base import Config, Group, Index, Scheme, fp8_to_f32, require, row_pieces, shape_text
 
 __all__ = ["FP8Block"]
 
@@ -111,7 +111,7 @@ class FP8Block(Scheme):
         w, s = parts["codes"], parts["scale"].to(torch.float32)
         n, cols = w.shape[-2:]
         s_rows = s.repeat_interleave(br, dim=-2)[..., :n, :]
-        out = w.to(torch.float32)
+        out = fp8_to_f32(w)
         full = cols // bc
         if full:
             out[..., : full * bc].unflatten(-1, (full, bc)).mul_(  # type: ignore[no-untyped-call]

@@ -45,6 +45,7 @@ from .base import (
     e8m0_to_f32,
     fp4_codes_to_f32,
     fp4_encode,
+    fp8_to_f32,
     require,
     shape_text,
 )
@@ -185,10 +186,8 @@ class MX(Scheme):
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
         codes, scale = parts["codes"], e8m0_to_f32(parts["scale"])
-        if self.fp4:
-            values = fp4_codes_to_f32(codes, group.options["packed"])
-        else:
-            values = codes.to(torch.float32)
+        fp4 = self.fp4
+        values = fp4_codes_to_f32(codes, group.options["packed"]) if fp4 else fp8_to_f32(codes)
         if group.options["layout"] == "gpt-oss":  # [out, gn, 16] bytes -> [gn * 32, out]
             out_rows, gn = scale.shape
             v = values.reshape(out_rows, gn, BLOCK).mul_(scale[..., None])
