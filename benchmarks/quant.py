@@ -43,7 +43,8 @@ def _module(name: str) -> Any:
 
 
 def _bits(x: torch.Tensor) -> np.ndarray:
-    return tb.to_numpy(x.contiguous()).view(np.uint8)
+    a: np.ndarray = tb.to_numpy(x.contiguous())
+    return a.view(np.uint8)
 
 
 def _cases(
@@ -80,13 +81,8 @@ def _cases(
     for scheme, elem in (("mxfp8", torch.float8_e4m3fn), ("mxfp4", torch.float4_e2m1fn_x2)):
         qm = tb.quantize(w, scheme)
         codes, scale = qm["weight"], qm["weight_scale"]
-        out.append((
-            scheme,
-            "torchao MX to_dtype",
-            lambda c=codes, s=scale, n=scheme: tb.dequantize(c, s, scheme=n),
-            (lambda c=codes, s=scale, e=elem: mx.to_dtype(c, s, e, 32, torch.bfloat16))
-            if mx else None,
-        ))  # fmt: skip
+        out.append((scheme, "torchao MX to_dtype", _ours_mx(codes, scale, scheme),
+                    _torchao_mx(mx, codes, scale, elem) if mx else None))  # fmt: skip
     mref = _module("transformers.integrations.mxfp4")
     experts = max(1, rows // 1024)
     e = torch.randn(experts, cols, rows // experts)
@@ -134,6 +130,14 @@ def _cases(
     return out
 
 
+def _ours_mx(codes: torch.Tensor, scale: torch.Tensor, scheme: str) -> Callable[[], Any]:
+    return lambda: tb.dequantize(codes, scale, scheme=scheme)
+
+
+def _torchao_mx(mx: Any, codes: torch.Tensor, scale: torch.Tensor, elem: Any) -> Callable[[], Any]:
+    return lambda: mx.to_dtype(codes, scale, elem, 32, torch.bfloat16)
+
+
 # --- the streaming rows, run in child processes -----------------------------------------------
 
 
@@ -141,17 +145,16 @@ def write_checkpoint(directory: str, nbytes: int) -> None:
     """A DeepSeek-V3-like fp8 block-wise checkpoint of about ``nbytes`` of codes."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    rows, cols = 4096, 7168
+    rows, cols = (4096 if nbytes >= 256 * MIB else 1024), 7168
     count = max(1, nbytes // (rows * cols))
     g = torch.Generator().manual_seed(0)
     sd: dict[str, torch.Tensor] = {}
-    shard = 0
     for i in range(count):
         codes = torch.randint(0, 0x7E, (rows, cols), dtype=torch.uint8, generator=g)
         sd[f"model.layers.{i}.mlp.up_proj.weight"] = codes.view(torch.float8_e4m3fn)
-        sd[f"model.layers.{i}.mlp.up_proj.weight_scale_inv"] = torch.rand(32, 56, generator=g)
+        scale = torch.rand(rows // 128, cols // 128, generator=g)
+        sd[f"model.layers.{i}.mlp.up_proj.weight_scale_inv"] = scale
     tb.save(sd, d / "model.safetensors.index.json", max_shard_size=2 * GIB, overwrite=True)
-    del shard
     config = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
     (d / "config.json").write_text(json.dumps(config))
 
@@ -246,7 +249,7 @@ def run(ctx: Context, sec: Section) -> None:
 
 
 def _streaming(ctx: Context, sec: Section) -> None:
-    size = ctx.pick(4 * GIB, 256 * MIB, 32 * MIB)
+    size = ctx.pick(4 * GIB, 256 * MIB, 8 * MIB)
     free = shutil.disk_usage(ctx.scratch).free
     if free < 3 * size + 512 * MIB:
         sec.text(
@@ -271,7 +274,7 @@ def _streaming(ctx: Context, sec: Section) -> None:
         dst.unlink(missing_ok=True)
     sec.text(
         f"""Streaming: a synthetic fp8 block-wise checkpoint ({fmt_bytes(codes)} of
-        [4096, 7168] F8_E4M3 weights with 128 x 128 F32 scales) converted to bf16 safetensors
+        [rows, 7168] F8_E4M3 weights with 128 x 128 F32 scales) converted to bf16 safetensors
         ({fmt_bytes(out_bytes)}). *anon +*: the child's peak anonymous memory above its
         level before the step (mapped file pages excluded); *vs raw*: raw write time / row
         time. One run per row."""
