@@ -382,8 +382,10 @@ def test_nvfp4_refusals() -> None:
 
 
 def test_unsupported_method_and_orphans_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(tb.QuantizationError, match=r"quant_method 'gptq'.*AutoGPTQ"):
-        tb.dequantize({"w": torch.ones(2)}, config={"quant_method": "gptq"})
+    with pytest.raises(
+        tb.QuantizationError, match=r"quant_method 'bitsandbytes'.*use bitsandbytes"
+    ):
+        tb.dequantize({"w": torch.ones(2)}, config={"quant_method": "bitsandbytes"})
     q = tb.quantize(torch.randn(128, 128), "fp8-block", name="w")
     q["v_scale_inv"] = torch.ones(1)
     with pytest.raises(tb.QuantizationError, match="v_scale_inv has no weight v beside it"):
@@ -498,3 +500,174 @@ def test_convert_dequantize_peak_anonymous_memory_is_bounded(tmp_path: Path) -> 
     )
     assert naive > 100 << 20, "the measure misses the naive route's 128 MiB"
     assert streamed < 16 << 20, f"anonymous memory grew {streamed >> 20} MiB while streaming"
+
+
+# --- GPTQ and AWQ: the reference unpacking, verbatim from their toolkits ----------------------
+
+
+def autogptq_dequantize(qweight, qzeros, scales, g_idx, bits):  # type: ignore[no-untyped-def]
+    """AutoGPTQ's torch path (qlinear_cuda_old.py, ``forward``'s dequantization), fp16."""
+    wf = torch.tensor(list(range(0, 32, bits)), dtype=torch.int32).unsqueeze(0)
+    zeros = torch.bitwise_right_shift(
+        torch.unsqueeze(qzeros, 2).expand(-1, -1, 32 // bits), wf.unsqueeze(0)
+    ).to(torch.int16 if bits == 8 else torch.int8)
+    zeros = zeros + 1
+    zeros = torch.bitwise_and(zeros, (2**bits) - 1)
+    zeros = zeros.reshape(scales.shape)
+    weight = torch.bitwise_right_shift(
+        torch.unsqueeze(qweight, 1).expand(-1, 32 // bits, -1), wf.unsqueeze(-1)
+    ).to(torch.int16 if bits == 8 else torch.int8)
+    weight = torch.bitwise_and(weight, (2**bits) - 1)
+    weight = weight.reshape(-1, weight.shape[2])
+    return scales[g_idx.long()] * (weight - zeros[g_idx.long()])  # [in, out]
+
+
+def awq_dequantize_gemm(qweight, qzeros, scales, bits, group_size):  # type: ignore[no-untyped-def]
+    """AutoAWQ 0.2.9, awq/utils/packing_utils.py (unpack_awq, reverse_awq_order,
+    dequantize_gemm), MIT licence."""
+    shifts = torch.arange(0, 32, bits)
+    iweights = torch.bitwise_right_shift(qweight[:, :, None], shifts[None, None, :]).to(torch.int8)
+    iweights = iweights.view(iweights.shape[0], -1)
+    izeros = torch.bitwise_right_shift(qzeros[:, :, None], shifts[None, None, :]).to(torch.int8)
+    izeros = izeros.view(izeros.shape[0], -1)
+    order = torch.arange(iweights.shape[-1], dtype=torch.int32).view(-1, 32 // bits)
+    order = order[:, [0, 4, 1, 5, 2, 6, 3, 7]].view(-1)
+    izeros, iweights = izeros[:, order], iweights[:, order]
+    iweights = torch.bitwise_and(iweights, (2**bits) - 1)
+    izeros = torch.bitwise_and(izeros, (2**bits) - 1)
+    scales = scales.repeat_interleave(group_size, dim=0)
+    izeros = izeros.repeat_interleave(group_size, dim=0)
+    return (iweights - izeros) * scales  # [in, out]
+
+
+def _pack(codes: torch.Tensor, bits: int, order: list[int] | None = None) -> torch.Tensor:
+    """Pack along the last axis, 32 // bits codes a word (``order[j]``: the code in slot j)."""
+    per = 32 // bits
+    c = codes.to(torch.int64).reshape(*codes.shape[:-1], -1, per)
+    if order is not None:
+        c = c[..., order]
+    word = sum(c[..., j] << (j * bits) for j in range(per))
+    return ((word + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+def gptq_layer(bits: int, v2: bool, symmetric: bool = False) -> dict[str, torch.Tensor]:
+    """TheBloke/Llama-2-7B-GPTQ (desc_act: act-order g_idx): q_proj.qweight / qzeros /
+    scales / g_idx, here for in=256, out=64, group size 32."""
+    g = torch.Generator().manual_seed(bits)
+    n_in, out, gs, top = 256, 64, 32, 2**bits
+    q = torch.randint(0, top, (n_in, out), generator=g)
+    zeros = (
+        torch.full((n_in // gs, out), top // 2)
+        if symmetric
+        else torch.randint(0, top, (n_in // gs, out), generator=g)
+    )
+    stored = zeros if v2 else (zeros - 1) & (top - 1)
+    g_idx = (torch.randperm(n_in, generator=g) // gs).to(torch.int32)  # act-order
+    pre = "model.layers.0.self_attn.q_proj."
+    return {
+        pre + "qweight": _pack(q.t(), bits).t().contiguous(),
+        pre + "qzeros": _pack(stored, bits),
+        pre + "scales": (torch.rand(n_in // gs, out, generator=g) / 50).half(),
+        pre + "g_idx": g_idx,
+        pre + "bias": torch.zeros(out, dtype=torch.float16),
+    }
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_gptq_v1_act_order_matches_autogptq(bits: int) -> None:
+    sd = gptq_layer(bits, v2=False)
+    pre = "model.layers.0.self_attn.q_proj."
+    ref = autogptq_dequantize(
+        sd[pre + "qweight"], sd[pre + "qzeros"], sd[pre + "scales"], sd[pre + "g_idx"], bits
+    )
+    config = {
+        "quant_method": "gptq",
+        "bits": bits,
+        "group_size": 32,
+        "desc_act": True,
+        "checkpoint_format": "gptq",
+    }
+    out = tb.dequantize(sd, config=config, dtype="f16")
+    assert sorted(out) == [pre + "bias", pre + "weight"]
+    assert out[pre + "weight"].shape == (64, 256)  # the Linear's [out, in]
+    # AutoGPTQ multiplies in fp16: the exact product rounded once, as ours to fp16
+    assert torch.equal(out[pre + "weight"], ref.t())
+
+
+def test_gptq_v2_and_the_unknown_format() -> None:
+    pre = "model.layers.0.self_attn.q_proj."
+    v1, v2 = gptq_layer(4, v2=False), gptq_layer(4, v2=True)
+    base = {"quant_method": "gptq", "bits": 4, "group_size": 32}
+    a = tb.dequantize(v1, config={**base, "checkpoint_format": "gptq"})[pre + "weight"]
+    b = tb.dequantize(v2, config={**base, "checkpoint_format": "gptq_v2"})[pre + "weight"]
+    assert torch.equal(a, b)  # the same weights, zeros stored two ways
+    with pytest.raises(
+        tb.QuantizationError, match=r"does not say its checkpoint_format.*'gptq_v2'"
+    ):
+        tb.dequantize(v1, config=base)
+    sym = gptq_layer(4, v2=False, symmetric=True)  # AutoGPTQ symmetric: every stored zero 7
+    ref = autogptq_dequantize(*(sym[pre + k] for k in ("qweight", "qzeros", "scales", "g_idx")), 4)
+    assert torch.equal(tb.dequantize(sym, config=base, dtype="f16")[pre + "weight"], ref.t())
+    with pytest.raises(tb.QuantizationError, match=r"qweight is int-packed \(GPTQ or AWQ"):
+        tb.dequantize(v1)
+
+
+def test_awq_gemm_packing_order_matches_autoawq() -> None:
+    """TheBloke/Llama-2-7B-AWQ (version "gemm"): qweight I32 [in, out/8], qzeros
+    I32 [in/128, out/8], scales F16 [in/128, out]."""
+    g = torch.Generator().manual_seed(5)
+    n_in, out, gs = 256, 64, 128
+    q = torch.randint(0, 16, (n_in, out), generator=g)
+    z = torch.randint(0, 16, (n_in // gs, out), generator=g)
+    order = [0, 2, 4, 6, 1, 3, 5, 7]
+    pre = "model.layers.0.mlp.down_proj."
+    sd = {
+        pre + "qweight": _pack(q, 4, order),
+        pre + "qzeros": _pack(z, 4, order),
+        pre + "scales": (torch.rand(n_in // gs, out, generator=g) / 50).half(),
+    }
+    ref = awq_dequantize_gemm(sd[pre + "qweight"], sd[pre + "qzeros"], sd[pre + "scales"], 4, gs)
+    config = {
+        "quant_method": "awq",
+        "bits": 4,
+        "group_size": gs,
+        "version": "gemm",
+        "zero_point": True,
+    }
+    out_ = tb.dequantize(sd, config=config, dtype="f16")[pre + "weight"]
+    assert out_.shape == (64, 256) and torch.equal(out_, ref.t())  # fp16: one rounding each
+    in_order = awq_dequantize_gemm(_pack(q, 4), _pack(z, 4), sd[pre + "scales"], 4, gs)
+    assert not torch.equal(in_order, ref)  # the order matters
+    with pytest.raises(tb.QuantizationError, match="AWQ version 'gemv'"):
+        tb.dequantize(sd, config={**config, "version": "gemv"})
+
+
+def _every_scheme() -> list[tuple[str, dict[str, torch.Tensor], dict[str, Any]]]:
+    torch.manual_seed(7)
+    w, e = torch.randn(300, 256), torch.randn(3, 64, 96)
+    return [
+        ("fp8-block", tb.quantize(w, "fp8-block", name="a.weight"), {"block_size": (128, 128)}),
+        ("mxfp8", tb.quantize(w, "mxfp8", name="a.weight"), {}),
+        ("mxfp4", tb.quantize(w, "mxfp4", name="a.weight"), {}),
+        ("mxfp4", tb.quantize(e, "mxfp4", name="a.experts", layout="gpt-oss"), {}),
+        ("nvfp4-modelopt", tb.quantize(w, "nvfp4-modelopt", name="a.weight"), {}),
+        ("nvfp4-ct", tb.quantize(w, "nvfp4-ct", name="a.weight"), {}),
+        ("fp8", {"a.weight": w.to(torch.float8_e4m3fn), "a.weight_scale": torch.rand(300, 1)}, {}),
+        ("gptq", gptq_layer(4, v2=True), {"config": {"quant_method": "gptq", "group_size": 32,
+                                                     "checkpoint_format": "gptq_v2"}}),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_small_pieces_give_the_same_bits(case: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streaming slices every weight into pieces; their concatenation is the weight."""
+    from tensorbridge.quant import base
+
+    scheme, sd, options = _every_scheme()[case]
+    kw = {"scheme": scheme, **options} if "config" not in options else options
+    whole = tb.dequantize(sd, **kw)
+    monkeypatch.setattr(base, "PIECE_ELEMENTS", 96)  # many pieces, even inside a block row
+    pieces = tb.dequantize(sd, **kw)
+    assert list(whole) == list(pieces)
+    for k in whole:
+        assert np.array_equal(bits(whole[k]), bits(pieces[k])), k

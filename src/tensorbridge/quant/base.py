@@ -52,6 +52,7 @@ __all__ = [
     "require",
     "row_pieces",
     "shape_text",
+    "unpack_int32",
 ]
 
 # name -> (stored dtype row, stored shape): what a checkpoint's headers say, nothing read
@@ -233,6 +234,23 @@ def fp8_to_f32(codes: torch.Tensor) -> torch.Tensor:
         return codes.to(torch.float32)
     u8 = codes.contiguous().view(torch.uint8).numpy()
     return torch.from_numpy(np.take(table, u8))
+
+
+def unpack_int32(
+    packed: torch.Tensor, bits: int, order: tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """int32 words -> ``32 // bits`` unsigned codes each along the last axis, low bits first.
+
+    ``order[j]`` is the position, within its word's run of codes, of the code stored in
+    bits ``[j * bits, (j + 1) * bits)`` (AWQ interleaves; GPTQ and compressed-tensors
+    do not).
+    """
+    per = 32 // bits
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    codes = torch.bitwise_right_shift(packed.to(torch.int32)[..., None], shifts) & ((1 << bits) - 1)
+    if order is not None:
+        codes = codes[..., list(np.argsort(order))]
+    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
 
 
 def e8m0_to_f32(scale: torch.Tensor) -> torch.Tensor:

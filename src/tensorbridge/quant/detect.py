@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import QuantizationError
+from .awq import AWQ
 from .base import Config, Group, Index, Scheme
 from .fp8_block import FP8Block
 from .fp8_scaled import ACTIVATION_SCALES, FP8Scaled
+from .gptq import GPTQ
 from .mx import MX
 from .nvfp4 import NVFP4
 
@@ -46,11 +48,11 @@ SCHEMES: dict[str, Scheme] = {
         MX("mxfp4"),
         NVFP4("modelopt"),
         NVFP4("compressed-tensors"),
+        GPTQ(),
+        AWQ(),
     )
 }
 _UNSUPPORTED = {  # quant_method -> what to use instead
-    "gptq": "AutoGPTQ / GPTQModel",
-    "awq": "AutoAWQ",
     "bitsandbytes": "bitsandbytes",
     "hqq": "hqq",
     "eetq": "eetq",
@@ -229,6 +231,13 @@ def _from_config(config: Config) -> list[Scheme]:
 
 def _from_names(index: Index, options: Mapping[str, Any]) -> list[Group]:
     groups = []
+    packed = next((n for n in index if n.endswith(".qweight")), None)
+    if packed is not None:
+        raise QuantizationError(
+            f"{packed} is int-packed (GPTQ or AWQ, which pack along different axes and store "
+            "zeros differently); put the checkpoint's config.json or quantize_config.json "
+            "beside it, or pass scheme='gptq' / scheme='awq'"
+        )
     if any(n.endswith("_scale_inv") for n in index):
         groups += SCHEMES["fp8-block"].detect(index, None, options)
     for name, (row, _) in index.items():

@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from ..errors import QuantizationError
+from . import base
 from .base import (
-    PIECE_ELEMENTS,
     Config,
     Group,
     Index,
@@ -169,7 +169,7 @@ class MX(Scheme):
         codes, scale = parts["codes"], parts["scale"]
         if group.options["layout"] == "gpt-oss":
             *lead, groups, out = (*group.shape[:-2], group.shape[-2] // BLOCK, group.shape[-1])
-            per = max(1, PIECE_ELEMENTS // (BLOCK * out))
+            per = max(1, base.PIECE_ELEMENTS // (BLOCK * out))
             for e in np.ndindex(*lead):
                 for g0 in range(0, groups, per):
                     key = (*e, slice(None), slice(g0, min(groups, g0 + per)))
@@ -180,7 +180,7 @@ class MX(Scheme):
         for d in group.shape[:-1]:
             rows *= d
         c2, s2 = codes.reshape(rows, -1), scale.reshape(rows, -1)
-        per = max(1, PIECE_ELEMENTS // max(1, k))
+        per = max(1, base.PIECE_ELEMENTS // max(1, k))
         for r0 in range(0, rows, per):
             yield {"codes": c2[r0 : r0 + per], "scale": s2[r0 : r0 + per]}
 

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from ..errors import QuantizationError
+from . import base
 from .base import (
-    PIECE_ELEMENTS,
     Config,
     Group,
     Index,
@@ -157,7 +157,7 @@ class NVFP4(Scheme):
         k = group.shape[-1]
         rows = _count(group.shape[:-1])
         c2, s2 = parts["codes"].reshape(rows, -1), parts["scale"].reshape(rows, -1)
-        per = max(1, PIECE_ELEMENTS // max(1, k))
+        per = max(1, base.PIECE_ELEMENTS // max(1, k))
         for r0 in range(0, rows, per):
             yield {
                 "codes": c2[r0 : r0 + per],
