@@ -671,3 +671,41 @@ def test_small_pieces_give_the_same_bits(case: int, monkeypatch: pytest.MonkeyPa
     assert list(whole) == list(pieces)
     for k in whole:
         assert np.array_equal(bits(whole[k]), bits(pieces[k])), k
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_pack_quantized_matches_compressed_tensors(symmetric: bool) -> None:
+    """RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16 (compressed-tensors
+    pack-quantized): weight_packed I32 [out, in/8], weight_scale BF16 [out, in/128],
+    weight_shape I64 [2]; asymmetric exports add weight_zero_point I32 [out/8, groups]."""
+    pytest.importorskip("compressed_tensors", reason="reference")
+    from compressed_tensors.compressors.pack_quantized.base import (
+        PackedQuantizationCompressor,
+    )
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    args = QuantizationArgs(num_bits=4, type="int", strategy="group", group_size=128,
+                            symmetric=symmetric)  # fmt: skip
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(64, 256, generator=g).bfloat16()
+    scale = (w.float().reshape(64, 2, 128).abs().amax(-1) / 7).bfloat16()
+    layer = {"weight": w, "weight_scale": scale}
+    if not symmetric:
+        layer["weight_zero_point"] = torch.randint(-8, 8, (64, 2), generator=g, dtype=torch.int8)
+    packed = PackedQuantizationCompressor.compress(layer, scheme)
+    ref = PackedQuantizationCompressor.decompress(dict(packed), scheme)["weight"]
+    sd = {f"model.layers.0.mlp.up_proj.{k}": v for k, v in packed.items()}
+    config = {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "format": "pack-quantized",
+                                      "weights": args.model_dump()}},
+    }  # fmt: skip
+    out = tb.dequantize(sd, config=config, dtype=ref.dtype)
+    assert list(out) == ["model.layers.0.mlp.up_proj.weight"]  # weight_shape consumed
+    assert torch.equal(out["model.layers.0.mlp.up_proj.weight"], ref)
+    with pytest.raises(
+        tb.QuantizationError, match=r"belongs to no quantized weight of this unconfigured"
+    ):
+        tb.dequantize(sd)  # no config: refused, never passed through as int32

@@ -31,6 +31,7 @@ from typing import Any
 from ..errors import QuantizationError
 from .awq import AWQ
 from .base import Config, Group, Index, Scheme
+from .ct_packed import PackQuantized
 from .fp8_block import FP8Block
 from .fp8_scaled import ACTIVATION_SCALES, FP8Scaled
 from .gptq import GPTQ
@@ -50,6 +51,7 @@ SCHEMES: dict[str, Scheme] = {
         NVFP4("compressed-tensors"),
         GPTQ(),
         AWQ(),
+        PackQuantized(),
     )
 }
 _UNSUPPORTED = {  # quant_method -> what to use instead
@@ -72,6 +74,8 @@ _PART_SUFFIXES = (
     "qweight",
     "qzeros",
     "g_idx",
+    "weight_shape",
+    "weight_zero_point",
 )
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 
@@ -309,15 +313,14 @@ def _assemble(
             continue
         elif groups and name.endswith(ACTIVATION_SCALES):
             dropped.add(name)
-        elif groups and (
-            name.endswith(_PART_SUFFIXES)
-            or (fp8_seen and row.name in _FP8)
-            or row.name == "float8_e8m0fnu"
+        elif name.endswith(_PART_SUFFIXES) or (
+            groups and ((fp8_seen and row.name in _FP8) or row.name == "float8_e8m0fnu")
         ):
             raise QuantizationError(
                 f"{name} ({row.name}) belongs to no quantized weight of this "
-                f"{'/'.join(schemes) or groups[0].scheme} checkpoint (a missing partner, a "
-                "mixed scheme, or a shard left out); pass scheme= or exclude it"
+                f"{'/'.join(schemes) or (groups[0].scheme if groups else 'unconfigured')} "
+                "checkpoint (a missing partner, a mixed scheme, a shard left out, or no config "
+                "beside it); pass scheme= or exclude it"
             )
         else:
             names.append(name)
