@@ -127,7 +127,8 @@ class PackQuantized(Scheme):
         if "zeros" in parts:
             z = unpack_int32(parts["zeros"].t().contiguous(), bits)[:, :rows] - offset
             w = w.sub_(z.t().to(torch.float32)[:, g])
-        return w.mul_(s[:, g])
+        out: torch.Tensor = w.mul_(s[:, g])
+        return out
 
 
 def _weight_args(config: Config) -> dict[str, Any]:
