@@ -127,6 +127,20 @@ def _cases(
                               global_scale=ct["weight_global_scale"], scheme="nvfp4-ct"),
         ct_ref,
     ))  # fmt: skip
+    ctp = _module("compressed_tensors.compressors.pack_quantized.base")
+    if ctp and ctq:
+        args4 = ctq.QuantizationArgs(num_bits=4, type="int", strategy="group", group_size=128)
+        sch = ctq.QuantizationScheme(targets=["Linear"], weights=args4)
+        wb = w.bfloat16()
+        sc = (wb.float().reshape(rows, -1, 128).abs().amax(-1) / 7).bfloat16()
+        packed = ctp.PackedQuantizationCompressor.compress({"weight": wb, "weight_scale": sc}, sch)
+        pk, pscale = packed["weight_packed"], packed["weight_scale"]
+        out.append((
+            "pack-quantized (int4)",
+            "compressed-tensors PackedQuantizationCompressor",
+            lambda: tb.dequantize(pk, pscale, scheme="pack-quantized", group_size=128),
+            lambda: ctp.PackedQuantizationCompressor.decompress(dict(packed), sch)["weight"],
+        ))  # fmt: skip
     return out
 
 

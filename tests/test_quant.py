@@ -610,6 +610,14 @@ def test_gptq_v2_and_the_unknown_format() -> None:
     assert torch.equal(tb.dequantize(sym, config=base, dtype="f16")[pre + "weight"], ref.t())
     with pytest.raises(tb.QuantizationError, match=r"qweight is int-packed \(GPTQ or AWQ"):
         tb.dequantize(v1)
+    one = tb.dequantize(
+        *(v2[pre + k] for k in ("qweight", "scales")),
+        zeros=v2[pre + "qzeros"],
+        g_idx=v2[pre + "g_idx"],
+        scheme="gptq",
+        config={"bits": 4, "group_size": 32, "checkpoint_format": "gptq_v2"},
+    )
+    assert torch.equal(one, b)  # one weight, parts by keyword
 
 
 def test_awq_gemm_packing_order_matches_autoawq() -> None:

@@ -12,6 +12,10 @@ scheme                          module
 ``mxfp8``, ``mxfp4``            :mod:`tensorbridge.quant.mx` (OCP MX; gpt-oss)
 ``nvfp4-modelopt``,             :mod:`tensorbridge.quant.nvfp4`
 ``nvfp4-compressed-tensors``
+``gptq``                        :mod:`tensorbridge.quant.gptq` (v1, v2, act-order)
+``awq``                         :mod:`tensorbridge.quant.awq` (AutoAWQ GEMM)
+``pack-quantized``              :mod:`tensorbridge.quant.ct_packed`
+                                (compressed-tensors int4 / int8)
 ==============================  ===================================================
 
 :mod:`tensorbridge.quant.detect` decides which scheme a checkpoint uses (config

@@ -70,11 +70,15 @@ def dequantize(
     scale: Any = None,
     *,
     global_scale: Any = None,
+    zeros: Any = None,
+    g_idx: Any = None,
     scheme: str | None = None,
     dtype: DTypeLike = "bfloat16",
     config: Any = None,
     block_size: tuple[int, int] | None = None,
     layout: str | None = None,
+    bits: int | None = None,
+    group_size: int | None = None,
 ) -> Any:
     """Dequantize codes and scales, or every quantized weight of a state dict.
 
@@ -100,21 +104,26 @@ def dequantize(
         x: codes (tensor or array), or a state dict / tree of them.
         scale: the scales, for one weight.
         global_scale: NVFP4's global scale, for one weight.
+        zeros: the packed zero points of ``gptq`` / ``awq`` / ``pack-quantized``.
+        g_idx: each input row's group (GPTQ act-order), for one weight.
         scheme: one of ``fp8-block``, ``fp8``, ``mxfp8``, ``mxfp4``,
-            ``nvfp4-modelopt``, ``nvfp4-compressed-tensors``; for a tree it overrides
-            the config.
+            ``nvfp4-modelopt``, ``nvfp4-compressed-tensors``, ``gptq``, ``awq``,
+            ``pack-quantized``; for a tree it overrides the config.
         dtype: the result's dtype (bfloat16, float16, float32).
         config: a tree's quantization config (the ``quantization_config`` dict, a
             whole ``config.json`` dict, or a path).
         block_size: fp8-block's ``[rows, cols]`` block, when no config gives it.
         layout: ``"gpt-oss"`` for MXFP4 ``_blocks`` / ``_scales`` (the result is
             transposed to the model's ``[E, in, out]``).
+        bits, group_size: the integer schemes' code width and group, when no config
+            gives them.
 
     Raises:
         QuantizationError: an unknown, ambiguous or inconsistent scheme or layout.
     """
     row = _float_row(dtype)
     opts = _options(block_size, layout, None)
+    opts.update({k: v for k, v in (("bits", bits), ("group_size", group_size)) if v is not None})
     if isinstance(x, (torch.Tensor, np.ndarray)):
         if scheme is None:
             raise QuantizationError(
@@ -122,7 +131,22 @@ def dequantize(
                 f"{', '.join(SCHEMES)}); a state dict can be detected from its names"
             )
         s = scheme_named(scheme)
-        values = {"codes": x, "scale": scale, "global_scale": global_scale}
+        cfg = config_of(config)
+        if cfg is not None:  # what a config says about one weight, under option names
+            said = {
+                "bits": cfg.data.get("bits"),
+                "group_size": cfg.data.get("group_size"),
+                "format": cfg.data.get("checkpoint_format"),
+                "block_size": cfg.data.get("weight_block_size"),
+            }
+            opts = {**{k: v for k, v in said.items() if v is not None}, **opts}
+        values = {
+            "codes": x,
+            "scale": scale,
+            "global_scale": global_scale,
+            "zeros": zeros,
+            "g_idx": g_idx,
+        }
         values = {k: v for k, v in values.items() if v is not None}
         index: dict[str, tuple[DTypeRow, tuple[int, ...]]] = {
             role: (_stored_row(v), tuple(v.shape)) for role, v in values.items()
