@@ -23,7 +23,7 @@ import torch
 
 from ..errors import QuantizationError
 from . import base
-from .base import Config, Group, Index, Scheme, require, shape_text, unpack_int32
+from .base import Config, Group, Index, Scheme, group_scale_, require, shape_text, unpack_int32
 
 __all__ = ["AWQ", "AWQ_ORDER"]
 
@@ -114,7 +114,6 @@ class AWQ(Scheme):
         gs = group.options["group_size"]
         q = unpack_int32(parts["codes"], 4, AWQ_ORDER)  # [in, cols]
         z = unpack_int32(parts["zeros"], 4, AWQ_ORDER)  # [groups, cols]
-        g = torch.arange(q.shape[0]) // gs
-        s = parts["scale"].to(torch.float32)
-        w = (q.to(torch.float32) - z.to(torch.float32)[g]).mul_(s[g])
-        return w.t().contiguous()
+        s = parts["scale"].to(torch.float32).t()  # [cols, groups]
+        w = q.t().to(torch.float32)  # [cols, in]: groups along the last axis
+        return group_scale_(w, int(gs), s, z.t().to(torch.float32))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import math
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -49,6 +50,7 @@ __all__ = [
     "fp4_codes_to_f32",
     "fp4_encode",
     "fp8_to_f32",
+    "group_scale_",
     "require",
     "row_pieces",
     "shape_text",
@@ -239,18 +241,50 @@ def fp8_to_f32(codes: torch.Tensor) -> torch.Tensor:
 def unpack_int32(
     packed: torch.Tensor, bits: int, order: tuple[int, ...] | None = None
 ) -> torch.Tensor:
-    """int32 words -> ``32 // bits`` unsigned codes each along the last axis, low bits first.
+    """int32 words -> ``32 // bits`` unsigned codes each (uint8) along the last axis, low bits
+    first.
 
     ``order[j]`` is the position, within its word's run of codes, of the code stored in
     bits ``[j * bits, (j + 1) * bits)`` (AWQ interleaves; GPTQ and compressed-tensors
-    do not).
+    do not). 4- and 8-bit codes are split from the words' little-endian bytes.
     """
     per = 32 // bits
-    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
-    codes = torch.bitwise_right_shift(packed.to(torch.int32)[..., None], shifts) & ((1 << bits) - 1)
+    words = packed.contiguous().to(torch.int32)
+    if bits == 8 and sys.byteorder == "little":
+        codes = words.view(torch.uint8).reshape(*words.shape, per)
+    elif bits == 4 and sys.byteorder == "little":
+        b = words.view(torch.uint8).reshape(*words.shape, 4)
+        codes = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(*words.shape, per)
+    else:
+        shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+        codes = (torch.bitwise_right_shift(words[..., None], shifts) & ((1 << bits) - 1)).to(
+            torch.uint8
+        )
     if order is not None:
         codes = codes[..., list(np.argsort(order))]
     return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+
+
+def group_scale_(
+    w: torch.Tensor, g: torch.Tensor | int, scale: torch.Tensor, zero: torch.Tensor | None
+) -> torch.Tensor:
+    """``(w - zero[:, group]) * scale[:, group]`` in place, float32, along the last axis.
+
+    ``g`` is the group size (contiguous groups: a broadcast, no gather) or each column's
+    group (act-order ``g_idx``: a gather).
+    """
+    w = w.contiguous()
+    rows, cols = w.shape
+    if isinstance(g, int) and cols % g == 0 and scale.shape[1] == cols // g:
+        v = w.view(rows, cols // g, g)
+        if zero is not None:
+            v.sub_(zero[..., None])
+        v.mul_(scale[..., None])
+        return w
+    idx = g if isinstance(g, torch.Tensor) else torch.arange(cols) // g
+    if zero is not None:
+        w.sub_(zero[:, idx])
+    return w.mul_(scale[:, idx])
 
 
 def e8m0_to_f32(scale: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import QuantizationError
 from . import base
-from .base import Config, Group, Index, Scheme, require, shape_text, unpack_int32
+from .base import Config, Group, Index, Scheme, group_scale_, require, shape_text, unpack_int32
 
 __all__ = ["PackQuantized"]
 
@@ -118,17 +118,16 @@ class PackQuantized(Scheme):
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
         bits, gs = group.options["bits"], group.options["group_size"]
-        offset = 1 << (bits - 1)
-        q = unpack_int32(parts["codes"], bits)[:, : group.shape[1]] - offset  # [rows, in]
-        rows, cols = q.shape
-        g = parts["g_idx"].long() if "g_idx" in parts else torch.arange(cols) // gs
-        s = parts["scale"].to(torch.float32)
-        w = q.to(torch.float32)
-        if "zeros" in parts:
-            z = unpack_int32(parts["zeros"].t().contiguous(), bits)[:, :rows] - offset
-            w = w.sub_(z.t().to(torch.float32)[:, g])
-        out: torch.Tensor = w.mul_(s[:, g])
-        return out
+        offset = float(1 << (bits - 1))
+        w = unpack_int32(parts["codes"], bits)[:, : group.shape[1]].to(torch.float32)
+        rows = w.shape[0]
+        zero = None
+        if "zeros" in parts:  # packed along the output axis, stored + offset like the codes
+            z = unpack_int32(parts["zeros"].t().contiguous(), bits)[:, :rows]
+            zero = z.t().to(torch.float32).sub_(offset)
+        w.sub_(offset)
+        g = parts["g_idx"].long() if "g_idx" in parts else int(gs)
+        return group_scale_(w, g, parts["scale"].to(torch.float32), zero)
 
 
 def _weight_args(config: Config) -> dict[str, Any]:

@@ -30,7 +30,7 @@ import torch
 
 from ..errors import QuantizationError
 from . import base
-from .base import Config, Group, Index, Scheme, require, shape_text, unpack_int32
+from .base import Config, Group, Index, Scheme, group_scale_, require, shape_text, unpack_int32
 
 __all__ = ["GPTQ"]
 
@@ -153,8 +153,10 @@ class GPTQ(Scheme):
         if fmt != "gptq_v2":  # v1 stored (zero - 1) & mask: zero 0 comes back from 15
             z = (z + 1) & ((1 << bits) - 1)
         rows_in = q.shape[1]
-        g_idx = parts["g_idx"].long() if "g_idx" in parts else torch.arange(rows_in) // gs
-        s = parts["scale"].to(torch.float32)
-        zf = z.to(torch.float32)
-        # [cols, in]: each input row takes its group's scale and zero
-        return (q.to(torch.float32) - zf.t()[:, g_idx]).mul_(s.t()[:, g_idx])
+        g: torch.Tensor | int = int(gs)
+        if "g_idx" in parts:
+            g_idx = parts["g_idx"].long()
+            plain = g_idx.numel() == rows_in and torch.equal(g_idx, torch.arange(rows_in) // gs)
+            g = g if plain else g_idx  # act-order: a gather; otherwise a broadcast
+        w = q.to(torch.float32)
+        return group_scale_(w, g, parts["scale"].to(torch.float32).t(), z.to(torch.float32).t())
