@@ -23,7 +23,7 @@ import torch
 
 from ..errors import QuantizationError
 from . import base
-from .base import Config, Group, Index, Scheme, group_scale_, require, shape_text, unpack_int32
+from .base import Config, Group, Index, Scheme, group_scale_, int_codes_f32, require, shape_text
 
 __all__ = ["AWQ", "AWQ_ORDER"]
 
@@ -112,8 +112,8 @@ class AWQ(Scheme):
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
         gs = group.options["group_size"]
-        q = unpack_int32(parts["codes"], 4, AWQ_ORDER)  # [in, cols]
-        z = unpack_int32(parts["zeros"], 4, AWQ_ORDER)  # [groups, cols]
+        q = int_codes_f32(parts["codes"], 4, 0, AWQ_ORDER)  # [in, cols]
+        z = int_codes_f32(parts["zeros"], 4, 0, AWQ_ORDER)  # [groups, cols]
         s = parts["scale"].to(torch.float32).t()  # [cols, groups]
-        w = q.t().to(torch.float32)  # [cols, in]: groups along the last axis
-        return group_scale_(w, int(gs), s, z.t().to(torch.float32))
+        w = q.t()  # [cols, in]: groups along the last axis
+        return group_scale_(w, int(gs), s, z.t())

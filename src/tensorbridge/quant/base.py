@@ -51,6 +51,7 @@ __all__ = [
     "fp4_encode",
     "fp8_to_f32",
     "group_scale_",
+    "int_codes_f32",
     "require",
     "row_pieces",
     "shape_text",
@@ -66,16 +67,23 @@ PIECE_ELEMENTS = 1 << 18
 # e2m1: code bits s e e m; the OCP MX spec's table (also ml_dtypes.float4_e2m1fn's)
 FP4_VALUES = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
 # one byte -> its two values, element 2j in the low nibble (safetensors F4, torchao, gpt-oss)
-_FP4_PAIRS_NP = np.stack(
-    [FP4_VALUES[np.arange(256) & 0xF], FP4_VALUES[np.arange(256) >> 4]], axis=1
+# (one 8-byte item a byte: NumPy gathers those faster than rows of a 2-D table)
+_FP4_PAIRS_U64 = (
+    np.stack([FP4_VALUES[np.arange(256) & 0xF], FP4_VALUES[np.arange(256) >> 4]], axis=1)
+    .view(np.uint64)
+    .reshape(256)
 )
 _FP4_ONE = torch.from_numpy(FP4_VALUES.copy())
 # fp8 byte -> its float32 value: a table lookup is 2-3x faster than torch's fp8 cast on CPU
+_BYTES = np.arange(256, dtype=np.uint8)
 _FP8_TABLES = {
-    getattr(torch, name): np.arange(256, dtype=np.uint8)
-    .view(getattr(ml_dtypes, name))
-    .astype(np.float32)
+    getattr(torch, name): _BYTES.view(getattr(ml_dtypes, name)).astype(np.float32)
     for name in ("float8_e4m3fn", "float8_e5m2")
+}
+# one byte -> its two int4 codes (low nibble first) as float32
+_INT4_PAIRS = np.stack([_BYTES & 0xF, _BYTES >> 4], axis=1).astype(np.float32)
+_INT4_PAIRS_U64 = {  # by offset: the codes minus it, two float32 in one 8-byte item
+    off: (_INT4_PAIRS - np.float32(off)).view(np.uint64).reshape(256) for off in (0, 8)
 }
 # e8m0 byte -> 2**(byte - 127) in float32 (byte 0: 2**-127, a subnormal; 255: NaN)
 _E8M0 = torch.from_numpy(
@@ -224,7 +232,7 @@ def fp4_codes_to_f32(codes: torch.Tensor, packed: bool) -> torch.Tensor:
     """fp4 e2m1 codes as float32: packed bytes (2j low nibble) or one code a byte."""
     u8 = codes.view(torch.uint8) if codes.dtype != torch.uint8 else codes
     if packed:
-        pairs = np.take(_FP4_PAIRS_NP, u8.contiguous().numpy(), axis=0)
+        pairs = _FP4_PAIRS_U64[u8.contiguous().numpy()].view(np.float32)
         return torch.from_numpy(pairs).reshape(*u8.shape[:-1], u8.shape[-1] * 2)
     return _FP4_ONE[u8.long() & 0xF]
 
@@ -260,6 +268,26 @@ def unpack_int32(
         codes = (torch.bitwise_right_shift(words[..., None], shifts) & ((1 << bits) - 1)).to(
             torch.uint8
         )
+    if order is not None:
+        codes = codes[..., list(np.argsort(order))]
+    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+
+
+def int_codes_f32(
+    packed: torch.Tensor, bits: int, offset: int = 0, order: tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """:func:`unpack_int32`'s codes minus ``offset``, as float32, by one table lookup."""
+    if bits not in (4, 8) or sys.byteorder != "little":
+        return unpack_int32(packed, bits, order).to(torch.float32).sub_(offset)
+    words = packed.contiguous().to(torch.int32)
+    raw = words.view(torch.uint8).numpy()
+    if bits == 4 and offset in _INT4_PAIRS_U64:
+        values = torch.from_numpy(_INT4_PAIRS_U64[offset][raw].view(np.float32))
+    else:
+        table = (_INT4_PAIRS if bits == 4 else _BYTES.astype(np.float32)) - np.float32(offset)
+        values = torch.from_numpy(np.take(table, raw, axis=0))
+    per = 32 // bits
+    codes = values.reshape(*words.shape, per)
     if order is not None:
         codes = codes[..., list(np.argsort(order))]
     return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import QuantizationError
 from . import base
-from .base import Config, Group, Index, Scheme, group_scale_, require, shape_text, unpack_int32
+from .base import Config, Group, Index, Scheme, group_scale_, int_codes_f32, require, shape_text
 
 __all__ = ["PackQuantized"]
 
@@ -118,14 +118,13 @@ class PackQuantized(Scheme):
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
         bits, gs = group.options["bits"], group.options["group_size"]
-        offset = float(1 << (bits - 1))
-        w = unpack_int32(parts["codes"], bits)[:, : group.shape[1]].to(torch.float32)
+        offset = 1 << (bits - 1)
+        w = int_codes_f32(parts["codes"], bits, offset)[:, : group.shape[1]]
         rows = w.shape[0]
         zero = None
         if "zeros" in parts:  # packed along the output axis, stored + offset like the codes
-            z = unpack_int32(parts["zeros"].t().contiguous(), bits)[:, :rows]
-            zero = z.t().to(torch.float32).sub_(offset)
-        w.sub_(offset)
+            z = int_codes_f32(parts["zeros"].t().contiguous(), bits, offset)[:, :rows]
+            zero = z.t()
         g = parts["g_idx"].long() if "g_idx" in parts else int(gs)
         return group_scale_(w, g, parts["scale"].to(torch.float32), zero)
 
