@@ -717,3 +717,17 @@ def test_pack_quantized_matches_compressed_tensors(symmetric: bool) -> None:
         tb.QuantizationError, match=r"belongs to no quantized weight of this unconfigured"
     ):
         tb.dequantize(sd)  # no config: refused, never passed through as int32
+
+
+def test_convert_without_config_needs_the_block_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = deepseek_dir(tmp_path, {"a.weight": (256, 128)})
+    (d / "config.json").unlink()
+    out = str(tmp_path / "o.safetensors")
+    assert main(["convert", str(d), out, "--dequantize", "bf16", "-q"]) == 1
+    assert "no block size" in capsys.readouterr().err
+    assert main(["convert", str(d), out, "--dequantize", "bf16", "--block-size", "128,128"]) == 0
+    with tb.open(out) as f:
+        assert f.info("a.weight")[0] is tb.resolve_dtype("bf16")
+    assert main(["convert", str(d), out, "--block-size", "128,128"]) == 2  # needs --dequantize

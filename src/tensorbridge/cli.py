@@ -111,6 +111,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the quantization scheme, when no config says it (fp8-block, mxfp4, ...)",
     )
     p.add_argument(
+        "--block-size",
+        metavar="R,C",
+        help="fp8 block-wise scales' block, when no config.json gives it (128,128)",
+    )
+    p.add_argument(
         "--include",
         action="append",
         default=[],
@@ -430,8 +435,18 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
 
     float_dtype = _dtype_arg(args.float_dtype, "--float-dtype", floating=True)
     dequantize = _dtype_arg(args.dequantize, "--dequantize", floating=True)
-    if args.scheme is not None and dequantize is None:
-        raise _UsageError("--scheme says how to dequantize; pass --dequantize bf16 with it")
+    if (args.scheme or args.block_size) is not None and dequantize is None:
+        raise _UsageError(
+            "--scheme / --block-size say how to dequantize; pass --dequantize bf16 with them"
+        )
+    block_size = None
+    if args.block_size is not None:
+        try:
+            block_size = tuple(int(b) for b in args.block_size.split(","))
+        except ValueError:
+            block_size = ()
+        if len(block_size) != 2 or min(block_size) <= 0:
+            raise _UsageError(f"--block-size {args.block_size}: pass two positive sizes, 128,128")
     if dequantize is not None and float_dtype is not None:
         raise _UsageError("--dequantize already sets the weights' dtype; leave out --float-dtype")
     try:
@@ -452,7 +467,12 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         from .quant.api import DequantizedFile
 
         try:
-            opened = DequantizedFile(opened, dequantize, scheme=args.scheme)
+            opened = DequantizedFile(
+                opened,
+                dequantize,
+                scheme=args.scheme,
+                block_size=block_size,  # type: ignore[arg-type]
+            )
         except BaseException:
             opened.close()
             raise

@@ -84,7 +84,7 @@ class FP8Block(Scheme):
                 f"{codes} has block scales {scale} {shape_text(sshape)} but no block size: "
                 "it is not inferred from the grid (a partial edge block makes that wrong); "
                 "put config.json with weight_block_size beside the checkpoint or pass "
-                "block_size=(128, 128)"
+                "block_size=(128, 128) (command line: --block-size 128,128)"
             )
         br, bc = (int(b) for b in block)
         require(len(cshape) >= 2, f"{codes} {shape_text(cshape)} is not a matrix (rows, cols)")
