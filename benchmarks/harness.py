@@ -44,6 +44,7 @@ SECTIONS = (
     "startup",
     "gguf",
     "dcp_save",
+    "quant",
     "cuda",
 )
 

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         DestinationExistsError,
         FormatError,
         NoDataError,
+        QuantizationError,
         ShapeMismatchError,
         ShardedTensorError,
         TensorBridgeError,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         UnsupportedTensorError,
     )
     from .io import load, open, save
+    from .quant import dequantize, quantize
     from .tree import tree_to_numpy, tree_to_torch
 
 __version__ = "0.1.0"
@@ -56,6 +58,7 @@ __all__ = [
     "FormatError",
     "LocalShard",
     "NoDataError",
+    "QuantizationError",
     "SafetensorsReader",
     "SafetensorsWriter",
     "ShapeMismatchError",
@@ -68,12 +71,14 @@ __all__ = [
     "__version__",
     "cast_report",
     "compare",
+    "dequantize",
     "describe",
     "dtype_table",
     "load",
     "local_shard",
     "numpy_dtype",
     "open",
+    "quantize",
     "resolve_dtype",
     "save",
     "stats",
@@ -109,6 +114,7 @@ _HOME = {
             "DestinationExistsError",
             "FormatError",
             "NoDataError",
+            "QuantizationError",
             "ShapeMismatchError",
             "ShardedTensorError",
             "TensorBridgeError",
@@ -120,6 +126,7 @@ _HOME = {
     ),
     **dict.fromkeys(["load", "open", "save"], ".io"),
     **dict.fromkeys(["SafetensorsReader", "SafetensorsWriter"], ".dcp.safetensors"),
+    **dict.fromkeys(["dequantize", "quantize"], ".quant"),
     **dict.fromkeys(["tree_to_numpy", "tree_to_torch"], ".tree"),
 }
 

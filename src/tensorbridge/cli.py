@@ -36,7 +36,8 @@ _EXAMPLES = {
     "  tensorbridge convert model.safetensors out/ --float-dtype bf16 \\\n"
     "      --max-shard-size 5GB --verify\n"
     "  tensorbridge convert model.safetensors emb.npy --include 'embed*'\n"
-    "  tensorbridge convert model-Q4_K_M.gguf out.safetensors --dequantize bf16",
+    "  tensorbridge convert model-Q4_K_M.gguf out.safetensors --dequantize bf16\n"
+    "  tensorbridge convert deepseek-fp8/ out/model.safetensors --dequantize bf16",
     "compare": "examples:\n  tensorbridge compare a.safetensors b.safetensors\n"
     "  tensorbridge compare ref.npz out.npz --rtol 1e-3 --plot errors.png",
     "cast-report": "examples:\n  tensorbridge cast-report model.safetensors --dtype bf16\n"
@@ -72,17 +73,18 @@ def _parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
 
-    def reading(p: argparse.ArgumentParser) -> None:
+    def reading(p: argparse.ArgumentParser, dequantize: bool = True) -> None:
         p.add_argument(
             "--as-dtype",
             metavar="DTYPE",
             help="read raw-byte .npy/.npz members (np.save of ml_dtypes arrays) as DTYPE",
         )
-        p.add_argument(
-            "--dequantize",
-            metavar="DTYPE",
-            help="read a GGUF file's quantized tensors as DTYPE values (bf16, f16, f32)",
-        )
+        if dequantize:  # convert has its own, which also reads codes + scales
+            p.add_argument(
+                "--dequantize",
+                metavar="DTYPE",
+                help="read a GGUF file's quantized tensors as DTYPE values (bf16, f16, f32)",
+            )
         p.add_argument(
             "--quiet", "-q", action="store_true", help="no progress bar and no notes on stderr"
         )
@@ -105,6 +107,21 @@ def _parser() -> argparse.ArgumentParser:
         help="cast floating-point tensors (bf16, f16, f32, float8_e4m3fn, ...)",
     )
     p.add_argument("--max-shard-size", metavar="SIZE", help="shard .safetensors output (5GB)")
+    p.add_argument(
+        "--dequantize",
+        metavar="DTYPE",
+        help="write quantized weights (GGUF blocks, codes + scales) as DTYPE (bf16, f16, f32)",
+    )
+    p.add_argument(
+        "--scheme",
+        metavar="NAME",
+        help="the quantization scheme, when no config says it (fp8-block, mxfp4, ...)",
+    )
+    p.add_argument(
+        "--block-size",
+        metavar="R,C",
+        help="fp8 block-wise scales' block, when no config.json gives it (128,128)",
+    )
     p.add_argument(
         "--include",
         action="append",
@@ -132,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
-    reading(p)
+    reading(p, dequantize=False)
 
     p = command("compare", "compare two files (or tensors) tensor by tensor")
     p.add_argument("a", metavar="A", help="the reference")
@@ -370,6 +387,7 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
                     "file": str(path),
                     "metadata": dict(f.metadata),
                     "notes": list(f.notes),
+                    "quantization": _quantization(f, unsupported),
                     "tensors": tensors,
                 }
             )
@@ -387,6 +405,9 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         if file["metadata"]:
             shown = {k: _clip(v) for k, v in file["metadata"].items()}
             out.write("metadata: " + json.dumps(shown, ensure_ascii=False) + "\n")
+        quant = file["quantization"]
+        if quant is not None:
+            out.write(f"quantized: {quant.get('summary') or quant.get('refused')}\n")
         headers = ["name", "dtype", "shape", "size"]
         if args.stats:
             headers += ["min", "max", "mean", "std", "nan", "inf"]
@@ -416,12 +437,47 @@ def _clip(text: str, limit: int = 200) -> str:
     return f"{text[: limit // 2]}... ({len(text):,} characters; --json shows them all)"
 
 
+def _quantization(f: TensorFile, unsupported: Mapping[str, str]) -> dict[str, Any] | None:
+    """The scheme a checkpoint is quantized with (None when it is not), or why it is refused."""
+    from .errors import QuantizationError
+    from .quant import plan, read_config
+
+    index = {n: f.info(n) for n in f if n not in unsupported}
+    try:
+        p = plan(index, read_config(getattr(f, "path", None)))
+    except QuantizationError as e:
+        return {"refused": str(e)}
+    if not p.quantized:
+        return None
+    return {
+        "summary": p.summary(),
+        "schemes": list(p.schemes),
+        "weights": {g.name: {"scheme": g.scheme, **dict(g.parts)} for g in p.groups},
+        "dropped": list(p.dropped),
+    }
+
+
 def _convert(args: argparse.Namespace, out: TextIO) -> int:
     from . import io as tbio
     from .io._formats import listing  # what each format can hold, for the messages
     from .io.safetensors import parse_size
 
     float_dtype = _dtype_arg(args.float_dtype, "--float-dtype", floating=True)
+    dequantize = _dtype_arg(args.dequantize, "--dequantize", floating=True)
+    if (args.scheme or args.block_size) is not None and dequantize is None:
+        raise _UsageError(
+            "--scheme / --block-size say how to dequantize; pass --dequantize bf16 with them"
+        )
+    block_size = None
+    if args.block_size is not None:
+        try:
+            block_size = tuple(int(b) for b in args.block_size.split(","))
+        except ValueError:
+            block_size = ()
+        if len(block_size) != 2 or min(block_size) <= 0:
+            raise _UsageError(f"--block-size {args.block_size}: pass two positive sizes, 128,128")
+    if dequantize is not None and float_dtype is not None:
+        raise _UsageError("--dequantize already sets the weights' dtype; leave out --float-dtype")
     try:
         dst = tbio.destination(args.dst)
         if args.max_shard_size is not None:
@@ -435,7 +491,24 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         )
     dst.check_overwrite(args.overwrite)  # before reading anything
     start = time.perf_counter()
-    with _open(args.src, args) as src:
+    opened = _open(args.src, args)
+    schemes = dequantize is not None and not _is_gguf(args.src)  # GGUF dequantizes as it reads
+    if schemes:
+        from .quant.api import DequantizedFile
+
+        try:
+            opened = DequantizedFile(
+                opened,
+                dequantize,
+                scheme=args.scheme,
+                block_size=block_size,  # type: ignore[arg-type]
+            )
+        except BaseException:
+            opened.close()
+            raise
+        if not args.quiet and opened.plan.quantized:
+            print(f"note: {opened.notes[-1]}", file=sys.stderr)
+    with opened as src:
         names = _select(src.keys(), args.include, args.exclude)
         if not src.keys():
             raise TensorBridgeError(f"{args.src} holds no arrays or tensors; nothing to convert")
@@ -471,8 +544,11 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 src[names[0]], dst.path, float_dtype=float_dtype, progress=progress, overwrite=True
             )
         else:
+            values: Mapping[str, Any] = _Lazy(src, names)
+            if schemes and dst.format.name == "safetensors":
+                values = {n: src.stream_value(n) for n in names}  # type: ignore[attr-defined]
             tbio.save(
-                _Lazy(src, names),
+                values,
                 args.dst,
                 float_dtype=float_dtype,
                 metadata=meta or None,
@@ -480,12 +556,19 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 progress=progress,
                 overwrite=True,
             )
+        if schemes:
+            _copy_config(src, dst, args.overwrite)
         took = time.perf_counter() - start
         in_bytes = sum(src.nbytes(n) for n in names if n not in src.aliases)
         out_bytes = sum(p.stat().st_size for p in dst.existing())
         written = _written(dst)
         summary: dict[str, Any] = {
             "src": args.src,
+            **(
+                {"dequantized": src.plan.summary(), "dropped": list(src.plan.dropped)}  # type: ignore[attr-defined]
+                if schemes
+                else {}
+            ),
             "dst": written,
             "tensors": len(names),
             "bytes_in": in_bytes,
@@ -521,6 +604,27 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             for p in summary["problems"]:
                 out.write(f"  {p}\n")
     return 0 if ok else 1
+
+
+def _copy_config(src: TensorFile, dst: tbio.Destination, overwrite: bool) -> None:
+    """A dequantized checkpoint's config.json beside it, without ``quantization_config``."""
+    from .io._common import atomic_write
+
+    source = getattr(src, "path", None)
+    if source is None:
+        return
+    here = os.path.dirname(os.path.abspath(source))
+    there = os.path.dirname(os.path.abspath(dst.path))
+    config = os.path.join(here, "config.json")
+    target = os.path.join(there, "config.json")
+    if here == there or not os.path.isfile(config) or (os.path.exists(target) and not overwrite):
+        return
+    with open(config, encoding="utf-8") as f:
+        data = json.load(f)
+    if isinstance(data, dict):
+        data.pop("quantization_config", None)
+    with atomic_write(target) as f:
+        f.write((json.dumps(data, indent=2) + "\n").encode("utf-8"))
 
 
 def _carried_metadata(

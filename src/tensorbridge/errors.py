@@ -18,6 +18,7 @@ __all__ = [
     "DestinationExistsError",
     "FormatError",
     "NoDataError",
+    "QuantizationError",
     "ShapeMismatchError",
     "ShardedTensorError",
     "TensorBridgeError",
@@ -69,3 +70,13 @@ class DestinationExistsError(TensorBridgeError, FileExistsError):
 
 class UncommittedCheckpointError(FormatError):
     """A checkpoint whose save never committed: interrupted, still running, or partial."""
+
+
+class QuantizationError(TensorBridgeError, ValueError):
+    """A quantized checkpoint or tensor whose scheme is unknown, ambiguous or inconsistent.
+
+    Raised instead of guessing: a scale grid that does not tile its weight, a ``U8``
+    tensor that could be e8m0 scales or packed codes, a missing global scale, a
+    scheme named by neither a config nor the caller. The message names the tensors
+    and the argument (``scheme=``, ``block_size=``) or file that settles it.
+    """

@@ -47,7 +47,7 @@ import torch
 from ..dtypes import DeviceLike, DTypeLike
 from ..errors import DestinationExistsError, FormatError
 from . import gguf, npy, npz, pt, safetensors  # noqa: F401 - tb.io.<format> without an import
-from ._common import TensorFile
+from ._common import Deferred, TensorFile
 from ._detect import describe, detect, kind_by_suffix, mismatch_note, resolve
 from ._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, listing
 from ._keys import flatten
@@ -158,8 +158,8 @@ def _reader(
         )
     if dequantize is not None and (fmt is None or fmt.name != "gguf"):
         raise ValueError(
-            f"dequantize= reads the block-quantized tensors of a GGUF file as values; "
-            f"{where} is {describe(kind)}"
+            f"dequantize= is read here for GGUF files only; {where} is {describe(kind)} "
+            "(open it with tb.open(path, dequantize=...))"
         )
     f: TensorFile
     if fmt is None:  # a shard index: each shard by its own reader
@@ -209,7 +209,7 @@ def _tensors(obj: Any, where: str) -> dict[str, Any]:
     for name, value in flat.items():
         if isinstance(value, np.generic):
             flat[name] = np.asarray(value)
-        elif not isinstance(value, (torch.Tensor, np.ndarray)):
+        elif not isinstance(value, (torch.Tensor, np.ndarray, Deferred)):
             raise TypeError(
                 f"at {name!r}: {type(value).__qualname__} is not a tensor or array; file "
                 "formats store tensors only (put other values in metadata=)"
@@ -309,6 +309,7 @@ def load(
     keys: Any = None,
     dtype: DTypeLike | None = None,
     dequantize: DTypeLike | None = None,
+    scheme: str | None = None,
 ) -> Any:
     """Load a file's tensors as NumPy arrays (default) or torch tensors.
 
@@ -316,11 +317,13 @@ def load(
     format allows; a write raises, never reaches the file) and torch results writable
     (copy-on-write where mapped); ``mmap=False`` gives ordinary owned memory. ``keys``
     selects a subset. ``dtype`` names the type of raw-byte ``.npy`` / ``.npz`` members
-    that ``np.save`` wrote from ml_dtypes arrays (``|V2`` for bfloat16). ``dequantize``
-    (``"bf16"``, ``"f32"``, ``"f16"``) reads a GGUF file's block-quantized tensors as
-    values of that dtype; without it they raise.
+    that ``np.save`` wrote from ml_dtypes arrays (``|V2`` for bfloat16).
+    ``dequantize`` (``"bf16"``, ``"f16"``, ``"f32"``) reads a quantized checkpoint as
+    the unquantized model (see :func:`open`): a GGUF file's block-quantized tensors, or
+    a safetensors checkpoint's codes and scales (``scheme=`` names the scheme when no
+    config beside it does).
     """
-    with open(path, dtype=dtype, dequantize=dequantize) as f:
+    with open(path, dtype=dtype, dequantize=dequantize, scheme=scheme) as f:
         return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
 
 
@@ -329,11 +332,20 @@ def open(
     *,
     dtype: DTypeLike | None = None,
     dequantize: DTypeLike | None = None,
+    scheme: str | None = None,
 ) -> TensorFile:
     """Open a file, shard index or checkpoint directory lazily; nothing is read until asked.
 
     ``.keys()``, ``[name]``, ``.metadata``, ``.notes`` (how it was read, when that is
     worth knowing).
+
+    ``dequantize="bf16"`` (or ``"f16"``, ``"f32"``) reads a quantized checkpoint as
+    the unquantized model: its names and shapes, each quantized weight computed
+    when read (code x scale in float32, rounded once), other tensors as stored,
+    activation scales left out. The scheme comes from ``scheme=``, else the config
+    beside the checkpoint (``config.json``'s ``quantization_config``,
+    ``hf_quant_config.json``), else unambiguous tensor names; anything else raises
+    :class:`~tensorbridge.QuantizationError`.
 
     >>> import tempfile, os, numpy as np, tensorbridge as tb
     >>> p = os.path.join(tempfile.mkdtemp(), "a.npz")
@@ -342,4 +354,24 @@ def open(
     ...     f.keys(), f["x"].tolist()
     (['x'], [0, 1, 2])
     """
-    return _reader(resolve(Path(path)), dtype, dequantize)
+    resolved = resolve(Path(path))
+    if detect(resolved) == "gguf":  # its tensors name their own block types
+        if scheme is not None:
+            raise ValueError(
+                "scheme= names the scheme of a safetensors checkpoint; a GGUF file's "
+                "tensors name their own types: leave out scheme="
+            )
+        return _reader(resolved, dtype, dequantize)
+    f = _reader(resolved, dtype)
+    if dequantize is None:
+        if scheme is not None:
+            f.close()
+            raise ValueError("scheme= says how to dequantize; pass dequantize='bf16' with it")
+        return f
+    from ..quant.api import DequantizedFile
+
+    try:
+        return DequantizedFile(f, dequantize, scheme=scheme)
+    except BaseException:
+        f.close()
+        raise

@@ -191,6 +191,22 @@ def _releaser(a: np.ndarray) -> Any:
     return release
 
 
+class Deferred(abc.ABC):
+    """A tensor computed piece by piece while it is written (a dequantized weight).
+
+    A writer that streams (safetensors) asks for :attr:`shape` and :attr:`row` to
+    write the header, then pulls :meth:`chunks`: the values' bytes in C order, so
+    memory holds one piece, not the tensor.
+    """
+
+    shape: tuple[int, ...]
+    row: DTypeRow
+
+    @abc.abstractmethod
+    def chunks(self, chunk_bytes: int) -> Iterator[memoryview]:
+        """The values as ``row`` bytes in C order, a piece at a time."""
+
+
 # --- reading ----------------------------------------------------------------------------------
 
 

@@ -56,6 +56,7 @@ from ..dtypes import (
 from ..errors import FormatError, NoDataError, UnsupportedDtypeError, UnsupportedTensorError
 from ._common import (
     DEFAULT_CHUNK,
+    Deferred,
     TensorFile,
     array_at,
     atomic_write,
@@ -249,6 +250,8 @@ def _item(name: Any, value: Any, float_dtype: Any) -> _Item:
             src = PSEUDO_ROWS[packed]
         else:
             src, shape = row_of(value), tuple(value.shape)
+    elif isinstance(value, Deferred):
+        src, shape = value.row, value.shape
     elif isinstance(value, np.ndarray):
         if isinstance(value, np.ma.MaskedArray):
             raise UnsupportedTensorError("a masked array's mask would be lost; pass a.filled()")
@@ -359,6 +362,14 @@ def _write_file(
 
 def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
     """``it``'s bytes as stored, a chunk at a time: zero-copy views where the memory allows."""
+    if isinstance(it.value, Deferred):
+        if it.row is not it.src:
+            raise UnsupportedDtypeError(
+                f"{it.name!r} is computed as {it.src.name} while it is written; pass its "
+                "dtype where it is made (dequantize=) rather than float_dtype="
+            )
+        yield from it.value.chunks(chunk_bytes)
+        return
     packing = PACKED_ROWS.get(it.src)
     if packing is None:
         yield from iter_bytes(it.value, it.row, chunk_bytes)

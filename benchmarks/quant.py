@@ -1,0 +1,319 @@
+"""Section: quantized weights, dequantized — tensorbridge against each scheme's reference.
+
+Two tables. **Throughput**: one weight per scheme, dequantized to bf16 by
+``tb.dequantize`` and by the reference implementation on the same codes and scales
+(transformers' fp8 block-wise and gpt-oss code, torchao's MX and NVFP4 tensors,
+compressed-tensors' decompressors), in one process, interleaved; elements per second
+and whether the two agree bit for bit. **Streaming**: a synthetic fp8 block-wise
+checkpoint converted to bf16 safetensors — tensorbridge's stream (a block row at a
+time), the naive route (load everything, dequantize with transformers' code, save),
+and a raw sequential write of the output's bytes — each in a child process whose
+anonymous memory is sampled from outside.
+
+``python -m benchmarks --section quant`` (``--quick`` for a fast smoke run).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import tensorbridge as tb
+
+from .child import ChildRun, Task
+from .core import Context, Section, fmt_bytes, fmt_count, fmt_ratio, speedup
+
+TITLE = "Quantized weights: dequantize throughput and streamed conversion"
+MIB, GIB = 1 << 20, 1 << 30
+
+
+def _module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _bits(x: torch.Tensor) -> np.ndarray:
+    a: np.ndarray = tb.to_numpy(x.contiguous())
+    return a.view(np.uint8)
+
+
+def _cases(
+    rows: int, cols: int
+) -> list[tuple[str, str, Callable[[], Any], Callable[[], Any] | None]]:
+    """(scheme, reference name, ours, reference) on the same codes and scales."""
+    torch.manual_seed(0)
+    w = torch.randn(rows, cols)
+    out: list[tuple[str, str, Callable[[], Any], Callable[[], Any] | None]] = []
+    fg = _module("transformers.integrations.finegrained_fp8")
+    q = tb.quantize(w, "fp8-block")
+    c, s = q["weight"], q["weight_scale_inv"]
+    out.append((
+        "fp8-block",
+        "transformers Fp8Dequantize",
+        lambda: tb.dequantize(c, s, scheme="fp8-block", block_size=(128, 128)),
+        (lambda: fg.Fp8Dequantize(None)._dequantize_one(c, s, torch.bfloat16)) if fg else None,
+    ))  # fmt: skip
+    ctf = _module("compressed_tensors.quantization.lifecycle.forward")
+    ctq = _module("compressed_tensors.quantization")
+    ch_scale = w.abs().amax(dim=1, keepdim=True) / 448
+    ch_codes = (w / ch_scale).to(torch.float8_e4m3fn)
+    ch_ref = None
+    if ctf and ctq:
+        args = ctq.QuantizationArgs(num_bits=8, type="float", strategy="channel")
+        ch_ref = lambda: ctf.dequantize(ch_codes, ch_scale, args=args).to(torch.bfloat16)  # noqa: E731
+    out.append((
+        "fp8 (per channel)",
+        "compressed-tensors dequantize",
+        lambda: tb.dequantize(ch_codes, ch_scale, scheme="fp8"),
+        ch_ref,
+    ))  # fmt: skip
+    mx = _module("torchao.prototype.mx_formats.mx_tensor")
+    for scheme, elem in (("mxfp8", torch.float8_e4m3fn), ("mxfp4", torch.float4_e2m1fn_x2)):
+        qm = tb.quantize(w, scheme)
+        codes, scale = qm["weight"], qm["weight_scale"]
+        out.append((scheme, "torchao MX to_dtype", _ours_mx(codes, scale, scheme),
+                    _torchao_mx(mx, codes, scale, elem) if mx else None))  # fmt: skip
+    mref = _module("transformers.integrations.mxfp4")
+    experts = max(1, rows // 1024)
+    e = torch.randn(experts, cols, rows // experts)
+    g = tb.quantize(e, "mxfp4", layout="gpt-oss", name="p")
+    blocks, scales = g["p_blocks"], g["p_scales"]
+    out.append((
+        "mxfp4 (gpt-oss)",
+        "transformers convert_moe_packed_tensors",
+        lambda: tb.dequantize(blocks, scales, scheme="mxfp4", layout="gpt-oss"),
+        (lambda: mref.convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16))
+        if mref else None,
+    ))  # fmt: skip
+    nv = _module("torchao.prototype.mx_formats.nvfp4_tensor")
+    mo = tb.quantize(w, "nvfp4-modelopt")
+    nv_ref = None
+    if nv:
+        t = nv.NVFP4Tensor(
+            mo["weight"],
+            mo["weight_scale"],
+            16,
+            torch.bfloat16,
+            per_tensor_scale=mo["weight_scale_2"],
+        )
+        nv_ref = lambda: t.dequantize(torch.bfloat16)  # noqa: E731
+    out.append((
+        "nvfp4-modelopt",
+        "torchao NVFP4Tensor.dequantize",
+        lambda: tb.dequantize(mo["weight"], mo["weight_scale"], global_scale=mo["weight_scale_2"],
+                              scheme="nvfp4-modelopt"),
+        nv_ref,
+    ))  # fmt: skip
+    ctn = _module("compressed_tensors.compressors.nvfp4.base")
+    ct = tb.quantize(w, "nvfp4-compressed-tensors")
+    ct_ref = None
+    if ctn and ctq:
+        scheme_ct = ctq.preset_name_to_scheme("NVFP4", ["Linear"])
+        ct_ref = lambda: ctn.NVFP4PackedCompressor.decompress(dict(ct), scheme_ct)["weight"]  # noqa: E731
+    out.append((
+        "nvfp4-compressed-tensors",
+        "compressed-tensors NVFP4PackedCompressor",
+        lambda: tb.dequantize(ct["weight_packed"], ct["weight_scale"],
+                              global_scale=ct["weight_global_scale"], scheme="nvfp4-ct"),
+        ct_ref,
+    ))  # fmt: skip
+    ctp = _module("compressed_tensors.compressors.pack_quantized.base")
+    if ctp and ctq:
+        args4 = ctq.QuantizationArgs(num_bits=4, type="int", strategy="group", group_size=128)
+        sch = ctq.QuantizationScheme(targets=["Linear"], weights=args4)
+        wb = w.bfloat16()
+        sc = (wb.float().reshape(rows, -1, 128).abs().amax(-1) / 7).bfloat16()
+        packed = ctp.PackedQuantizationCompressor.compress({"weight": wb, "weight_scale": sc}, sch)
+        pk, pscale = packed["weight_packed"], packed["weight_scale"]
+        out.append((
+            "pack-quantized (int4)",
+            "compressed-tensors PackedQuantizationCompressor",
+            lambda: tb.dequantize(pk, pscale, scheme="pack-quantized", group_size=128),
+            lambda: ctp.PackedQuantizationCompressor.decompress(dict(packed), sch)["weight"],
+        ))  # fmt: skip
+    return out
+
+
+def _ours_mx(codes: torch.Tensor, scale: torch.Tensor, scheme: str) -> Callable[[], Any]:
+    return lambda: tb.dequantize(codes, scale, scheme=scheme)
+
+
+def _torchao_mx(mx: Any, codes: torch.Tensor, scale: torch.Tensor, elem: Any) -> Callable[[], Any]:
+    return lambda: mx.to_dtype(codes, scale, elem, 32, torch.bfloat16)
+
+
+# --- the streaming rows, run in child processes -----------------------------------------------
+
+
+def write_checkpoint(directory: str, nbytes: int) -> None:
+    """A DeepSeek-V3-like fp8 block-wise checkpoint of about ``nbytes`` of codes."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    rows, cols = (4096 if nbytes >= 256 * MIB else 1024), 7168
+    count = max(1, nbytes // (rows * cols))
+    g = torch.Generator().manual_seed(0)
+    sd: dict[str, torch.Tensor] = {}
+    for i in range(count):
+        codes = torch.randint(0, 0x7E, (rows, cols), dtype=torch.uint8, generator=g)
+        sd[f"model.layers.{i}.mlp.up_proj.weight"] = codes.view(torch.float8_e4m3fn)
+        scale = torch.rand(rows // 128, cols // 128, generator=g)
+        sd[f"model.layers.{i}.mlp.up_proj.weight_scale_inv"] = scale
+    tb.save(sd, d / "model.safetensors.index.json", max_shard_size=2 * GIB, overwrite=True)
+    config = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    (d / "config.json").write_text(json.dumps(config))
+
+
+def open_source(src: str, dst: str, nbytes: int) -> tuple[str, str, int]:
+    return src, dst, nbytes
+
+
+def tb_stream(inputs: tuple[str, str, int]) -> None:
+    src, dst, _ = inputs
+    with tb.open(src, dequantize="bf16") as f:
+        values = {n: f.stream_value(n) for n in f}  # type: ignore[attr-defined]
+        tb.save(values, dst, progress=False, overwrite=True)
+
+
+def naive(inputs: tuple[str, str, int]) -> None:
+    """Load everything, dequantize with transformers' code (float32, then bf16), save."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
+
+    src, dst, _ = inputs
+    sd: dict[str, torch.Tensor] = {}
+    for shard in sorted(Path(src).glob("model-*.safetensors")):
+        sd.update(load_file(shard))
+    out = {}
+    for name in [n for n in sd if not n.endswith("_scale_inv")]:
+        w = _dequantize_fp8_weight(sd[name], sd[name + "_scale_inv"], [128, 128], torch.float32)
+        out[name] = w.to(torch.bfloat16)
+    save_file(out, dst)
+    _fsync(dst)
+
+
+def raw_buffer(src: str, dst: str, nbytes: int) -> tuple[np.ndarray, str, int]:
+    return np.ones(64 * MIB, np.uint8), dst, nbytes
+
+
+def raw_write(inputs: tuple[np.ndarray, str, int]) -> None:
+    buf, dst, left = inputs
+    with open(dst, "wb") as f:
+        while left > 0:
+            k = min(left, buf.size)
+            f.write(buf[:k].data)
+            left -= k
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+ROUTES: dict[str, tuple[str, Callable[..., Any], Callable[[Any], None]]] = {
+    "tb": ("tensorbridge, streamed", open_source, tb_stream),
+    "naive": ("load all, transformers' dequantize, save", open_source, naive),
+    "raw": ("raw sequential write of the output bytes", raw_buffer, raw_write),
+}
+
+
+def run(ctx: Context, sec: Section) -> None:
+    rows, cols = ctx.pick((4096, 4096), (2048, 2048), (256, 512))
+    sec.intro(
+        f"""Throughput: one {rows} x {cols} weight ({fmt_count(rows * cols)} elements) per
+        scheme, dequantized to bf16 by tensorbridge and by the scheme's reference on the same
+        codes and scales; elements per second from the minimum / median time, *tb vs ref* =
+        reference time / tensorbridge time (> 1: tensorbridge is faster), *bits*: whether the
+        two results are bit-identical. torch threads: {torch.get_num_threads()}."""
+    )
+    table: list[list[str]] = []
+    for scheme, ref_name, ours, ref in _cases(rows, cols):
+        cands: dict[str, Callable[[], Any]] = {"tb": ours}
+        if ref is not None:
+            cands["ref"] = ref
+        st = ctx.measure(cands, repeats=ctx.pick(7, 5, 3))
+        n = rows * cols
+        rate = f"{n / st['tb'].min / 1e9:.2f} / {n / st['tb'].median / 1e9:.2f}"
+        if ref is None:
+            table.append([scheme, "(reference not installed)", rate, "-", "-", "-"])
+            continue
+        ratio = speedup(st["ref"], st["tb"])
+        same = bool(np.array_equal(_bits(ours()), _bits(ref())))
+        ok = ctx.check(sec, f"{scheme}: dequantize >= 1x {ref_name}", ratio[1] >= 1.0)
+        ref_rate = f"{n / st['ref'].min / 1e9:.2f} / {n / st['ref'].median / 1e9:.2f}"
+        table.append([scheme, ref_name, rate, ref_rate, fmt_ratio(ratio), f"{same} {ok}"])
+    sec.table(
+        ["scheme", "reference", "tb Gelem/s", "ref Gelem/s", "tb vs ref", "bits / target"], table
+    )
+    _streaming(ctx, sec)
+
+
+def _streaming(ctx: Context, sec: Section) -> None:
+    size = ctx.pick(4 * GIB, 256 * MIB, 8 * MIB)
+    free = shutil.disk_usage(ctx.scratch).free
+    if free < 3 * size + 512 * MIB:
+        sec.text(
+            f"Streaming skipped: needs {fmt_bytes(3 * size)} of free disk, {fmt_bytes(free)} left."
+        )
+        return
+    src = ctx.scratch / "quant-src"
+    dst = ctx.scratch / "quant-dst.safetensors"
+    runs: dict[str, ChildRun] = {}
+    try:
+        write_checkpoint(str(src), size)
+        codes = sum(p.stat().st_size for p in src.glob("*.safetensors"))
+        out_bytes = 2 * codes
+        for key in ("raw", "tb", "naive"):
+            if key == "naive" and _mem_available() < 4 * codes + GIB:
+                continue
+            _, prepare, step = ROUTES[key]
+            runs[key] = ctx.child(Task(prepare, step, (str(src), str(dst), out_bytes)))
+            dst.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+        dst.unlink(missing_ok=True)
+    sec.text(
+        f"""Streaming: a synthetic fp8 block-wise checkpoint ({fmt_bytes(codes)} of
+        [rows, 7168] F8_E4M3 weights with 128 x 128 F32 scales) converted to bf16 safetensors
+        ({fmt_bytes(out_bytes)}). *anon +*: the child's peak anonymous memory above its
+        level before the step (mapped file pages excluded); *vs raw*: raw write time / row
+        time. One run per row."""
+    )
+    rows = []
+    for key, r in runs.items():
+        vs = runs["raw"].seconds / r.seconds if "raw" in runs else float("nan")
+        rows.append([ROUTES[key][0], f"{r.seconds:.2f} s", fmt_bytes(r.anon_growth), f"{vs:.2f}"])
+    sec.table(["route", "time", "anon +", "vs raw"], rows)
+    if "tb" in runs:
+        tbr = runs["tb"]
+        ctx.check(sec, "streamed dequantize: anon growth < 128 MiB", tbr.anon_growth < 128 * MIB)
+        if "raw" in runs:
+            ctx.check(
+                sec,
+                "streamed dequantize: >= 0.8x a raw write",
+                runs["raw"].seconds / tbr.seconds >= 0.8,
+            )
+
+
+def _mem_available() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            return next(
+                int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")
+            )
+    except (OSError, StopIteration):
+        return 0

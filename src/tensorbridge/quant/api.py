@@ -1,0 +1,321 @@
+"""``tb.dequantize`` / ``tb.quantize`` and the dequantizing view of a checkpoint file.
+
+* :func:`dequantize` takes codes and scales (tensors or arrays) with ``scheme=``, or a
+  whole state dict / tree, whose scheme comes from ``config=`` or the tensors.
+* :func:`quantize` writes one weight in the MX formats, NVFP4 or fp8 block-wise, under
+  the stored names of the scheme's layout.
+* :class:`DequantizedFile` is what ``tb.open(path, dequantize=...)`` returns: the
+  unquantized model's names and shapes, each weight computed when read; for a
+  streamed save, :meth:`DequantizedFile.stream_value` gives a
+  :class:`~tensorbridge.io._common.Deferred` that a writer pulls a block row at a
+  time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..convert import to_numpy
+from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
+from ..errors import QuantizationError
+from ..io._common import Deferred, TensorFile, row_of
+from ..io._keys import flatten
+from .base import Group, Index, Scheme, as_torch
+from .detect import SCHEMES, Plan, config_of, plan, read_config, scheme_named
+
+__all__ = ["DequantizedFile", "DequantizedTensor", "dequantize", "quantize"]
+
+_ROLE_SUFFIX = {  # scheme -> role -> suffix of the stored name after the weight's name
+    "fp8-block": {"codes": "", "scale": "_scale_inv"},
+    "fp8": {"codes": "", "scale": "_scale"},
+    "mxfp8": {"codes": "", "scale": "_scale"},
+    "mxfp4": {"codes": "", "scale": "_scale"},
+    "mxfp4/gpt-oss": {"codes": "_blocks", "scale": "_scales"},
+    "nvfp4-modelopt": {"codes": "", "scale": "_scale", "global_scale": "_scale_2"},
+    "nvfp4-compressed-tensors": {
+        "codes": "_packed",
+        "scale": "_scale",
+        "global_scale": "_global_scale",
+    },
+}
+
+
+def _float_row(dtype: DTypeLike) -> DTypeRow:
+    row = resolve_dtype(dtype)
+    if not row.is_floating or row.itemsize < 2:
+        raise QuantizationError(
+            f"dequantize to {row.name}? pass a 16- or 32-bit float: 'bfloat16', 'float16' "
+            "or 'float32'"
+        )
+    return row
+
+
+def _options(block_size: Any, layout: str | None, element: str | None) -> dict[str, Any]:
+    opts: dict[str, Any] = {}
+    if block_size is not None:
+        opts["block_size"] = tuple(int(b) for b in block_size)
+    if layout is not None:
+        opts["layout"] = layout
+    if element is not None:
+        opts["element"] = element
+    return opts
+
+
+def dequantize(
+    x: Any,
+    scale: Any = None,
+    *,
+    global_scale: Any = None,
+    zeros: Any = None,
+    g_idx: Any = None,
+    scheme: str | None = None,
+    dtype: DTypeLike = "bfloat16",
+    config: Any = None,
+    block_size: tuple[int, int] | None = None,
+    layout: str | None = None,
+    bits: int | None = None,
+    group_size: int | None = None,
+) -> Any:
+    """Dequantize codes and scales, or every quantized weight of a state dict.
+
+    One weight: ``dequantize(codes, scale, scheme=..., [global_scale=...])``; the
+    result is a tensor if ``codes`` is one, else a NumPy (ml_dtypes) array. A state
+    dict, module or nested mapping: ``dequantize(sd, config=...)`` returns a flat
+    ``{name: value}`` under the unquantized model's names, weights dequantized,
+    everything else passed through as it was, activation scales left out.
+
+    The value is code x scale computed in float32 and rounded once to ``dtype``.
+
+    >>> import torch, tensorbridge as tb
+    >>> w = torch.randn(256, 256)
+    >>> q = tb.quantize(w, "fp8-block")
+    >>> sorted(q)
+    ['weight', 'weight_scale_inv']
+    >>> back = tb.dequantize(q["weight"], q["weight_scale_inv"], scheme="fp8-block",
+    ...                      block_size=(128, 128), dtype="float32")
+    >>> bool((back - w).abs().max() < 0.07 * w.abs().max())
+    True
+
+    Args:
+        x: codes (tensor or array), or a state dict / tree of them.
+        scale: the scales, for one weight.
+        global_scale: NVFP4's global scale, for one weight.
+        zeros: the packed zero points of ``gptq`` / ``awq`` / ``pack-quantized``.
+        g_idx: each input row's group (GPTQ act-order), for one weight.
+        scheme: one of ``fp8-block``, ``fp8``, ``mxfp8``, ``mxfp4``,
+            ``nvfp4-modelopt``, ``nvfp4-compressed-tensors``, ``gptq``, ``awq``,
+            ``pack-quantized``; for a tree it overrides the config.
+        dtype: the result's dtype (bfloat16, float16, float32).
+        config: a tree's quantization config (the ``quantization_config`` dict, a
+            whole ``config.json`` dict, or a path).
+        block_size: fp8-block's ``[rows, cols]`` block, when no config gives it.
+        layout: ``"gpt-oss"`` for MXFP4 ``_blocks`` / ``_scales`` (the result is
+            transposed to the model's ``[E, in, out]``).
+        bits, group_size: the integer schemes' code width and group, when no config
+            gives them.
+
+    Raises:
+        QuantizationError: an unknown, ambiguous or inconsistent scheme or layout.
+    """
+    row = _float_row(dtype)
+    opts = _options(block_size, layout, None)
+    opts.update({k: v for k, v in (("bits", bits), ("group_size", group_size)) if v is not None})
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        if scheme is None:
+            raise QuantizationError(
+                "dequantize(codes, scale) needs scheme= (one of "
+                f"{', '.join(SCHEMES)}); a state dict can be detected from its names"
+            )
+        s = scheme_named(scheme)
+        cfg = config_of(config)
+        if cfg is not None:  # what a config says about one weight, under option names
+            said = {
+                "bits": cfg.data.get("bits"),
+                "group_size": cfg.data.get("group_size"),
+                "format": cfg.data.get("checkpoint_format"),
+                "block_size": cfg.data.get("weight_block_size"),
+            }
+            opts = {**{k: v for k, v in said.items() if v is not None}, **opts}
+        values = {
+            "codes": x,
+            "scale": scale,
+            "global_scale": global_scale,
+            "zeros": zeros,
+            "g_idx": g_idx,
+        }
+        values = {k: v for k, v in values.items() if v is not None}
+        index: dict[str, tuple[DTypeRow, tuple[int, ...]]] = {
+            role: (_stored_row(v), tuple(v.shape)) for role, v in values.items()
+        }
+        if "scale" not in values:
+            raise QuantizationError(
+                f"{s.name} needs the scales: pass dequantize(codes, scale, ...)"
+            )
+        group = s.make_group("weight", {r: r for r in values}, index, opts)
+        out = s.dequantize({r: _host(v) for r, v in values.items()}, group, row.torch)
+        return out if isinstance(x, torch.Tensor) else to_numpy(out)
+    if isinstance(x, torch.nn.Module):
+        x = x.state_dict()
+    flat = (
+        flatten(x, where="dequantize")
+        if not isinstance(x, Mapping)
+        or any(not isinstance(v, (torch.Tensor, np.ndarray)) for v in x.values())
+        else dict(x)
+    )
+    tree_index = {n: (_stored_row(v), tuple(v.shape)) for n, v in flat.items()}
+    p = plan(tree_index, config_of(config), scheme, opts)
+    result: dict[str, Any] = {}
+    for name in p.names:
+        g = p.group(name)
+        if g is None:
+            result[name] = flat[name]
+            continue
+        parts = {role: _host(flat[stored]) for role, stored in g.parts.items()}
+        out = SCHEMES[g.scheme].dequantize(parts, g, row.torch)
+        result[name] = out if isinstance(flat[g.parts["codes"]], torch.Tensor) else to_numpy(out)
+    return result
+
+
+def _stored_row(v: Any) -> DTypeRow:
+    if isinstance(v, torch.Tensor) and v.dtype == getattr(torch, "float4_e2m1fn_x2", None):
+        return resolve_dtype("uint8")  # packed two a byte, as a U8 checkpoint stores them
+    if isinstance(v, np.ndarray) and v.dtype.name == "float4_e2m1fn":
+        from ..dtypes import PACKED
+        from ..io._safetensors_header import PSEUDO_ROWS
+
+        return PSEUDO_ROWS[PACKED[0]]
+    return row_of(v)
+
+
+def _host(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        if v.dtype == getattr(torch, "float4_e2m1fn_x2", None):
+            v = v.view(torch.uint8)
+        return v.detach().cpu()
+    return v
+
+
+def quantize(
+    x: Any,
+    scheme: str,
+    *,
+    name: str = "weight",
+    block_size: tuple[int, int] | None = None,
+    element: str | None = None,
+    layout: str | None = None,
+) -> dict[str, Any]:
+    """Quantize one weight; returns its stored tensors by name, in the scheme's layout.
+
+    ``fp8-block`` (transformers' ``Fp8Quantize``: ``name`` + ``name_scale_inv``),
+    ``mxfp8`` / ``mxfp4`` (torchao's ``to_mx``, FLOOR scales: ``name`` +
+    ``name_scale`` as ``float8_e8m0fnu``; ``layout="gpt-oss"``: ``name_blocks`` +
+    ``name_scales`` from an ``[E, in, out]`` weight), ``nvfp4-modelopt`` /
+    ``nvfp4-compressed-tensors`` (torchao's ``nvfp4_quantize``). Arrays in, arrays out.
+
+    >>> import torch, tensorbridge as tb
+    >>> q = tb.quantize(torch.randn(4, 64), "mxfp4", name="w")
+    >>> {k: (tuple(v.shape), str(v.dtype)) for k, v in q.items()}
+    {'w': ((4, 32), 'torch.uint8'), 'w_scale': ((4, 2), 'torch.float8_e8m0fnu')}
+    """
+    s = scheme_named(scheme)
+    if not s.writes:
+        s.quantize(torch.empty(0))  # raises the scheme's own refusal
+    opts = _options(block_size, layout, element)
+    t = as_torch(x)
+    parts = s.quantize(t, **opts)
+    key = "mxfp4/gpt-oss" if s.name == "mxfp4" and layout == "gpt-oss" else s.name
+    out: dict[str, Any] = {name + _ROLE_SUFFIX[key][role]: v for role, v in parts.items()}
+    if isinstance(x, np.ndarray):
+        return {k: to_numpy(v) for k, v in out.items()}
+    return out
+
+
+class DequantizedTensor(Deferred):
+    """One dequantized weight, computed a piece (a block row) at a time as it is written."""
+
+    def __init__(
+        self, scheme: Scheme, group: Group, parts: Mapping[str, Any], row: DTypeRow
+    ) -> None:
+        self.scheme, self.group, self.parts, self.row = scheme, group, parts, row
+        self.shape = group.shape
+
+    def chunks(self, chunk_bytes: int) -> Iterator[memoryview]:
+        for piece in self.scheme.pieces(self.group, self.parts):
+            values = self.scheme.kernel({k: as_torch(v) for k, v in piece.items()}, self.group)
+            out = values.to(self.row.torch).reshape(-1)
+            yield to_numpy(out).view(self.row.carrier_numpy).view(np.uint8).data
+
+    def materialize(self) -> torch.Tensor:
+        return self.scheme.dequantize(self.parts, self.group, self.row.torch)
+
+
+class DequantizedFile(TensorFile):
+    """A checkpoint read as its unquantized model: weights dequantized when read.
+
+    ``keys()`` are the unquantized model's names (gpt-oss ``...gate_up_proj``, not
+    ``..._blocks``), ``info`` its dtypes and shapes, ``plan`` what was decided.
+    Tensors that are not quantized are the source's own arrays (bit-exact, mapped).
+    """
+
+    def __init__(
+        self,
+        src: TensorFile,
+        dtype: DTypeLike,
+        *,
+        scheme: str | None = None,
+        config: Any = None,
+        block_size: tuple[int, int] | None = None,
+    ) -> None:
+        super().__init__()
+        self.src = src
+        self.row = _float_row(dtype)
+        self.path = getattr(src, "path", None)
+        cfg = config_of(config) if config is not None else read_config(self.path)
+        skip = src.unsupported()
+        index: Index = {n: src.info(n) for n in src if n not in skip}
+        self.plan: Plan = plan(index, cfg, scheme, _options(block_size, None, None))
+        self.metadata = dict(src.metadata)
+        self.notes = list(src.notes)
+        if self.plan.quantized:
+            self.notes.append(f"dequantized to {self.row.name}: {self.plan.summary()}")
+
+    def keys(self) -> list[str]:
+        return list(self.plan.names)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (
+            self.plan.group(name) is not None or name in self.plan.passthrough
+        )
+
+    def info(self, name: str) -> tuple[DTypeRow, tuple[int, ...]]:
+        g = self.plan.group(name)
+        return (self.row, g.shape) if g is not None else self.src.info(name)
+
+    def stream_value(self, name: str) -> Any:
+        """``name`` as a writer streams it: a :class:`DequantizedTensor`, or the mapped array."""
+        g = self.plan.group(name)
+        if g is None:
+            return self.src._array(name, copy_on_write=False)
+        # copy-on-write maps: torch shares them without a copy, and nothing writes them
+        parts = {
+            role: self.src._array(stored, copy_on_write=True) for role, stored in g.parts.items()
+        }
+        return DequantizedTensor(SCHEMES[g.scheme], g, parts, self.row)
+
+    def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
+        value = self.stream_value(name)
+        if isinstance(value, DequantizedTensor):
+            dequantized: np.ndarray = to_numpy(value.materialize())
+            return dequantized
+        out: np.ndarray = self.src._array(name, copy_on_write=copy_on_write)
+        return out
+
+    def close(self) -> None:
+        self.src.close()
+
+    def __repr__(self) -> str:
+        return f"<DequantizedFile {self.src!r}: {self.plan.summary()}>"

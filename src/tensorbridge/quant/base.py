@@ -1,0 +1,354 @@
+"""The one interface every quantization scheme implements, and the pieces they share.
+
+A *scheme* turns stored codes and scales back into plain floating-point weights
+(and, for the formats tensorbridge writes, the other way). Each scheme is one
+module and one :class:`Scheme` subclass with four verbs:
+
+* ``detect(index, config, options)`` — the :class:`Group` s of stored tensors it
+  claims in a checkpoint (``index``: name -> dtype row and shape, read from headers
+  only), each checked for consistency (a scale grid that tiles its weight, the
+  dtypes the layout asks for) or refused with :class:`~tensorbridge.QuantizationError`;
+* ``make_group(name, parts, index, options)`` — the same checks for parts given
+  by role (``codes``, ``scale``, ``global_scale``), as ``tb.dequantize`` on arrays uses;
+* ``kernel(parts, group)`` — the dequantized values of one piece, in float32;
+* ``quantize(x, **options)`` — codes and scales in the scheme's own layout;
+
+plus ``describe()``. Pieces (``pieces``) let a checkpoint be streamed a block row at
+a time: each piece is a dict of array slices whose dequantized values follow one
+another in the output's C order.
+
+Numerics, for every scheme: the product of code and scale is computed in float32
+and rounded once to the requested dtype. Each scheme's ``numerics`` says where that
+product can itself round (an fp32 scale product, subnormals).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from ..dtypes import DTypeRow
+from ..errors import QuantizationError
+
+__all__ = [
+    "FP4_VALUES",
+    "PIECE_ELEMENTS",
+    "Config",
+    "Group",
+    "Index",
+    "Scheme",
+    "as_torch",
+    "e8m0_to_f32",
+    "fp4_codes_to_f32",
+    "fp4_encode",
+    "fp8_to_f32",
+    "group_scale_",
+    "int_codes_f32",
+    "require",
+    "row_pieces",
+    "shape_text",
+    "unpack_int32",
+]
+
+# name -> (stored dtype row, stored shape): what a checkpoint's headers say, nothing read
+Index = Mapping[str, tuple[DTypeRow, tuple[int, ...]]]
+
+# about how many output elements one piece holds: its float32 values (1 MiB) stay in cache
+PIECE_ELEMENTS = 1 << 18
+
+# e2m1: code bits s e e m; the OCP MX spec's table (also ml_dtypes.float4_e2m1fn's)
+FP4_VALUES = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+# one byte -> its two values, element 2j in the low nibble (safetensors F4, torchao, gpt-oss)
+# (one 8-byte item a byte: NumPy gathers those faster than rows of a 2-D table)
+_FP4_PAIRS_U64 = (
+    np.stack([FP4_VALUES[np.arange(256) & 0xF], FP4_VALUES[np.arange(256) >> 4]], axis=1)
+    .view(np.uint64)
+    .reshape(256)
+)
+_FP4_ONE = torch.from_numpy(FP4_VALUES.copy())
+# fp8 byte -> its float32 value: a table lookup is 2-3x faster than torch's fp8 cast on CPU
+_BYTES = np.arange(256, dtype=np.uint8)
+_FP8_TABLES = {
+    getattr(torch, name): _BYTES.view(getattr(ml_dtypes, name)).astype(np.float32)
+    for name in ("float8_e4m3fn", "float8_e5m2")
+}
+# one byte -> its two int4 codes (low nibble first) as float32
+_INT4_PAIRS = np.stack([_BYTES & 0xF, _BYTES >> 4], axis=1).astype(np.float32)
+_INT4_PAIRS_U64 = {  # by offset: the codes minus it, two float32 in one 8-byte item
+    off: (_INT4_PAIRS - np.float32(off)).view(np.uint64).reshape(256) for off in (0, 8)
+}
+# e8m0 byte -> 2**(byte - 127) in float32 (byte 0: 2**-127, a subnormal; 255: NaN)
+_E8M0 = torch.from_numpy(
+    np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """A checkpoint's quantization config: the JSON object and the file it came from.
+
+    ``method`` is ``quant_method`` (``"fp8"``, ``"mxfp4"``, ``"compressed-tensors"``,
+    ``"modelopt"``, ...), lower-cased; a ModelOpt ``hf_quant_config.json`` gives
+    ``"modelopt"``.
+    """
+
+    data: Mapping[str, Any]
+    source: str = "quantization_config"
+
+    @property
+    def method(self) -> str:
+        if "quant_method" in self.data:
+            return str(self.data["quant_method"]).lower()
+        producer = self.data.get("producer")
+        if isinstance(producer, Mapping) and "modelopt" in str(producer.get("name", "")).lower():
+            return "modelopt"
+        return ""
+
+    @property
+    def algo(self) -> str:
+        """ModelOpt's ``quant_algo`` (``"NVFP4"``, ``"FP8"``), wherever the file keeps it."""
+        inner = self.data.get("quantization")
+        where = inner if isinstance(inner, Mapping) else self.data
+        return str(where.get("quant_algo", "")).upper()
+
+    @property
+    def formats(self) -> set[str]:
+        """compressed-tensors' ``format`` values (top level and each config group)."""
+        found = {str(self.data["format"])} if self.data.get("format") else set()
+        groups = self.data.get("config_groups")
+        if isinstance(groups, Mapping):
+            found |= {
+                str(g["format"])
+                for g in groups.values()
+                if isinstance(g, Mapping) and g.get("format")
+            }
+        return found
+
+
+@dataclass(frozen=True)
+class Group:
+    """Stored tensors that dequantize into one weight of the unquantized model.
+
+    Attributes:
+        name: the weight's name in the unquantized model (``...gate_up_proj``).
+        scheme: the scheme's name.
+        parts: role (``codes``, ``scale``, ``global_scale``) -> stored tensor name.
+        shape: the dequantized weight's shape (the unquantized model's).
+        options: what the scheme decided (block size, convention, layout).
+        dropped: stored tensors left out of a dequantized checkpoint (activation scales).
+    """
+
+    name: str
+    scheme: str
+    parts: Mapping[str, str]
+    shape: tuple[int, ...]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    dropped: tuple[str, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+class Scheme(abc.ABC):
+    """One quantization scheme: detect, dequantize, quantize, describe (see the module)."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]  # one line: layout and where it comes from
+    numerics: ClassVar[str]  # one line: how the product is computed and where it may round
+    writes: ClassVar[bool] = False  # quantize() implemented
+
+    def claims(self, config: Config) -> bool:
+        """Whether ``config`` names this scheme."""
+        return False
+
+    @abc.abstractmethod
+    def detect(
+        self, index: Index, config: Config | None, options: Mapping[str, Any]
+    ) -> list[Group]:
+        """The groups of ``index`` this scheme claims, each checked (or refused)."""
+
+    @abc.abstractmethod
+    def make_group(
+        self, name: str, parts: Mapping[str, str], index: Index, options: Mapping[str, Any]
+    ) -> Group:
+        """Check stored parts by role and work out the output, or raise QuantizationError."""
+
+    @abc.abstractmethod
+    def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
+        """The float32 values of one piece (CPU tensors of the stored dtypes)."""
+
+    def pieces(self, group: Group, parts: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+        """Slices of ``parts`` whose kernels give the output in C order (default: all)."""
+        yield dict(parts)
+
+    def quantize(self, x: torch.Tensor, **options: Any) -> dict[str, torch.Tensor]:
+        """Codes and scales by role, in this scheme's layout."""
+        raise QuantizationError(
+            f"tensorbridge dequantizes {self.name} but does not write it; quantize with "
+            "one of the MX formats, nvfp4 or fp8-block"
+        )
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.summary} Numerics: {self.numerics}"
+
+    def dequantize(
+        self, parts: Mapping[str, Any], group: Group, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The whole weight as ``dtype``: each piece in float32, rounded once."""
+        out = torch.empty(group.shape, dtype=dtype)
+        flat = out.view(-1)
+        at = 0
+        for piece in self.pieces(group, parts):
+            values = self.kernel({k: as_torch(v) for k, v in piece.items()}, group).reshape(-1)
+            flat[at : at + values.numel()].copy_(values)
+            at += values.numel()
+        if at != flat.numel():  # pragma: no cover - a scheme's pieces disagree with its shape
+            raise AssertionError(f"{self.name}: pieces gave {at} of {flat.numel()} values")
+        return out
+
+
+def as_torch(x: Any) -> torch.Tensor:
+    """A CPU tensor of ``x``'s bits (ml_dtypes arrays through the table, zero-copy)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    from ..convert import to_torch
+
+    a = np.asarray(x)
+    if a.dtype == np.dtype(ml_dtypes.float4_e2m1fn):  # one value a byte: its code
+        a = a.view(np.uint8)
+    return to_torch(a)
+
+
+def fp4_codes_to_f32(codes: torch.Tensor, packed: bool) -> torch.Tensor:
+    """fp4 e2m1 codes as float32: packed bytes (2j low nibble) or one code a byte."""
+    u8 = codes.view(torch.uint8) if codes.dtype != torch.uint8 else codes
+    if packed:
+        pairs = _FP4_PAIRS_U64[u8.contiguous().numpy()].view(np.float32)
+        return torch.from_numpy(pairs).reshape(*u8.shape[:-1], u8.shape[-1] * 2)
+    return _FP4_ONE[u8.long() & 0xF]
+
+
+def fp8_to_f32(codes: torch.Tensor) -> torch.Tensor:
+    """fp8 codes as float32 (exact), by table lookup; other dtypes by torch's cast."""
+    table = _FP8_TABLES.get(codes.dtype)
+    if table is None:
+        return codes.to(torch.float32)
+    u8 = codes.contiguous().view(torch.uint8).numpy()
+    return torch.from_numpy(np.take(table, u8))
+
+
+def unpack_int32(
+    packed: torch.Tensor, bits: int, order: tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """int32 words -> ``32 // bits`` unsigned codes each (uint8) along the last axis, low bits
+    first.
+
+    ``order[j]`` is the position, within its word's run of codes, of the code stored in
+    bits ``[j * bits, (j + 1) * bits)`` (AWQ interleaves; GPTQ and compressed-tensors
+    do not). 4- and 8-bit codes are split from the words' little-endian bytes.
+    """
+    per = 32 // bits
+    words = packed.contiguous().to(torch.int32)
+    if bits == 8 and sys.byteorder == "little":
+        codes = words.view(torch.uint8).reshape(*words.shape, per)
+    elif bits == 4 and sys.byteorder == "little":
+        b = words.view(torch.uint8).reshape(*words.shape, 4)
+        codes = torch.stack((b & 0xF, b >> 4), dim=-1).reshape(*words.shape, per)
+    else:
+        shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+        codes = (torch.bitwise_right_shift(words[..., None], shifts) & ((1 << bits) - 1)).to(
+            torch.uint8
+        )
+    if order is not None:
+        codes = codes[..., list(np.argsort(order))]
+    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+
+
+def int_codes_f32(
+    packed: torch.Tensor, bits: int, offset: int = 0, order: tuple[int, ...] | None = None
+) -> torch.Tensor:
+    """:func:`unpack_int32`'s codes minus ``offset``, as float32, by one table lookup."""
+    if bits not in (4, 8) or sys.byteorder != "little":
+        return unpack_int32(packed, bits, order).to(torch.float32).sub_(offset)
+    words = packed.contiguous().to(torch.int32)
+    raw = words.view(torch.uint8).numpy()
+    if bits == 4 and offset in _INT4_PAIRS_U64:
+        values = torch.from_numpy(_INT4_PAIRS_U64[offset][raw].view(np.float32))
+    else:
+        table = (_INT4_PAIRS if bits == 4 else _BYTES.astype(np.float32)) - np.float32(offset)
+        values = torch.from_numpy(np.take(table, raw, axis=0))
+    per = 32 // bits
+    codes = values.reshape(*words.shape, per)
+    if order is not None:
+        codes = codes[..., list(np.argsort(order))]
+    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+
+
+def group_scale_(
+    w: torch.Tensor, g: torch.Tensor | int, scale: torch.Tensor, zero: torch.Tensor | None
+) -> torch.Tensor:
+    """``(w - zero[:, group]) * scale[:, group]`` in place, float32, along the last axis.
+
+    ``g`` is the group size (contiguous groups: a broadcast, no gather) or each column's
+    group (act-order ``g_idx``: a gather).
+    """
+    w = w.contiguous()
+    rows, cols = w.shape
+    if isinstance(g, int) and cols % g == 0 and scale.shape[1] == cols // g:
+        v = w.view(rows, cols // g, g)
+        if zero is not None:
+            v.sub_(zero[..., None])
+        v.mul_(scale[..., None])
+        return w
+    idx = g if isinstance(g, torch.Tensor) else torch.arange(cols) // g
+    if zero is not None:
+        w.sub_(zero[:, idx])
+    return w.mul_(scale[:, idx])
+
+
+def e8m0_to_f32(scale: torch.Tensor) -> torch.Tensor:
+    """e8m0 scales (``float8_e8m0fnu`` or its ``uint8`` exponent bytes) as float32 powers of 2."""
+    u8 = scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale
+    return _E8M0[u8.long()]
+
+
+def fp4_encode(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> e2m1 codes one a byte (round to nearest even, saturating at +-6)."""
+    a = x.detach().to(torch.float32).cpu().numpy()
+    return torch.from_numpy(a.astype(ml_dtypes.float4_e2m1fn).view(np.uint8))
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def row_pieces(
+    lead: tuple[int, ...], rows: int, cols: int, block_rows: int
+) -> Iterator[tuple[tuple[int, ...], int, int]]:
+    """``(leading index, first row, end row)`` for every piece of a ``[*lead, rows, cols]``
+    weight, about :data:`PIECE_ELEMENTS` values each: whole multiples of ``block_rows``,
+    or a divisor of it, so that no piece straddles two block rows."""
+    per = max(1, PIECE_ELEMENTS // max(1, cols))
+    if per >= block_rows:
+        per = per // block_rows * block_rows
+    else:
+        while block_rows % per:
+            per -= 1
+    for idx in np.ndindex(*lead):
+        for r0 in range(0, rows, per):
+            yield tuple(int(i) for i in idx), r0, min(rows, r0 + per)
+
+
+def require(cond: bool, message: str) -> None:
+    """Raise :class:`QuantizationError` with ``message`` unless ``cond``."""
+    if not cond:
+        raise QuantizationError(message)

@@ -1,0 +1,341 @@
+"""Which scheme a checkpoint uses, and which stored tensors make up each weight.
+
+Decided in this order, and refused (:class:`~tensorbridge.QuantizationError`) rather
+than guessed:
+
+1. ``scheme=`` given by the caller: that scheme, with whatever config there is.
+2. A config next to the checkpoint: ``config.json``'s ``quantization_config``, else
+   ModelOpt's ``hf_quant_config.json``, else AutoGPTQ's ``quantize_config.json``;
+   the scheme(s) its ``quant_method`` / ``format`` / ``quant_algo`` names.
+3. No config: tensor names, dtypes and shapes, where they say one thing only —
+   gpt-oss ``_blocks`` / ``_scales``; fp8 codes with a float scale (per tensor or
+   channel) or an ``F8_E8M0`` one (MXFP8); ``U8`` codes with an ``F8_E8M0`` scale
+   (MXFP4). A ``U8`` scale (e8m0 exponents or integers?), block scales without a
+   block size, and NVFP4 (two toolkits, reciprocal global scales) are refused with
+   the argument that settles them.
+
+Every stored tensor ends up in exactly one place: a group's part, a dropped
+activation scale, or passed through bit-exact. A scale-like tensor no group claims
+is refused (a mixed or corrupt checkpoint), so nothing is lost silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import QuantizationError
+from .awq import AWQ
+from .base import Config, Group, Index, Scheme
+from .ct_packed import PackQuantized
+from .fp8_block import FP8Block
+from .fp8_scaled import ACTIVATION_SCALES, FP8Scaled
+from .gptq import GPTQ
+from .mx import MX
+from .nvfp4 import NVFP4
+
+__all__ = ["SCHEMES", "Plan", "plan", "read_config", "scheme_named"]
+
+SCHEMES: dict[str, Scheme] = {
+    s.name: s
+    for s in (
+        FP8Block(),
+        FP8Scaled(),
+        MX("mxfp8"),
+        MX("mxfp4"),
+        NVFP4("modelopt"),
+        NVFP4("compressed-tensors"),
+        GPTQ(),
+        AWQ(),
+        PackQuantized(),
+    )
+}
+_UNSUPPORTED = {  # quant_method -> what to use instead
+    "bitsandbytes": "bitsandbytes",
+    "hqq": "hqq",
+    "eetq": "eetq",
+    "aqlm": "aqlm",
+    "quanto": "optimum-quanto",
+    "gguf": "the gguf package",
+}
+# suffixes of stored tensors that only mean something as part of a quantized weight
+_PART_SUFFIXES = (
+    "_scale_inv",
+    "_scales",
+    "_blocks",
+    "_packed",
+    "_global_scale",
+    "_scale_2",
+    "weight_scale",
+    "qweight",
+    "qzeros",
+    "g_idx",
+    "weight_shape",
+    "weight_zero_point",
+)
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What dequantizing a checkpoint does: groups, tensors passed through, tensors dropped.
+
+    ``names`` is the output's order: each group at its codes' place, passed-through
+    tensors at theirs.
+    """
+
+    schemes: tuple[str, ...]
+    groups: tuple[Group, ...]
+    passthrough: tuple[str, ...]
+    dropped: tuple[str, ...]
+    names: tuple[str, ...]
+    config: Config | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return bool(self.groups)
+
+    def group(self, name: str) -> Group | None:
+        """The group whose output is ``name``, if any."""
+        return self._by_name.get(name)
+
+    @property
+    def _by_name(self) -> dict[str, Group]:
+        cached: dict[str, Group] | None = self.__dict__.get("_cache")
+        if cached is None:
+            cached = {g.name: g for g in self.groups}
+            object.__setattr__(self, "_cache", cached)
+        return cached
+
+    def summary(self) -> str:
+        """One line: the scheme, how many weights, what was dropped."""
+        if not self.groups:
+            return "not quantized"
+        text = f"{', '.join(self.schemes)}: {len(self.groups)} quantized weights"
+        opts = {k: v for g in self.groups[:1] for k, v in g.options.items() if k == "block_size"}
+        if opts:
+            text += f" (block size {list(opts['block_size'])})"
+        if self.dropped:
+            more = f" and {len(self.dropped) - 3} more" if len(self.dropped) > 3 else ""
+            text += f"; activation scales dropped: {', '.join(self.dropped[:3])}{more}"
+        return text
+
+
+def scheme_named(name: str) -> Scheme:
+    """The scheme called ``name``; an unknown or incomplete name raises QuantizationError."""
+    key = name.lower().replace("_", "-")
+    key = {"nvfp4-ct": "nvfp4-compressed-tensors", "fp8-block-wise": "fp8-block"}.get(key, key)
+    if key in SCHEMES:
+        return SCHEMES[key]
+    if key == "nvfp4":
+        raise QuantizationError(
+            "scheme='nvfp4' does not say whose convention: ModelOpt multiplies by "
+            "weight_scale_2, compressed-tensors divides by weight_global_scale; pass "
+            "scheme='nvfp4-modelopt' or scheme='nvfp4-compressed-tensors'"
+        )
+    raise QuantizationError(f"unknown scheme {name!r}; pass one of {', '.join(SCHEMES)}")
+
+
+def read_config(path: str | os.PathLike[str] | None) -> Config | None:
+    """The quantization config beside a checkpoint file or in a checkpoint directory."""
+    if path is None:
+        return None
+    p = Path(path)
+    directory = p if p.is_dir() else p.parent
+    config_json = _json(directory / "config.json")
+    if isinstance(config_json, Mapping) and isinstance(
+        config_json.get("quantization_config"), Mapping
+    ):
+        return Config(config_json["quantization_config"], "config.json")
+    for name in ("hf_quant_config.json", "quantize_config.json"):
+        data = _json(directory / name)
+        if isinstance(data, Mapping):
+            if name == "quantize_config.json" and "quant_method" not in data:
+                data = {**data, "quant_method": "gptq"}
+            return Config(data, name)
+    return None
+
+
+def config_of(config: Any) -> Config | None:
+    """``config=`` as given: a Config, a quantization_config dict, a config.json dict, a path."""
+    if config is None or isinstance(config, Config):
+        return config
+    if isinstance(config, (str, os.PathLike)):
+        p = Path(config)
+        if p.is_file() and p.suffix == ".json":
+            data = _json(p)
+            if isinstance(data, Mapping):
+                inner = data.get("quantization_config")
+                return Config(inner if isinstance(inner, Mapping) else data, p.name)
+        return read_config(p)
+    if isinstance(config, Mapping):
+        inner = config.get("quantization_config")
+        return Config(inner if isinstance(inner, Mapping) else config)
+    raise TypeError(
+        f"config= takes a dict, a path or None, got {type(config).__qualname__}; pass the "
+        "quantization_config dict"
+    )
+
+
+def _json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise QuantizationError(f"{path} is not readable JSON ({e}); fix or remove it") from None
+
+
+def plan(
+    index: Index,
+    config: Config | None = None,
+    scheme: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Plan:
+    """Work out every group of ``index`` (see the module docstring), or raise."""
+    opts = dict(options or {})
+    if scheme is not None:
+        chosen = [scheme_named(scheme)]
+    elif config is not None:
+        chosen = _from_config(config)
+    else:
+        chosen = []
+    groups: list[Group] = []
+    if chosen:
+        for s in chosen:
+            groups += s.detect(index, config, opts)
+    else:
+        groups = _from_names(index, opts)
+    return _assemble(index, groups, config, tuple(s.name for s in chosen))
+
+
+def _from_config(config: Config) -> list[Scheme]:
+    method = config.method
+    if method in _UNSUPPORTED:
+        raise QuantizationError(
+            f"{config.source} says quant_method {method!r}, which tensorbridge does not "
+            f"dequantize yet; use {_UNSUPPORTED[method]}"
+        )
+    chosen = [s for s in SCHEMES.values() if s.claims(config)]
+    if not chosen:
+        what = method or "no quant_method"
+        extra = f", format {sorted(config.formats)}" if config.formats else ""
+        extra += f", quant_algo {config.algo!r}" if config.algo else ""
+        raise QuantizationError(
+            f"{config.source} names {what}{extra}, which no scheme tensorbridge knows "
+            f"matches ({', '.join(SCHEMES)}); pass scheme= if it is one of them"
+        )
+    return chosen
+
+
+def _from_names(index: Index, options: Mapping[str, Any]) -> list[Group]:
+    groups = []
+    packed = next((n for n in index if n.endswith(".qweight")), None)
+    if packed is not None:
+        raise QuantizationError(
+            f"{packed} is int-packed (GPTQ or AWQ, which pack along different axes and store "
+            "zeros differently); put the checkpoint's config.json or quantize_config.json "
+            "beside it, or pass scheme='gptq' / scheme='awq'"
+        )
+    if any(n.endswith("_scale_inv") for n in index):
+        groups += SCHEMES["fp8-block"].detect(index, None, options)
+    for name, (row, _) in index.items():
+        if name.endswith("_blocks") and name[: -len("_blocks")] + "_scales" in index:
+            base = name[: -len("_blocks")]
+            groups.append(
+                SCHEMES["mxfp4"].make_group(
+                    base, {"codes": name, "scale": base + "_scales"}, index, {"layout": "gpt-oss"}
+                )
+            )
+        if name.endswith(("_scale_2", "_global_scale")) and not name.endswith(ACTIVATION_SCALES):
+            raise QuantizationError(
+                f"{name} looks like an NVFP4 global scale, but no config says whose "
+                "convention (ModelOpt multiplies, compressed-tensors divides by the "
+                "reciprocal): put config.json / hf_quant_config.json beside the checkpoint "
+                "or pass scheme='nvfp4-modelopt' or scheme='nvfp4-compressed-tensors'"
+            )
+        if not name.endswith("_scale") or name.endswith(ACTIVATION_SCALES):
+            continue
+        base = name[: -len("_scale")]
+        codes = base + "_packed" if base + "_packed" in index else base
+        if codes not in index:
+            continue
+        crow, srow = index[codes][0].name, row.name
+        parts = {"codes": codes, "scale": name}
+        if srow == "uint8":
+            raise QuantizationError(
+                f"{name} is U8: it could hold e8m0 exponents (MX) or integer codes, and read "
+                f"the wrong way {codes} is off by up to 2**127; put the checkpoint's config.json "
+                "beside it or pass scheme='mxfp8' / scheme='mxfp4'"
+            )
+        if crow in _FP8 and srow == "float8_e8m0fnu":
+            groups.append(SCHEMES["mxfp8"].make_group(base, parts, index, {"layout": "ocp"}))
+        elif crow in _FP8:
+            groups.append(SCHEMES["fp8"].make_group(base, parts, index, options))
+        elif crow in ("uint8", "float4_e2m1fn") and srow == "float8_e8m0fnu":
+            groups.append(SCHEMES["mxfp4"].make_group(base, parts, index, {"layout": "ocp"}))
+        elif crow in ("uint8", "float4_e2m1fn") and srow == "float8_e4m3fn":
+            raise QuantizationError(
+                f"{codes} with fp8 block scales {name} looks like NVFP4, whose convention is "
+                "never guessed; put the config beside the checkpoint or pass "
+                "scheme='nvfp4-modelopt' or scheme='nvfp4-compressed-tensors'"
+            )
+    return groups
+
+
+def _assemble(
+    index: Index, groups: list[Group], config: Config | None, schemes: tuple[str, ...]
+) -> Plan:
+    owner: dict[str, Group] = {}
+    first: dict[str, Group] = {}
+    for g in groups:
+        for part in g.parts.values():
+            if part in owner and owner[part] is not g:
+                raise QuantizationError(
+                    f"{part} is claimed by both {owner[part].name} ({owner[part].scheme}) and "
+                    f"{g.name} ({g.scheme}); pass scheme= to say which"
+                )
+            owner[part] = g
+        first.setdefault(g.parts["codes"], g)
+    dropped = {d for g in groups for d in g.dropped}
+    names: list[str] = []
+    passthrough: list[str] = []
+    fp8_seen = any(g.scheme.startswith("fp8") for g in groups)
+    for name, (row, _) in index.items():
+        if name in first:
+            names.append(first[name].name)
+        elif name in owner or name in dropped:
+            continue
+        elif groups and name.endswith(ACTIVATION_SCALES):
+            dropped.add(name)
+        elif name.endswith(_PART_SUFFIXES) or (
+            groups and ((fp8_seen and row.name in _FP8) or row.name == "float8_e8m0fnu")
+        ):
+            raise QuantizationError(
+                f"{name} ({row.name}) belongs to no quantized weight of this "
+                f"{'/'.join(schemes) or (groups[0].scheme if groups else 'unconfigured')} "
+                "checkpoint (a missing partner, a mixed scheme, a shard left out, or no config "
+                "beside it); pass scheme= or exclude it"
+            )
+        else:
+            names.append(name)
+            passthrough.append(name)
+    clash = [g.name for g in groups if g.name in passthrough]
+    if clash:
+        raise QuantizationError(
+            f"{clash[0]} is both a stored tensor and a dequantized weight's name; the "
+            "checkpoint mixes layouts"
+        )
+    return Plan(
+        schemes or tuple(dict.fromkeys(g.scheme for g in groups)),
+        tuple(groups),
+        tuple(passthrough),
+        tuple(sorted(dropped)),
+        tuple(names),
+        config,
+    )

@@ -1,0 +1,162 @@
+"""GPTQ: integer codes packed in int32, one scale and zero point per group of input rows.
+
+Stored (AutoGPTQ / GPTQModel / transformers, ``quant_method: "gptq"``, e.g.
+TheBloke/Llama-2-7B-GPTQ): ``P.qweight`` ``I32 [in * bits / 32, out]`` (input row
+``r * (32 / bits) + j`` of column ``o`` in bits ``[j * bits, (j + 1) * bits)`` of
+``qweight[r, o]``), ``P.qzeros`` ``I32 [groups, out * bits / 32]`` (packed along the
+output axis the same way), ``P.scales`` ``F16 [groups, out]``, optional ``P.g_idx``
+``I32 [in]`` (each input row's group; act-order / ``desc_act`` checkpoints permute it,
+otherwise row ``i`` is in group ``i // group_size``). The model loads ``P.weight``
+``[out, in]``: ``scale * (code - zero)``, transposed.
+
+Zero points: AutoGPTQ's format (``checkpoint_format: "gptq"``, v1) stores
+``(zero - 1) & mask`` (a zero of 0 is stored as 15 at 4 bits); GPTQModel's
+``gptq_v2`` stores the zero itself. With no
+``checkpoint_format``, a checkpoint whose zeros are all ``2**(bits - 1) - 1``
+(AutoGPTQ's symmetric quantization) is read as v1; any other zeros are ambiguous and
+refused, naming ``checkpoint_format``.
+
+Numerics: ``scale * (code - zero)`` in float32 (exact: a small integer times an fp16
+scale), rounded once to the requested dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from ..errors import QuantizationError
+from . import base
+from .base import Config, Group, Index, Scheme, group_scale_, require, shape_text, unpack_int32
+
+__all__ = ["GPTQ"]
+
+_FORMATS = ("gptq", "gptq_v2")
+
+
+class GPTQ(Scheme):
+    name = "gptq"
+    summary = (
+        "int2/4/8 codes packed in int32 (P.qweight [in*bits/32, out]), per-group fp16 "
+        "scales and packed zeros, optional act-order g_idx; loads as P.weight [out, in]."
+    )
+    numerics = "scale x (code - zero) in float32 (exact), rounded once to the requested dtype."
+
+    def claims(self, config: Config) -> bool:
+        return config.method == "gptq"
+
+    def detect(
+        self, index: Index, config: Config | None, options: Mapping[str, Any]
+    ) -> list[Group]:
+        data = config.data if config is not None else {}
+        opts = {
+            "bits": options.get("bits", data.get("bits", 4)),
+            "group_size": options.get("group_size", data.get("group_size", 128)),
+            "format": options.get("checkpoint_format", data.get("checkpoint_format")),
+        }
+        groups = []
+        for name in index:
+            if not name.endswith(".qweight"):
+                continue
+            base = name[: -len("qweight")]
+            parts = {"codes": name}
+            for role, suffix in (("zeros", "qzeros"), ("scale", "scales"), ("g_idx", "g_idx")):
+                if base + suffix in index:
+                    parts[role] = base + suffix
+            groups.append(self.make_group(base + "weight", parts, index, opts))
+        return groups
+
+    def make_group(
+        self, name: str, parts: Mapping[str, str], index: Index, options: Mapping[str, Any]
+    ) -> Group:
+        codes = parts["codes"]
+        bits = int(options.get("bits", 4))
+        require(
+            bits in (2, 4, 8),
+            f"{codes}: {bits}-bit GPTQ is not supported (2, 4 and 8 bits pack whole codes "
+            "into int32); dequantize it with GPTQModel",
+        )
+        missing = [r for r in ("zeros", "scale") if r not in parts]
+        require(
+            not missing,
+            f"{codes} has no {' or '.join(missing)} beside it; the checkpoint is incomplete",
+        )
+        fmt = options.get("format")
+        require(
+            fmt in (None, *_FORMATS),
+            f"checkpoint_format {fmt!r} is not one tensorbridge reads; GPTQ checkpoints are "
+            "'gptq' (AutoGPTQ, zeros stored minus 1) or 'gptq_v2' (GPTQModel)",
+        )
+        per = 32 // bits
+        (crow, cshape), (zrow, zshape), (srow, sshape) = (
+            index[parts[r]] for r in ("codes", "zeros", "scale")
+        )
+        require(
+            crow.name == "int32" and zrow.name == "int32" and len(cshape) == 2,
+            f"{codes} {crow.name} {shape_text(cshape)} / {parts['zeros']} {zrow.name}: GPTQ packs "
+            "codes and zeros in int32 matrices",
+        )
+        rows_in, out = cshape[0] * per, cshape[1]
+        gs = int(options.get("group_size", 128))
+        gs = rows_in if gs <= 0 else gs
+        n_groups = math.ceil(rows_in / gs) if "g_idx" not in parts else sshape[0]
+        want_s, want_z = (n_groups, out), (n_groups, math.ceil(out / per))
+        if tuple(sshape) != want_s or tuple(zshape) != want_z:
+            raise QuantizationError(
+                f"{parts['scale']} {shape_text(sshape)} / {parts['zeros']} {shape_text(zshape)} "
+                f"do not fit {codes} {shape_text(cshape)} ({rows_in} inputs, {bits}-bit, group "
+                f"size {gs}: that needs {shape_text(want_s)} / {shape_text(want_z)}); check bits "
+                "and group_size in the config"
+            )
+        if "g_idx" in parts:
+            require(
+                tuple(index[parts["g_idx"]][1]) == (rows_in,),
+                f"{parts['g_idx']} {shape_text(index[parts['g_idx']][1])} is not one group per "
+                f"input row ([{rows_in}])",
+            )
+        require(srow.is_floating, f"{parts['scale']} is {srow.name}; GPTQ scales are floats")
+        opts = {"bits": bits, "group_size": gs, "format": fmt}
+        return Group(name, self.name, dict(parts), (out, rows_in), opts)
+
+    def pieces(self, group: Group, parts: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+        bits = group.options["bits"]
+        per = 32 // bits
+        out, rows_in = group.shape
+        step = max(per, base.PIECE_ELEMENTS // max(1, rows_in) // per * per)
+        for o0 in range(0, out, step):
+            o1 = min(out, o0 + step)
+            piece = {
+                "codes": parts["codes"][:, o0:o1],
+                "zeros": parts["zeros"][:, o0 // per : -(-o1 // per)],
+                "scale": parts["scale"][:, o0:o1],
+            }
+            if "g_idx" in parts:
+                piece["g_idx"] = parts["g_idx"]
+            yield piece
+
+    def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
+        bits, gs, fmt = (group.options[k] for k in ("bits", "group_size", "format"))
+        cols = parts["scale"].shape[1]
+        q = unpack_int32(parts["codes"].t().contiguous(), bits)  # [cols, in]
+        z = unpack_int32(parts["zeros"], bits)[:, :cols]  # [groups, cols]
+        if fmt is None:
+            symmetric = (1 << (bits - 1)) - 1
+            if not bool((z == symmetric).all()):
+                raise QuantizationError(
+                    f"{group.name}: the checkpoint does not say its checkpoint_format, and its "
+                    "zero points could be AutoGPTQ's (stored minus 1) or GPTQModel's (stored as "
+                    "is); set checkpoint_format ('gptq' or 'gptq_v2') in the config"
+                )
+        if fmt != "gptq_v2":  # v1 stored (zero - 1) & mask: zero 0 comes back from 15
+            z = (z + 1) & ((1 << bits) - 1)
+        rows_in = q.shape[1]
+        g: torch.Tensor | int = int(gs)
+        if "g_idx" in parts:
+            g_idx = parts["g_idx"].long()
+            plain = g_idx.numel() == rows_in and torch.equal(g_idx, torch.arange(rows_in) // gs)
+            g = g if plain else g_idx  # act-order: a gather; otherwise a broadcast
+        w = q.to(torch.float32)
+        return group_scale_(w, g, parts["scale"].to(torch.float32).t(), z.to(torch.float32).t())

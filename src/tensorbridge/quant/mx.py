@@ -1,0 +1,240 @@
+"""MXFP8 and MXFP4: the OCP Microscaling formats (32-element blocks, e8m0 scales).
+
+Two layouts:
+
+* **ocp** (torchao's ``MXTensor`` parts, compressed-tensors' ``mxfp8-quantized`` /
+  ``mxfp4-pack-quantized``): codes ``NAME`` (MXFP8: ``F8_E4M3`` / ``F8_E5M2``
+  ``[*lead, K]``) or ``NAME`` / ``..._packed`` (MXFP4: ``U8`` ``[*lead, K / 2]``, two
+  e2m1 codes a byte, element ``2j`` in the low nibble; or ``F4`` ``[*lead, K]``),
+  and ``NAME_scale`` ``[*lead, K / 32]``: ``F8_E8M0``, or ``U8`` holding the same
+  exponent bytes (``2 ** (byte - 127)``; 255 is NaN) when the config says MX.
+* **gpt-oss** (``quant_method: "mxfp4"``, openai/gpt-oss-20b / -120b):
+  ``...experts.gate_up_proj_blocks`` ``U8 [E, out, G, 16]`` and ``..._scales``
+  ``U8 [E, out, G]``. The unquantized model loads ``...experts.gate_up_proj`` as
+  ``[E, in, out]`` with ``in = G * 32``: the dequantized blocks are transposed. The
+  down projection is square (2880 x 2880), so a missing transpose keeps the shape
+  and silently scrambles the weights.
+
+A ``U8`` scale is only ever read as e8m0 when a config or ``scheme=`` says MX: read
+as integers it makes weights about 2**127 times too large.
+
+Numerics: ``code * 2**(e - 127)`` in float32 (exact unless it falls below
+float32's subnormals), rounded once to the requested dtype: bit-identical to
+transformers' gpt-oss dequantization (an ``ldexp`` in bf16) and to torchao's
+``MXTensor.dequantize`` for bf16 and float32.
+Quantizing follows torchao's ``to_mx`` with its default FLOOR scale (the OCP
+spec's): the shared exponent is ``floor(log2(amax)) - emax(element)``; elements are
+divided by the scale, clamped, and rounded to nearest even.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import QuantizationError
+from . import base
+from .base import (
+    Config,
+    Group,
+    Index,
+    Scheme,
+    e8m0_to_f32,
+    fp4_codes_to_f32,
+    fp4_encode,
+    fp8_to_f32,
+    require,
+    shape_text,
+)
+from .fp8_scaled import activation_scales
+
+__all__ = ["MX"]
+
+BLOCK = 32
+# element type -> (exponent of its largest power of two, its largest value)
+_ELEMENT = {
+    "float8_e4m3fn": (8, 448.0),
+    "float8_e5m2": (15, 57344.0),
+    "fp4": (2, 6.0),
+}
+_FORMAT = {"mxfp8": "mxfp8-quantized", "mxfp4": "mxfp4-pack-quantized"}
+
+
+class MX(Scheme):
+    """MXFP8 (``element="fp8"``) or MXFP4 (``element="fp4"``)."""
+
+    writes = True
+    numerics = (
+        "code x 2**(e - 127) in float32 (exact unless below float32's subnormals), "
+        "rounded once to the requested dtype."
+    )
+
+    def __init__(self, name: str) -> None:
+        self.name = name  # type: ignore[misc]
+        self.fp4 = name == "mxfp4"
+        self.summary = (  # type: ignore[misc]
+            "OCP MX: fp4 e2m1 codes two a byte with one e8m0 scale per 32 elements "
+            "(torchao MXTensor, compressed-tensors mxfp4-pack-quantized, gpt-oss "
+            "NAME_blocks / NAME_scales)."
+            if self.fp4
+            else "OCP MX: fp8 codes with one e8m0 scale per 32 elements (torchao MXTensor, "
+            "compressed-tensors mxfp8-quantized)."
+        )
+
+    def claims(self, config: Config) -> bool:
+        if self.fp4 and config.method == "mxfp4":
+            return True
+        return config.method == "compressed-tensors" and _FORMAT[self.name] in config.formats
+
+    def detect(
+        self, index: Index, config: Config | None, options: Mapping[str, Any]
+    ) -> list[Group]:
+        groups = []
+        for name in index:
+            if self.fp4 and name.endswith("_blocks"):
+                base = name[: -len("_blocks")]
+                require(
+                    base + "_scales" in index,
+                    f"{name} has no {base}_scales beside it; the checkpoint is incomplete",
+                )
+                parts = {"codes": name, "scale": base + "_scales"}
+                groups.append(self.make_group(base, parts, index, {**options, "layout": "gpt-oss"}))
+            elif name.endswith("_scale") and not name.endswith(("input_scale", "output_scale")):
+                base = name[: -len("_scale")]
+                codes = base + "_packed" if base + "_packed" in index else base
+                if codes not in index:
+                    continue
+                parts = {"codes": codes, "scale": name}
+                groups.append(self.make_group(base, parts, index, {**options, "layout": "ocp"}))
+        return groups
+
+    def make_group(
+        self, name: str, parts: Mapping[str, str], index: Index, options: Mapping[str, Any]
+    ) -> Group:
+        codes, scale = parts["codes"], parts["scale"]
+        (crow, cshape), (srow, sshape) = index[codes], index[scale]
+        require(
+            srow.name in ("float8_e8m0fnu", "uint8"),
+            f"{scale} is {srow.name}; {self.name} scales are e8m0 (F8_E8M0, or U8 exponent bytes)",
+        )
+        layout = options.get("layout", "ocp")
+        packed = crow.name == "uint8"
+        if self.fp4:
+            require(
+                crow.name in ("uint8", "float4_e2m1fn"),
+                f"{codes} is {crow.name}; mxfp4 codes are U8 (two a byte) or F4",
+            )
+        else:
+            require(
+                crow.name in ("float8_e4m3fn", "float8_e5m2"),
+                f"{codes} is {crow.name}; mxfp8 codes are float8_e4m3fn or float8_e5m2",
+            )
+        if layout == "gpt-oss":
+            require(
+                self.fp4 and packed and len(cshape) >= 3 and cshape[-1] == BLOCK // 2,
+                f"{codes} {shape_text(cshape)} is not gpt-oss MXFP4 blocks ([E, out, G, 16] U8)",
+            )
+            if tuple(sshape) != tuple(cshape[:-1]):
+                raise QuantizationError(
+                    f"{scale} {shape_text(sshape)} does not match {codes} "
+                    f"{shape_text(cshape)}: gpt-oss keeps one scale per 16-byte block "
+                    f"({shape_text(cshape[:-1])}); the checkpoint is corrupt"
+                )
+            *lead, out, groups, _ = cshape
+            shape = (*lead, groups * BLOCK, out)  # the model's [E, in, out]
+            return Group(name, self.name, dict(parts), shape, {"layout": layout, "packed": True})
+        require(len(cshape) >= 1, f"{codes} is a scalar; {self.name} codes have a last axis")
+        k = cshape[-1] * (2 if self.fp4 and packed else 1)
+        want = (*cshape[:-1], k // BLOCK)
+        if k % BLOCK or tuple(sshape) != want:
+            raise QuantizationError(
+                f"{scale} {shape_text(sshape)} does not tile {codes} {shape_text(cshape)} "
+                f"({k} values a row) in 32-element blocks (that needs {shape_text(want)}"
+                f"{'' if k % BLOCK == 0 else ', and a row length divisible by 32'}); "
+                "the checkpoint is corrupt or not MX"
+            )
+        return Group(
+            name,
+            self.name,
+            dict(parts),
+            (*cshape[:-1], k),
+            {"layout": layout, "packed": packed},
+            activation_scales(codes, index),
+        )
+
+    def pieces(self, group: Group, parts: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+        codes, scale = parts["codes"], parts["scale"]
+        if group.options["layout"] == "gpt-oss":
+            *lead, groups, out = (*group.shape[:-2], group.shape[-2] // BLOCK, group.shape[-1])
+            per = max(1, base.PIECE_ELEMENTS // (BLOCK * out))
+            for e in np.ndindex(*lead):
+                for g0 in range(0, groups, per):
+                    key = (*e, slice(None), slice(g0, min(groups, g0 + per)))
+                    yield {"codes": codes[key], "scale": scale[key]}
+            return
+        k = group.shape[-1]
+        rows = 1
+        for d in group.shape[:-1]:
+            rows *= d
+        c2, s2 = codes.reshape(rows, -1), scale.reshape(rows, -1)
+        per = max(1, base.PIECE_ELEMENTS // max(1, k))
+        for r0 in range(0, rows, per):
+            yield {"codes": c2[r0 : r0 + per], "scale": s2[r0 : r0 + per]}
+
+    def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
+        codes, scale = parts["codes"], e8m0_to_f32(parts["scale"])
+        fp4 = self.fp4
+        values = fp4_codes_to_f32(codes, group.options["packed"]) if fp4 else fp8_to_f32(codes)
+        if group.options["layout"] == "gpt-oss":  # [out, gn, 16] bytes -> [gn * 32, out]
+            out_rows, gn = scale.shape
+            v = values.reshape(out_rows, gn, BLOCK).mul_(scale[..., None])
+            return v.reshape(out_rows, gn * BLOCK).t().contiguous()
+        blocks = values.reshape(*scale.shape, BLOCK).mul_(scale[..., None])
+        return blocks.reshape(values.shape)
+
+    def quantize(self, x: torch.Tensor, **options: Any) -> dict[str, torch.Tensor]:
+        """torchao's ``to_mx`` (FLOOR scale): codes and ``float8_e8m0fnu`` scales.
+
+        ``element`` picks MXFP8's element type (``float8_e4m3fn``, the default, or
+        ``float8_e5m2``); ``layout="gpt-oss"`` takes an ``[E, in, out]`` weight and
+        gives gpt-oss blocks ``[E, out, G, 16]`` and ``uint8`` scales ``[E, out, G]``.
+        """
+        layout = options.get("layout", "ocp")
+        xf = x.detach().to(torch.float32).cpu()
+        if layout == "gpt-oss":
+            require(self.fp4 and xf.ndim >= 2, "layout='gpt-oss' is mxfp4 of [E, in, out] weights")
+            xf = xf.transpose(-1, -2)
+        xf = xf.contiguous()
+        k = xf.shape[-1] if xf.ndim else 0
+        require(
+            xf.ndim >= 1 and k % BLOCK == 0,
+            f"{self.name} quantizes rows of a multiple of 32 values; got shape "
+            f"{shape_text(tuple(xf.shape))} (pad the last axis)",
+        )
+        element = "fp4" if self.fp4 else str(options.get("element", "float8_e4m3fn"))
+        require(element in _ELEMENT, f"element={element!r}: pass float8_e4m3fn or float8_e5m2")
+        emax, max_pos = _ELEMENT[element]
+        blocks = xf.reshape(*xf.shape[:-1], k // BLOCK, BLOCK)
+        max_abs = blocks.abs().amax(dim=-1, keepdim=True)
+        exp = ((max_abs.view(torch.int32) >> 23) & 0xFF) - 127 - emax
+        biased = (exp.clamp(-127, 128) + 127).to(torch.uint8)
+        biased = torch.where(torch.isnan(max_abs), torch.full_like(biased, 255), biased)
+        scale = (biased.to(torch.int32) << 23).view(torch.float32)
+        scale = torch.clamp(scale, min=torch.finfo(torch.float32).tiny)
+        scaled = blocks / scale
+        if self.fp4:
+            codes = fp4_encode(scaled.reshape(xf.shape))
+            out = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+        else:
+            dt = getattr(torch, element)
+            out = torch.clamp(scaled, -max_pos, max_pos).to(dt).reshape(xf.shape)
+        scales = biased.squeeze(-1)
+        if layout == "gpt-oss":
+            return {
+                "codes": out.reshape(*out.shape[:-1], k // BLOCK, BLOCK // 2),
+                "scale": scales,
+            }
+        return {"codes": out, "scale": scales.view(torch.float8_e8m0fnu)}

@@ -1,0 +1,211 @@
+"""NVFP4: fp4 e2m1 codes, one fp8 e4m3 scale per 16 elements, one float32 global scale.
+
+Two toolkits write it with different names and *reciprocal* global scales, so the
+convention comes from the config, never from the tensors:
+
+* **ModelOpt** (NVIDIA TensorRT Model Optimizer; ``hf_quant_config.json`` with
+  ``quant_algo: "NVFP4"``, or ``config.json`` ``quant_method: "modelopt"``, e.g.
+  nvidia/Llama-3.1-8B-Instruct-FP4): ``NAME`` ``U8 [out, in / 2]``, ``NAME_scale``
+  ``F8_E4M3 [out, in / 16]``, ``NAME_scale_2`` ``F32 []``; value =
+  ``code * (scale * scale_2)``. ``input_scale`` is dropped and listed.
+* **compressed-tensors** (``format: "nvfp4-pack-quantized"``, llm-compressor's
+  NVFP4 exports): ``..._packed`` ``U8 [out, in / 2]``, ``..._scale``
+  ``F8_E4M3 [out, in / 16]``, ``..._global_scale`` ``F32 [1]``; value =
+  ``code * (scale / global_scale)``. ``input_global_scale`` is dropped and listed.
+
+Element ``2j`` sits in the low nibble of byte ``j`` in both.
+
+Numerics: the block's scale (``scale * scale_2``, or ``scale / global_scale``) is
+formed in float32 as each toolkit forms it (one float32 rounding), the product with
+the code is exact, and the result is rounded once to the requested dtype.
+Quantizing follows torchao's ``nvfp4_quantize`` with a per-tensor scale
+``amax / (448 * 6)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from ..errors import QuantizationError
+from . import base
+from .base import (
+    Config,
+    Group,
+    Index,
+    Scheme,
+    fp4_codes_to_f32,
+    fp4_encode,
+    require,
+    shape_text,
+)
+from .fp8_scaled import activation_scales
+
+__all__ = ["NVFP4"]
+
+BLOCK = 16
+_F4_MAX, _E4M3_MAX = 6.0, 448.0
+_NAMES = {  # convention -> (codes suffix, global-scale suffix)
+    "modelopt": ("", "_scale_2"),
+    "compressed-tensors": ("_packed", "_global_scale"),
+}
+
+
+class NVFP4(Scheme):
+    """NVFP4 in one toolkit's convention (``"modelopt"`` or ``"compressed-tensors"``)."""
+
+    writes = True
+
+    def __init__(self, convention: str) -> None:
+        self.convention = convention
+        self.name = f"nvfp4-{convention}"  # type: ignore[misc]
+        codes, glob = _NAMES[convention]
+        op = "x (scale x scale_2)" if convention == "modelopt" else "x (scale / global_scale)"
+        self.summary = (  # type: ignore[misc]
+            f"fp4 codes (NAME{codes}, U8 two a byte), fp8 e4m3 scale per 16 (NAME_scale), "
+            f"float32 NAME{glob}; value = code {op}."
+        )
+        self.numerics = (  # type: ignore[misc]
+            "the block scale in float32 as the toolkit forms it, x code (exact), rounded "
+            "once to the requested dtype."
+        )
+
+    def claims(self, config: Config) -> bool:
+        if self.convention == "modelopt":
+            return config.method == "modelopt" and config.algo == "NVFP4"
+        return config.method == "compressed-tensors" and "nvfp4-pack-quantized" in config.formats
+
+    def detect(
+        self, index: Index, config: Config | None, options: Mapping[str, Any]
+    ) -> list[Group]:
+        codes_suffix, glob_suffix = _NAMES[self.convention]
+        groups = []
+        for name, (row, _) in index.items():
+            if not name.endswith("_scale") or row.name != "float8_e4m3fn":
+                continue
+            base = name[: -len("_scale")]
+            codes = base + codes_suffix
+            if codes not in index:
+                continue
+            glob = base + glob_suffix
+            if glob not in index:
+                other = (
+                    base
+                    + _NAMES["modelopt" if self.convention != "modelopt" else "compressed-tensors"][
+                        1
+                    ]
+                )
+                hint = (
+                    f" ({other} is there: the config says {self.convention} but the names are the "
+                    "other toolkit's; pass the matching scheme=)"
+                    if other in index
+                    else ""
+                )
+                raise QuantizationError(
+                    f"{codes} has block scales {name} but no global scale {glob}{hint}; without "
+                    "it every value is off by a constant factor: the checkpoint is incomplete"
+                )
+            parts = {"codes": codes, "scale": name, "global_scale": glob}
+            groups.append(self.make_group(base, parts, index, options))
+        return groups
+
+    def make_group(
+        self, name: str, parts: Mapping[str, str], index: Index, options: Mapping[str, Any]
+    ) -> Group:
+        codes, scale = parts["codes"], parts["scale"]
+        if "global_scale" not in parts:
+            what = "weight_scale_2" if self.convention == "modelopt" else "weight_global_scale"
+            raise QuantizationError(
+                f"{codes} has no global scale; pass global_scale= (NVFP4 needs the float32 {what})"
+            )
+        (crow, cshape), (srow, sshape) = index[codes], index[scale]
+        grow, gshape = index[parts["global_scale"]]
+        require(
+            crow.name in ("uint8", "float4_e2m1fn"),
+            f"{codes} is {crow.name}; NVFP4 codes are U8 (two a byte) or F4",
+        )
+        require(
+            srow.name == "float8_e4m3fn", f"{scale} is {srow.name}; NVFP4 block scales are F8_E4M3"
+        )
+        require(
+            grow.name in ("float32", "bfloat16", "float16") and _count(gshape) == 1,
+            f"{parts['global_scale']} is {grow.name} {shape_text(gshape)}; NVFP4's global scale "
+            "is one float32",
+        )
+        packed = crow.name == "uint8"
+        require(len(cshape) >= 1, f"{codes} is a scalar; NVFP4 codes have a last axis")
+        k = cshape[-1] * (2 if packed else 1)
+        want = (*cshape[:-1], k // BLOCK)
+        if k % BLOCK or tuple(sshape) != want:
+            raise QuantizationError(
+                f"{scale} {shape_text(sshape)} does not tile {codes} {shape_text(cshape)} "
+                f"({k} values a row) in 16-element blocks (that needs {shape_text(want)}); "
+                "the export is broken (a swizzled or padded scale layout?)"
+            )
+        return Group(
+            name,
+            self.name,
+            dict(parts),
+            (*cshape[:-1], k),
+            {"packed": packed},
+            activation_scales(codes, index),
+        )
+
+    def pieces(self, group: Group, parts: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+        k = group.shape[-1]
+        rows = _count(group.shape[:-1])
+        c2, s2 = parts["codes"].reshape(rows, -1), parts["scale"].reshape(rows, -1)
+        per = max(1, base.PIECE_ELEMENTS // max(1, k))
+        for r0 in range(0, rows, per):
+            yield {
+                "codes": c2[r0 : r0 + per],
+                "scale": s2[r0 : r0 + per],
+                "global_scale": parts["global_scale"],
+            }
+
+    def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
+        values = fp4_codes_to_f32(parts["codes"], group.options["packed"])
+        s = parts["scale"].to(torch.float32)
+        g = parts["global_scale"].to(torch.float32).reshape(())
+        block = s * g if self.convention == "modelopt" else s / g
+        return values.reshape(*s.shape, BLOCK).mul_(block[..., None]).reshape(values.shape)
+
+    def quantize(self, x: torch.Tensor, **options: Any) -> dict[str, torch.Tensor]:
+        """torchao's ``nvfp4_quantize`` with ``per_tensor_scale = amax / (448 * 6)``.
+
+        Returns packed ``uint8`` codes, ``float8_e4m3fn`` block scales and the global
+        scale in this convention (ModelOpt: ``scale_2 = amax / 2688``;
+        compressed-tensors: ``global_scale = 2688 / amax``, its reciprocal).
+        """
+        xf = x.detach().to(torch.float32).cpu().contiguous()
+        require(
+            xf.ndim >= 1 and xf.shape[-1] % BLOCK == 0,
+            f"NVFP4 quantizes rows of a multiple of 16 values; got {shape_text(tuple(xf.shape))}",
+        )
+        amax = xf.abs().amax()
+        per_tensor = amax / (_E4M3_MAX * _F4_MAX)
+        blocks = xf.reshape(-1, xf.shape[-1] // BLOCK, BLOCK)
+        block_scale = blocks.abs().amax(dim=-1) / _F4_MAX
+        scaled_block = block_scale / per_tensor
+        eps = torch.finfo(torch.float8_e4m3fn).tiny
+        fp8 = torch.clamp(scaled_block, min=eps, max=_E4M3_MAX).to(torch.float8_e4m3fn)
+        reciprocal = (1.0 / per_tensor) / fp8.to(torch.float32)
+        scaled = torch.clamp(blocks * reciprocal[..., None], -_F4_MAX, _F4_MAX)
+        codes = fp4_encode(scaled.reshape(xf.shape))
+        packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+        glob = per_tensor if self.convention == "modelopt" else 1.0 / per_tensor
+        shape = () if self.convention == "modelopt" else (1,)
+        return {
+            "codes": packed,
+            "scale": fp8.reshape(*xf.shape[:-1], -1),
+            "global_scale": glob.reshape(shape).to(torch.float32),
+        }
+
+
+def _count(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
