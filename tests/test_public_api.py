@@ -25,6 +25,7 @@ PUBLIC = [
     "ShapeMismatchError",
     "Stats",
     "TensorBridgeError",
+    "UncommittedCheckpointError",
     "UnsupportedDtypeError",
     "UnsupportedTensorError",
     "__version__",
@@ -110,6 +111,7 @@ def test_import_is_quiet_lazy_and_changes_nothing() -> None:
 DOCUMENTED = [
     "tensorbridge",
     "tensorbridge.convert",
+    "tensorbridge.dcp._commit",
     "tensorbridge.diagnostics._cast",
     "tensorbridge.diagnostics._compare",
     "tensorbridge.diagnostics._describe",

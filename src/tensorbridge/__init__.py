@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         NoDataError,
         ShapeMismatchError,
         TensorBridgeError,
+        UncommittedCheckpointError,
         UnsupportedDtypeError,
         UnsupportedTensorError,
     )
@@ -55,6 +56,7 @@ __all__ = [
     "ShapeMismatchError",
     "Stats",
     "TensorBridgeError",
+    "UncommittedCheckpointError",
     "UnsupportedDtypeError",
     "UnsupportedTensorError",
     "__version__",
@@ -102,6 +104,7 @@ _HOME = {
             "NoDataError",
             "ShapeMismatchError",
             "TensorBridgeError",
+            "UncommittedCheckpointError",
             "UnsupportedDtypeError",
             "UnsupportedTensorError",
         ],

@@ -20,6 +20,7 @@ __all__ = [
     "NoDataError",
     "ShapeMismatchError",
     "TensorBridgeError",
+    "UncommittedCheckpointError",
     "UnsupportedDtypeError",
     "UnsupportedTensorError",
 ]
@@ -55,3 +56,7 @@ class FormatError(TensorBridgeError, ValueError):
 
 class DestinationExistsError(TensorBridgeError, FileExistsError):
     """A save would replace an existing file, and ``overwrite=True`` was not passed."""
+
+
+class UncommittedCheckpointError(FormatError):
+    """A checkpoint whose save never committed: interrupted, still running, or partial."""
