@@ -21,6 +21,7 @@ PUBLIC = [
     "Description",
     "DestinationExistsError",
     "FormatError",
+    "MissingExtraError",
     "NoDataError",
     "ShapeMismatchError",
     "Stats",

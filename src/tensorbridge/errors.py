@@ -17,6 +17,7 @@ __all__ = [
     "CopyRequiredError",
     "DestinationExistsError",
     "FormatError",
+    "MissingExtraError",
     "NoDataError",
     "ShapeMismatchError",
     "TensorBridgeError",
@@ -60,3 +61,7 @@ class DestinationExistsError(TensorBridgeError, FileExistsError):
 
 class UncommittedCheckpointError(FormatError):
     """A checkpoint whose save never committed: interrupted, still running, or partial."""
+
+
+class MissingExtraError(TensorBridgeError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it."""

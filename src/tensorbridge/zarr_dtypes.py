@@ -157,7 +157,8 @@ class _Scalar:
     def to_json(self, value: np.generic) -> JSON:
         """The JSON spelling of a scalar that keeps its bits: NaN payloads as ``0x`` bits."""
         bits = _bits_of(value, self.dtype.itemsize)
-        f = float(np.asarray(value).astype(np.float64))
+        with np.errstate(all="ignore"):  # a signalling NaN warns on the way to float64
+            f = float(np.asarray(value).astype(np.float64))
         if math.isnan(f):
             return "NaN" if bits == self.canonical_nan else _hex(bits, self.dtype.itemsize)
         if math.isinf(f):

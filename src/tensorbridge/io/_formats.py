@@ -27,7 +27,7 @@ writer is first used.
 >>> by_suffix(".NPZ").name, by_kind("pt-legacy").name
 ('npz', 'pt')
 >>> [f.suffixes[0] for f in FORMATS if f.metadata]
-['.safetensors', '.pt']
+['.safetensors', '.pt', '.zarr']
 """
 
 from __future__ import annotations
@@ -83,6 +83,8 @@ class Format:
     writes: bool = True  # ``save`` writes it (False: read-only)
     magic: bytes = b""  # the first bytes that identify it, where a fixed magic does
     in_directory: tuple[str, ...] = ()  # names a checkpoint directory is searched for, best first
+    directory: bool = False  # a store is a directory (Zarr), recognised by its contents
+    extra: str | None = None  # the pip extra that installs its library (``tensorbridge[zarr]``)
 
     def __repr__(self) -> str:
         return f"<Format {self.name}>"
@@ -161,6 +163,17 @@ FORMATS: tuple[Format, ...] = (
         memory_map=True,
         in_directory=("*.bin" + INDEX_SUFFIX, "*.bin", "*.pt", "*.pth"),
     ),
+    Format(
+        "zarr",
+        "tensorbridge.io.zarr",
+        "ZarrFile",
+        "a Zarr v3 store",
+        suffixes=(".zarr",),
+        kinds=("zarr",),
+        metadata=True,
+        directory=True,
+        extra="zarr",
+    ),
 )
 
 # what a directory destination gets: model.safetensors in it
@@ -182,7 +195,7 @@ def by_kind(kind: str) -> Format | None:
 
 
 def by_name(name: str) -> Format:
-    """The format called ``name`` ("safetensors", "npy", "npz", "pt")."""
+    """The format called ``name`` ("safetensors", "npy", "npz", "pt", "zarr")."""
     return _BY_NAME[name]
 
 
@@ -190,6 +203,6 @@ def listing(has: Callable[[Format], bool], sep: str = " / ") -> str:
     """The usual suffixes of the formats that ``has`` a capability, for messages.
 
     >>> listing(lambda f: f.metadata, " or ")
-    '.safetensors or .pt'
+    '.safetensors or .pt or .zarr'
     """
     return sep.join(f.suffixes[0] for f in FORMATS if has(f))
