@@ -29,6 +29,8 @@ PUBLIC = [
     "UncommittedCheckpointError",
     "UnsupportedDtypeError",
     "UnsupportedTensorError",
+    "ZarrReader",
+    "ZarrWriter",
     "__version__",
     "cast_report",
     "compare",

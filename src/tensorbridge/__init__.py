@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .convert import to_numpy, to_torch
+    from .dcp.zarr import ZarrReader, ZarrWriter
     from .diagnostics import (
         CastReport,
         Comparison,
@@ -61,6 +62,8 @@ __all__ = [
     "UncommittedCheckpointError",
     "UnsupportedDtypeError",
     "UnsupportedTensorError",
+    "ZarrReader",
+    "ZarrWriter",
     "__version__",
     "cast_report",
     "compare",
@@ -113,6 +116,7 @@ _HOME = {
         ],
         ".errors",
     ),
+    **dict.fromkeys(["ZarrReader", "ZarrWriter"], ".dcp.zarr"),
     **dict.fromkeys(["load", "open", "save"], ".io"),
     **dict.fromkeys(["tree_to_numpy", "tree_to_torch"], ".tree"),
 }

@@ -82,6 +82,7 @@ __all__ = [
     "open_region",
     "require_zarr",
     "save",
+    "storable",
     "write_region",
 ]
 
@@ -184,7 +185,7 @@ def create_array(
     ('bfloat16', (2, 2))
     """
     zarr = require_zarr()
-    row = _storable(dtype)
+    row = storable(dtype)
     check_name(name)
     return zarr.create_array(  # type: ignore[no-any-return]
         store=os.fspath(Path(root) / name),
@@ -246,7 +247,7 @@ def write_region(
             )
     if 0 in sizes:
         return 0
-    dst = _storable(dtype if dtype is not None else array.dtype)
+    dst = storable(dtype if dtype is not None else array.dtype)
     if not shape:
         array[()] = _host(block, dst)
         return dst.itemsize
@@ -272,7 +273,7 @@ def _host(x: Any, dst: DTypeRow) -> np.ndarray:
     return cast
 
 
-def _storable(dtype: Any) -> DTypeRow:
+def storable(dtype: Any) -> DTypeRow:
     """The table row for ``dtype``, refusing the packed types no Zarr array holds as such."""
     from ..dtypes import resolve_dtype
 
@@ -437,11 +438,11 @@ def _source_row(x: Any) -> DTypeRow:
             )
         if x.device.type == "meta":
             raise NoDataError(f"a meta tensor (shape {tuple(x.shape)}) holds no data to save")
-        return _storable(x.dtype)
+        return storable(x.dtype)
     if isinstance(x, np.ndarray):
         if isinstance(x, np.ma.MaskedArray):
             raise UnsupportedTensorError("a masked array's mask would be lost; pass a.filled()")
-        return _storable(x.dtype.newbyteorder("=") if x.dtype.byteorder == ">" else x.dtype)
+        return storable(x.dtype.newbyteorder("=") if x.dtype.byteorder == ">" else x.dtype)
     raise UnsupportedTensorError(
         f"the value is a {type(x).__qualname__}; a Zarr store holds tensors or arrays"
     )
@@ -487,6 +488,7 @@ class ZarrFile(TensorFile):
             raise FormatError(f"{where}: its {GROUP_FILE} is no Zarr v3 group or array")
         self._arrays: dict[str, Any] = {}
         self._values: dict[str, Any] = {}
+        self._saved: dict[str, Any] = {}
         try:
             if kind == "array":
                 self.single = True
@@ -508,6 +510,7 @@ class ZarrFile(TensorFile):
         except (KeyError, ValueError, TypeError) as err:
             raise FormatError(f"{where}: not a readable Zarr v3 store: {err}") from None
         self._values = attrs
+        self._saved = saved if isinstance(saved, dict) else {}
         self.metadata = {k: v if isinstance(v, str) else json.dumps(v) for k, v in attrs.items()}
 
     def keys(self) -> list[str]:
@@ -515,6 +518,10 @@ class ZarrFile(TensorFile):
 
     def plain_values(self) -> dict[str, Any]:
         return dict(self._values)
+
+    def saved_attributes(self) -> dict[str, Any]:
+        """What tensorbridge recorded for itself in the group (the tensors' order, ...)."""
+        return dict(self._saved)
 
     def _get(self, name: str) -> Any:
         if name not in self._arrays:
