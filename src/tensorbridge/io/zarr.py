@@ -2,10 +2,10 @@
 
 Layout of ``OUT.zarr`` as :func:`save` and :class:`tensorbridge.ZarrWriter` write it::
 
-    OUT.zarr/zarr.json          the group: {"zarr_format": 3, "node_type": "group",
-                                "attributes": {...metadata, "tensorbridge": {"keys": [...]}}}
-    OUT.zarr/<name>/zarr.json   one array per tensor, named by its dotted key
-    OUT.zarr/<name>/c/0/1       its chunks: a regular grid, raw little-endian bytes
+    OUT.zarr/zarr.json         the group: {"zarr_format": 3, "node_type": "group",
+                               "attributes": {...metadata, "tensorbridge": {...}}}
+    OUT.zarr/<name>/zarr.json  one array per tensor, named by its dotted key
+    OUT.zarr/<name>/c/0/1      its chunks: a regular grid, raw little-endian bytes
 
 **Data types.** Every row of the dtype table: the classic ones under zarr's own names
 (``bool``, ``int8`` ... ``uint64``, ``float16`` ... ``float64``, ``complex64``,
@@ -37,7 +37,8 @@ zarr is an optional dependency: ``pip install tensorbridge[zarr]``.
 
 >>> import os, tempfile, numpy as np, tensorbridge as tb
 >>> p = os.path.join(tempfile.mkdtemp(), "w.zarr")
->>> tb.save({"w": np.arange(6, dtype=np.int16).reshape(2, 3)}, p, metadata={"step": 7})
+>>> w = np.arange(6, dtype=np.int16).reshape(2, 3)
+>>> tb.save({"w": w}, p, metadata={"step": 7})
 >>> with tb.open(p) as f:
 ...     f.keys(), f["w"].tolist(), f.plain_values()
 (['w'], [[0, 1, 2], [3, 4, 5]], {'step': 7})
@@ -128,7 +129,8 @@ def chunk_grid(
 
     >>> chunk_grid((10, 6), [((0, 0), (6, 6)), ((6, 0), (4, 6))], 4)  # rows 0-5, 6-9
     (2, 6)
-    >>> chunk_grid((1024, 1024), [((0, 0), (1024, 1024))], 2, max_chunk_bytes=64 << 10)
+    >>> whole = [((0, 0), (1024, 1024))]
+    >>> chunk_grid((1024, 1024), whole, 2, max_chunk_bytes=64 << 10)
     (32, 1024)
     """
     n = len(shape)
