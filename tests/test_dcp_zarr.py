@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: E402
 
+import tensorbridge.zarr_dtypes  # noqa: E402 - zarr 3.1 reads bfloat16 after this import
 from tensorbridge.errors import UncommittedCheckpointError  # noqa: E402
 
 ROWS, COLS = 13, 10  # uneven on 2 and 4 ranks; 10 columns on 4 ranks leave one empty
@@ -214,3 +215,34 @@ def test_non_json_entries_are_refused(tmp_path: Path) -> None:
             no_dist=True,
         )
     assert not (tmp_path / "x.zarr" / "zarr.json").exists()
+
+
+def _peak_growth(rank: int, world: int, path: str, rows: int, buffer: int) -> dict[str, int]:
+    """Save a ``rows x 8192`` bf16 Shard(0) tensor; the RSS this rank grew by while saving."""
+    mesh = init_device_mesh("cpu", (world,))
+    local = torch.full((rows // world, 8192), rank + 1.0, dtype=torch.bfloat16)
+    w = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := VmRSS
+    before = _status("VmRSS")
+    dcp.save({"w": w}, storage_writer=tb.ZarrWriter(path, buffer_bytes=buffer))
+    return {"growth": _status("VmHWM") - before, "shard": local.nbytes}
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith(key + ":"))
+
+
+@pytest.mark.skipif(
+    not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux /proc/self/clear_refs"
+)
+def test_a_rank_holds_its_shard_plus_a_fixed_buffer(tmp_path: Path) -> None:
+    buffer = 16 << 20
+    results = run_ranks(_peak_growth, 2, tmp_path, str(tmp_path / "m.zarr"), 8192, buffer)
+    for r in results:  # a 64 MiB shard each: growth bounded by the buffer, not the shard
+        assert r["shard"] == 64 << 20
+        assert r["growth"] < buffer + (24 << 20), r
+    z = zarr.open_array(str(tmp_path / "m.zarr" / "w"))
+    assert z.chunks == (1024, 8192)  # 16 MiB chunks, aligned to the 4096-row shards
+    assert z[4095, 0] == 1 and z[4096, 0] == 2
