@@ -246,3 +246,14 @@ def test_a_rank_holds_its_shard_plus_a_fixed_buffer(tmp_path: Path) -> None:
     z = zarr.open_array(str(tmp_path / "m.zarr" / "w"))
     assert z.chunks == (1024, 8192)  # 16 MiB chunks, aligned to the 4096-row shards
     assert z[4095, 0] == 1 and z[4096, 0] == 2
+
+
+def test_docstring_example_runs() -> None:
+    import doctest
+
+    from tensorbridge.dcp import zarr as dcp_zarr
+
+    with warnings.catch_warnings():  # DCP's "assuming ... a single process"
+        warnings.simplefilter("ignore", UserWarning)
+        failures, tried = doctest.testmod(dcp_zarr)
+    assert tried > 0 and failures == 0

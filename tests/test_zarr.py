@@ -483,3 +483,13 @@ def test_aligned_regions_from_separate_writers_make_the_whole(tmp_path: Path) ->
 def test_docstring_examples_run(module: Any) -> None:
     failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert tried > 0 and failures == 0
+
+
+def test_a_store_writer_that_fails_leaves_the_previous_store(tmp_path: Path) -> None:
+    p = tmp_path / "w.zarr"
+    tb.save({"a": np.arange(3)}, p)
+    with pytest.raises(RuntimeError, match=r"writer died"), tbz.StoreWriter(p) as store:
+        store.create("b", (2,), "int8")
+        raise RuntimeError("writer died")
+    assert sorted(os.listdir(p)) == ["a", "zarr.json"]  # no staging directory left either
+    assert list(tb.load(p)) == ["a"]

@@ -69,7 +69,6 @@ from ..convert import to_numpy, to_torch
 from ..errors import UnsupportedTensorError
 from ..io import zarr as zstore
 from ..io._common import DEFAULT_CHUNK
-from ._commit import abandon, begin, new_save_id, publish
 
 __all__ = ["ZarrReader", "ZarrWriter"]
 
@@ -99,14 +98,13 @@ class ZarrWriter(StorageWriter):
         self.max_chunk_bytes = max_chunk_bytes
         self.buffer_bytes = buffer_bytes
         self.is_coordinator = False
-        self.staging: Path | None = None
-        self.stale: list[str] = []
+        self.store: zstore.StoreWriter | None = None
         self.order: list[str] = []  # the fully qualified names in state-dict order
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id:
             self.path = Path(checkpoint_id)
-        self.staging = None
+        self.store = None
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
@@ -142,18 +140,16 @@ class ZarrWriter(StorageWriter):
                 fqn for plan in plans for fqn in (plan.storage_data or {}).get("order", [])
             )
         )
-        self.stale = zstore.existing_arrays(self.path)
-        staging = begin(self.path, new_save_id())
+        store = zstore.StoreWriter(self.path, max_chunk_bytes=self.max_chunk_bytes)
         try:
-            for fqn, (shape, dtype) in shapes.items():
-                row = zstore.storable(dtype)
-                chunks = zstore.chunk_grid(shape, blocks[fqn], row.itemsize, self.max_chunk_bytes)
-                zstore.create_array(staging, fqn, shape, row, chunks)
+            for fqn in sorted(shapes, key=_position(self.order)):
+                shape, dtype = shapes[fqn]
+                store.create(fqn, shape, dtype, blocks=blocks[fqn])
         except BaseException:
-            abandon(staging)
+            store.abandon()
             raise
-        self.staging = staging
-        return [_with_storage(plan, {"staging": str(staging)}) for plan in plans]
+        self.store = store
+        return [_with_storage(plan, {"staging": str(store.staging)}) for plan in plans]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         staging = Path(plan.storage_data["staging"])
@@ -184,34 +180,22 @@ class ZarrWriter(StorageWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Commit: move the arrays into place, then write the group's ``zarr.json`` last."""
-        staging = self.staging
-        if staging is None:
+        store = self.store
+        if store is None:
             raise RuntimeError("ZarrWriter.finish ran before prepare_global_plan")
         values: dict[str, Any] = {}
         for rank_results in results:
             for r in rank_results:
                 if "value" in r.storage_data:
                     values[r.index.fqn] = r.storage_data["value"]
-        entries = metadata.state_dict_metadata
-        order = [*self.order, *entries]  # the state dict's order first
-        names = [
-            k for k in dict.fromkeys(order) if isinstance(entries.get(k), TensorStorageMetadata)
-        ]
-        attrs = zstore.attributes(values, names, repr(str(self.path)))
-        attrs[zstore.RESERVED][_VALUES] = sorted(values)
+        store.metadata = dict(sorted(values.items(), key=lambda kv: _position(self.order)(kv[0])))
+        store.saved[_VALUES] = list(store.metadata)
         try:
-            publish(
-                self.path,
-                staging,
-                names,
-                zstore.GROUP_FILE,
-                zstore.group_document(attrs),
-                self.stale,
-            )
+            store.commit()
         except BaseException:
-            abandon(staging)
+            store.abandon()
             raise
-        self.staging = None
+        self.store = None
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=str(self.path))
@@ -219,6 +203,12 @@ class ZarrWriter(StorageWriter):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         return os.fspath(checkpoint_id).rstrip("/").endswith(".zarr")
+
+
+def _position(order: list[str]) -> Any:
+    """A sort key: a name's place in ``order`` (names not in it go last, in name order)."""
+    where = {name: i for i, name in enumerate(order)}
+    return lambda name: (where.get(name, len(where)), name)
 
 
 def _with_storage(plan: SavePlan, storage: dict[str, Any]) -> SavePlan:

@@ -74,6 +74,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GROUP_FILE",
     "MAX_CHUNK_BYTES",
+    "StoreWriter",
     "ZarrFile",
     "chunk_grid",
     "create_array",
@@ -411,25 +412,99 @@ def save(
             plans.append((name, x, cast_target(_source_row(x), float_dtype)))
         except (UnsupportedDtypeError, UnsupportedTensorError) as err:
             raise type(err)(f"at {name!r}: {err}") from None
-    attrs = attributes(metadata, [name for name, _, _ in plans], where)
-    stale = existing_arrays(path)
     total = sum(math.prod(x.shape) * dst.itemsize for _, x, dst in plans)
     bar = progress_bar(total, f"saving {path.name}", progress)
-    staging = begin(path, new_save_id())
     try:
-        for name, x, dst in plans:
-            shape = tuple(int(n) for n in x.shape)
-            chunks = chunk_grid(shape, [((0,) * len(shape), shape)], dst.itemsize, max_chunk_bytes)
-            array = create_array(staging, name, shape, dst, chunks)
-            bar.update(
-                write_region(array, (0,) * len(shape), x, dtype=dst, buffer_bytes=chunk_bytes)
-            )
-        publish(path, staging, [n for n, _, _ in plans], GROUP_FILE, group_document(attrs), stale)
-    except BaseException:
-        abandon(staging)
-        raise
+        with StoreWriter(path, metadata=metadata, max_chunk_bytes=max_chunk_bytes) as store:
+            for name, x, dst in plans:
+                array = store.create(name, tuple(int(n) for n in x.shape), dst)
+                origin = (0,) * x.ndim
+                bar.update(write_region(array, origin, x, dtype=dst, buffer_bytes=chunk_bytes))
     finally:
         bar.close()
+
+
+class StoreWriter:
+    """A store being written: arrays created in a staging directory, committed on exit.
+
+    The one way tensorbridge's Zarr writers (:func:`save`, ``tb.ZarrWriter``, the
+    conversion of DCP checkpoints) build a store: :meth:`create` makes each array
+    (chunked to tile the ``blocks`` its writers will write), writers fill it with
+    :func:`write_region`, and leaving the ``with`` block commits (:meth:`commit`: arrays
+    moved into place, the group's ``zarr.json`` last, the previous save's other arrays
+    removed) or, on an exception, abandons the staging directory, so the previous store
+    (or none) stays.
+
+    >>> import os, tempfile, numpy as np
+    >>> p = os.path.join(tempfile.mkdtemp(), "s.zarr")
+    >>> blocks = [((0, 0), (2, 3)), ((2, 0), (2, 3))]  # two writers' rows
+    >>> with StoreWriter(p, metadata={"step": 1}) as store:
+    ...     a = store.create("w", (4, 3), "float32", blocks=blocks)
+    ...     for row in (0, 2):
+    ...         _ = write_region(a, (row, 0), np.full((2, 3), row, np.float32))
+    >>> load(p)["w"][:, 0].tolist(), a.chunks
+    ([0.0, 0.0, 2.0, 2.0], (2, 3))
+
+    Raises:
+        FormatError: ``path`` exists and is no Zarr store.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        max_chunk_bytes: int = MAX_CHUNK_BYTES,
+    ) -> None:
+        require_zarr()
+        self.path = Path(path)
+        self.metadata = dict(metadata or {})
+        self.max_chunk_bytes = max_chunk_bytes
+        self.names: list[str] = []
+        self.saved: dict[str, Any] = {}  # more of tensorbridge's own group attribute
+        attributes(self.metadata, [], repr(str(self.path)))  # refuse bad metadata up front
+        self.stale = existing_arrays(self.path)
+        self.staging = begin(self.path, new_save_id())
+
+    def create(
+        self,
+        name: str,
+        shape: Sequence[int],
+        dtype: DTypeLike,
+        *,
+        blocks: Iterable[tuple[Sequence[int], Sequence[int]]] | None = None,
+    ) -> zarr_module.Array[Any]:
+        """Create the array ``name``, chunked to tile ``blocks`` (default: one whole block)."""
+        shape = tuple(int(n) for n in shape)
+        row = storable(dtype)
+        whole = [((0,) * len(shape), shape)]
+        chunks = chunk_grid(shape, blocks or whole, row.itemsize, self.max_chunk_bytes)
+        array = create_array(self.staging, name, shape, row, chunks)
+        self.names.append(name)
+        return array
+
+    def commit(self) -> None:
+        """Move the arrays into place and write the group's ``zarr.json``, last."""
+        attrs = attributes(self.metadata, self.names, repr(str(self.path)))
+        attrs[RESERVED].update(self.saved)
+        publish(self.path, self.staging, self.names, GROUP_FILE, group_document(attrs), self.stale)
+
+    def abandon(self) -> None:
+        """Delete the staging directory: nothing of this save is committed."""
+        abandon(self.staging)
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            try:
+                self.commit()
+                return
+            except BaseException:
+                self.abandon()
+                raise
+        self.abandon()
 
 
 def _source_row(x: Any) -> DTypeRow:
