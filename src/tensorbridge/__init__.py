@@ -16,7 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .convert import to_numpy, to_torch
+    from .convert import LocalShard, local_shard, to_numpy, to_torch
     from .dcp.zarr import ZarrReader, ZarrWriter
     from .diagnostics import (
         CastReport,
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         MissingExtraError,
         NoDataError,
         ShapeMismatchError,
+        ShardedTensorError,
         TensorBridgeError,
         UncommittedCheckpointError,
         UnsupportedDtypeError,
@@ -54,9 +55,11 @@ __all__ = [
     "Description",
     "DestinationExistsError",
     "FormatError",
+    "LocalShard",
     "MissingExtraError",
     "NoDataError",
     "ShapeMismatchError",
+    "ShardedTensorError",
     "Stats",
     "TensorBridgeError",
     "UncommittedCheckpointError",
@@ -70,6 +73,7 @@ __all__ = [
     "describe",
     "dtype_table",
     "load",
+    "local_shard",
     "numpy_dtype",
     "open",
     "resolve_dtype",
@@ -84,7 +88,7 @@ __all__ = [
 
 # Where each public name lives: the submodule is imported when the name is first used.
 _HOME = {
-    **dict.fromkeys(["to_numpy", "to_torch"], ".convert"),
+    **dict.fromkeys(["LocalShard", "local_shard", "to_numpy", "to_torch"], ".convert"),
     **dict.fromkeys(
         [
             "CastReport",
@@ -109,6 +113,7 @@ _HOME = {
             "MissingExtraError",
             "NoDataError",
             "ShapeMismatchError",
+            "ShardedTensorError",
             "TensorBridgeError",
             "UncommittedCheckpointError",
             "UnsupportedDtypeError",

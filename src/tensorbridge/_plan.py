@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from . import _dlpack as dlpack
+from . import _dtensor as dtensor
 from . import _memory as mem
 from .dtypes import (
     BY_NUMPY,
@@ -106,6 +107,8 @@ def signature(x: Any) -> Hashable | None:
     if cls is np.ndarray or cls is np.memmap:
         return (cls, x.dtype, x.flags.writeable, strides_state(x))
     if isinstance(x, torch.Tensor):
+        if cls is not torch.Tensor and cls not in mem.PLAIN_SUBCLASSES and dtensor.is_dtensor(x):
+            return dtensor.signature(x)
         dtype = x.dtype
         conj = dtype.is_complex and x.is_conj()
         return (cls, dtype, x.device, x.layout, x.requires_grad, x.is_neg(), conj, x.is_nested)
@@ -137,23 +140,24 @@ def plan_numpy(
     copy: bool | None = None,
     readonly: bool = False,
     into: bool = False,
+    gather: bool = False,
 ) -> Plan:
-    """The plan for ``to_numpy(x, dtype=, copy=, readonly=, out=)``; ``into``: out is given.
+    """The plan for ``to_numpy(x, dtype=, copy=, readonly=, out=, gather=)``; ``into``: out=.
 
     Raises the error the conversion would raise (unsupported value or dtype, a copy
-    that ``copy=False`` forbids).
+    that ``copy=False`` forbids, a DTensor without ``gather``).
     """
     sig = signature(x)
     if sig is None:
-        return decide_numpy(x, dtype, copy, readonly, into)
-    key = (sig, dtype, copy, readonly, into)
+        return decide_numpy(x, dtype, copy, readonly, into, gather)
+    key = (sig, dtype, copy, readonly, into, gather)
     try:
         return _NUMPY_PLANS[key]
     except KeyError:
         pass
     except TypeError:  # an unhashable dtype spec: decide (and explain) without the cache
-        return decide_numpy(x, dtype, copy, readonly, into)
-    plan = decide_numpy(x, dtype, copy, readonly, into)
+        return decide_numpy(x, dtype, copy, readonly, into, gather)
+    plan = decide_numpy(x, dtype, copy, readonly, into, gather)
     if len(_NUMPY_PLANS) >= _CACHE_LIMIT:
         _NUMPY_PLANS.clear()
         QUICK_NUMPY.clear()
@@ -173,22 +177,23 @@ def plan_torch(
     copy: bool | None = None,
     requires_grad: bool = False,
     into: bool = False,
+    gather: bool = False,
 ) -> Plan:
-    """The plan for ``to_torch(x, dtype=, device=, copy=, requires_grad=, out=)``.
+    """The plan for ``to_torch(x, dtype=, device=, copy=, requires_grad=, out=, gather=)``.
 
     ``x`` is a tensor or an array (other inputs are turned into arrays first).
     """
     sig = signature(x)
     if sig is None:
-        return decide_torch(x, dtype, device, copy, requires_grad, into)
-    key = (sig, dtype, device, copy, requires_grad, into)
+        return decide_torch(x, dtype, device, copy, requires_grad, into, gather)
+    key = (sig, dtype, device, copy, requires_grad, into, gather)
     try:
         return _TORCH_PLANS[key]
     except KeyError:
         pass
     except TypeError:
-        return decide_torch(x, dtype, device, copy, requires_grad, into)
-    plan = decide_torch(x, dtype, device, copy, requires_grad, into)
+        return decide_torch(x, dtype, device, copy, requires_grad, into, gather)
+    plan = decide_torch(x, dtype, device, copy, requires_grad, into, gather)
     if len(_TORCH_PLANS) >= _CACHE_LIMIT:
         _TORCH_PLANS.clear()
         QUICK_TORCH.clear()
@@ -223,12 +228,17 @@ REFUSALS = (RuntimeError, TypeError, ValueError)
 
 
 def run_numpy(
-    x: Any, dtype: Any = None, copy: bool | None = None, readonly: bool = False, out: Any = None
+    x: Any,
+    dtype: Any = None,
+    copy: bool | None = None,
+    readonly: bool = False,
+    out: Any = None,
+    gather: bool = False,
 ) -> Any:
     """Plan ``to_numpy`` for ``x`` and run the plan (``to_numpy`` tries the quick plan first)."""
     if dlpack.is_producer(x):  # JAX, CuPy, MLX, ... or a capsule: import once, then plan
         return dlpack.numpy_from(x, _numpy_call, dtype=dtype, copy=copy, readonly=readonly, out=out)
-    return _numpy_call(x, dtype=dtype, copy=copy, readonly=readonly, out=out)
+    return plan_numpy(x, dtype, copy, readonly, out is not None, gather).run(x, out)
 
 
 def _numpy_call(x: Any, *, dtype: Any, copy: bool | None, readonly: bool, out: Any) -> Any:
@@ -236,11 +246,17 @@ def _numpy_call(x: Any, *, dtype: Any, copy: bool | None, readonly: bool, out: A
 
 
 def _torch_call(
-    x: Any, *, dtype: Any, device: Any, copy: bool | None, requires_grad: bool, out: Any
+    x: Any,
+    *,
+    dtype: Any,
+    device: Any,
+    copy: bool | None,
+    requires_grad: bool,
+    out: Any,
+    gather: bool = False,
 ) -> torch.Tensor:
-    made: torch.Tensor = plan_torch(x, dtype, device, copy, requires_grad, out is not None).run(
-        x, out
-    )
+    plan = plan_torch(x, dtype, device, copy, requires_grad, out is not None, gather)
+    made: torch.Tensor = plan.run(x, out)
     return made
 
 
@@ -251,6 +267,7 @@ def run_torch(
     copy: bool | None = None,
     requires_grad: bool = False,
     out: Any = None,
+    gather: bool = False,
 ) -> torch.Tensor:
     """Plan ``to_torch`` for ``x`` (an array, a tensor, or what ``np.asarray`` takes); run it.
 
@@ -264,8 +281,9 @@ def run_torch(
     if not isinstance(x, (np.ndarray, torch.Tensor)):
         x = np.asarray(x)
     return _torch_call(
-        x, dtype=dtype, device=device, copy=copy, requires_grad=requires_grad, out=out
-    )
+        x, dtype=dtype, device=device, copy=copy, requires_grad=requires_grad, out=out,
+        gather=gather,
+    )  # fmt: skip
 
 
 # --- shared rules ------------------------------------------------------------------------------
@@ -320,11 +338,8 @@ def plain_tensor(x: Any) -> torch.Tensor:
                 f"a FakeTensor ({x.dtype}, shape {tuple(x.shape)}) holds no data; "
                 "convert the real tensor it stands for"
             )
-        if name == "DTensor":
-            raise UnsupportedTensorError(
-                "a DTensor is sharded across ranks and its local storage is not the whole "
-                "tensor; pass x.full_tensor() (or x.to_local() for this rank's shard)"
-            )
+        if dtensor.is_dtensor(x):
+            raise dtensor.refusal(x, "to_numpy")
         raise UnsupportedTensorError(
             f"tensor subclass {cls.__module__}.{cls.__qualname__} may not keep its values in "
             "its storage; pass a plain tensor (x.as_subclass(torch.Tensor) if it does)"
@@ -363,11 +378,15 @@ def _finishing(run: Callable[[Any], np.ndarray], readonly: bool, into: bool) -> 
 # --- to_numpy ---------------------------------------------------------------------------------
 
 
-def decide_numpy(x: Any, dtype: Any, copy: bool | None, readonly: bool, into: bool) -> Plan:
+def decide_numpy(
+    x: Any, dtype: Any, copy: bool | None, readonly: bool, into: bool, gather: bool = False
+) -> Plan:
     """Decide :func:`plan_numpy` (uncached)."""
     decisions[0] += 1
     if isinstance(x, np.ndarray):
         return _array_to_numpy(x, dtype, copy, readonly, into)
+    if type(x) is not torch.Tensor and dtensor.is_dtensor(x):
+        return _dtensor_to_numpy(x, dtype, copy, readonly, into, gather)
     t = plain_tensor(x)
     detach: tuple[str, ...] = ("detach",) if t is not x else ()
     if t.is_nested:
@@ -695,14 +714,40 @@ def _unpack_to_numpy(
     return Plan("numpy", steps, reason, True, None, None, False, _finishing(unpack, readonly, into))
 
 
+def _dtensor_to_numpy(
+    x: Any, dtype: Any, copy: bool | None, readonly: bool, into: bool, gather: bool
+) -> Plan:
+    """A DTensor: refused, or gathered whole (a collective) and then planned as a host tensor."""
+    if not gather:
+        raise dtensor.refusal(x, "to_numpy")
+    dtensor.check_placements(x)
+    reason = "is a DTensor split across ranks (gathering it makes new memory)"
+    needs_copy("to_numpy", reason, copy)
+    # the gathered tensor is fresh host memory of x's dtype: the rest is its own plan
+    rest = plan_numpy(dtensor.stand_in(x), dtype, None, readonly, into)
+
+    def run(v: Any, out: Any) -> Any:
+        return rest.run(dtensor.gather(v), out)
+
+    return Plan("numpy", ("gather", *rest.steps), reason, True, rest.src, rest.dst, False, run)
+
+
 # --- to_torch ---------------------------------------------------------------------------------
 
 
 def decide_torch(
-    x: Any, dtype: Any, device: Any, copy: bool | None, requires_grad: bool, into: bool
+    x: Any,
+    dtype: Any,
+    device: Any,
+    copy: bool | None,
+    requires_grad: bool,
+    into: bool,
+    gather: bool = False,
 ) -> Plan:
     """Decide :func:`plan_torch` (uncached)."""
     decisions[0] += 1
+    if type(x) is not torch.Tensor and dtensor.is_dtensor(x):
+        return _dtensor_to_torch(x, dtype, device, copy, requires_grad, into, gather)
     if isinstance(x, torch.Tensor):
         return _tensor_to_torch(x, dtype, device, copy, requires_grad, into)
     if isinstance(x, np.ma.MaskedArray):
@@ -885,6 +930,32 @@ def _tensor_to_torch(
         return finish_tensor(x.to(device=device, dtype=target), requires_grad, out)
 
     return Plan("torch", (*moves, *grad), reason, True, row, dst or row, batch, run_move)
+
+
+def _dtensor_to_torch(
+    x: Any,
+    dtype: Any,
+    device: Any,
+    copy: bool | None,
+    requires_grad: bool,
+    into: bool,
+    gather: bool,
+) -> Plan:
+    """A DTensor: refused, or gathered whole (a collective), back on its device by default."""
+    if not gather:
+        raise dtensor.refusal(x, "to_torch")
+    dtensor.check_placements(x)
+    reason = "is a DTensor split across ranks (gathering it makes new memory)"
+    needs_copy("to_torch", reason, copy)
+    if device is None and x.device.type != "cpu":
+        device = x.device
+    rest = plan_torch(dtensor.stand_in(x), dtype, device, None, requires_grad, into)
+
+    def run(v: Any, out: Any) -> torch.Tensor:
+        made: torch.Tensor = rest.run(dtensor.gather(v), out)
+        return made
+
+    return Plan("torch", ("gather", *rest.steps), reason, True, rest.src, rest.dst, False, run)
 
 
 def finish_tensor(t: torch.Tensor, requires_grad: bool, out: torch.Tensor | None) -> torch.Tensor:

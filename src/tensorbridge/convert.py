@@ -19,6 +19,10 @@ The rules, in one place:
   NaN narrowed to bfloat16 becomes 0xFFFF, float8_e4m3fn saturates overflow and
   inf to ±448 (torch >= 2.13; NaN before), float8_e5m2 overflows to inf.
   ``tb.cast_report`` shows what a cast would do before you run it.
+* **DTensors** are never read as if their storage held the whole tensor: pass
+  ``gather=True`` for the whole tensor on every rank (a collective), or take
+  :func:`local_shard` for this rank's block; by default they are refused with
+  :class:`~tensorbridge.ShardedTensorError`.
 * **Packed fp4.** torch's ``float4_e2m1fn_x2`` keeps two values a byte, element
   ``2i`` in the low nibble and ``2i + 1`` in the high nibble (the convention of
   torch's ``Float4_e2m1fn_x2.h`` and of safetensors' ``F4``); ml_dtypes'
@@ -28,15 +32,18 @@ The rules, in one place:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from . import _dtensor as dtensor
 from ._plan import QUICK_NUMPY, QUICK_TORCH, REFUSALS, run_numpy, run_torch
 from .dtypes import DeviceLike, DTypeLike
+from .errors import UnsupportedTensorError
 
-__all__ = ["to_numpy", "to_torch"]
+__all__ = ["LocalShard", "local_shard", "to_numpy", "to_torch"]
 
 
 def to_numpy(
@@ -46,6 +53,7 @@ def to_numpy(
     copy: bool | None = None,
     readonly: bool = False,
     out: np.ndarray | None = None,
+    gather: bool = False,
 ) -> Any:
     """Convert a tensor to a NumPy array without losing a bit, sharing memory when possible.
 
@@ -61,6 +69,10 @@ def to_numpy(
         readonly: return an array that cannot be written through.
         out: a preallocated array of the same shape to write into (cast as needed,
             after the cast to ``dtype`` when both are given).
+        gather: for a DTensor, gather the whole array onto every rank: a collective
+            that every rank of its mesh must call (float8, e8m0 and bool included, on
+            gloo too). Without it a DTensor raises :class:`ShardedTensorError`; see
+            :func:`local_shard` for this rank's block alone. Other inputs ignore it.
 
     Returns:
         An ``np.ndarray`` (its base keeps the tensor's memory alive); a
@@ -80,7 +92,7 @@ def to_numpy(
                 return quick(tensor, None)
         except REFUSALS:
             pass  # a flag the quick plan does not cover: the full signature decides
-    return run_numpy(tensor, dtype, copy, readonly, out)
+    return run_numpy(tensor, dtype, copy, readonly, out, gather)
 
 
 def to_torch(
@@ -91,6 +103,7 @@ def to_torch(
     copy: bool | None = None,
     requires_grad: bool = False,
     out: torch.Tensor | None = None,
+    gather: bool = False,
 ) -> torch.Tensor:
     """Convert a NumPy array (or scalar) to a tensor without losing a bit, sharing when possible.
 
@@ -110,6 +123,9 @@ def to_torch(
         out: a preallocated tensor of the same shape to write into (cast as needed,
             after the cast to ``dtype`` when both are given); it is returned itself, and
             ``requires_grad=True`` sets it on ``out``.
+        gather: for a DTensor, the whole tensor on every rank (a collective every rank
+            of its mesh must call), on the DTensor's device unless ``device=`` says
+            otherwise; without it a DTensor raises :class:`ShardedTensorError`.
 
     >>> import numpy as np, ml_dtypes, tensorbridge as tb
     >>> a = np.array([1.0, 2.5], dtype=ml_dtypes.bfloat16)
@@ -133,4 +149,70 @@ def to_torch(
                 return made
             except REFUSALS:
                 pass  # strides torch cannot view: the full signature decides
-    return run_torch(array, dtype, device, copy, requires_grad, out)
+    return run_torch(array, dtype, device, copy, requires_grad, out, gather)
+
+
+@dataclass(frozen=True)
+class LocalShard:
+    """This rank's block of a DTensor, as :func:`local_shard` returns it.
+
+    Attributes:
+        array: the local tensor as a NumPy array, zero-copy (bfloat16 and float8 as
+            ml_dtypes arrays), so a write through it changes the DTensor.
+        offset: where ``array`` starts in the global tensor, per dimension (torch's
+            ``compute_local_shape_and_global_offset``; an empty block may start at the
+            end of its dimension).
+        global_shape: the shape of the whole tensor.
+        primary: whether this rank holds the primary copy of its block: coordinate 0 on
+            every ``Replicate`` mesh dimension. Writing only primary blocks writes every
+            element exactly once.
+    """
+
+    array: np.ndarray
+    offset: tuple[int, ...]
+    global_shape: tuple[int, ...]
+    primary: bool
+
+
+def local_shard(
+    tensor: Any,
+    *,
+    dtype: DTypeLike | None = None,
+    copy: bool | None = None,
+    readonly: bool = False,
+) -> LocalShard:
+    """This rank's block of a DTensor: a zero-copy NumPy view and where it sits.
+
+    No communication: each rank calls it on its own. Shard placements on any
+    dimension (uneven and empty shards included), Replicate, 2-D meshes and FSDP2 x TP's
+    ``_StridedShard`` give one block each; a ``_StridedShard`` whose local tensor
+    interleaves pieces of a dimension, and ``Partial`` placements, raise
+    :class:`ShardedTensorError` (pass ``gather=True`` to ``to_numpy`` instead).
+
+    Args:
+        tensor: a ``torch.distributed.tensor.DTensor``.
+        dtype / copy / readonly: as in :func:`to_numpy`, for the local tensor.
+
+    Returns:
+        A :class:`LocalShard`: ``array``, ``offset``, ``global_shape``, ``primary``.
+
+    Raises:
+        UnsupportedTensorError: ``tensor`` is not a DTensor.
+        ShardedTensorError: a Partial placement, or a local tensor that is not one block.
+
+    Example (on each rank of a 2-rank process group)::
+
+        mesh = init_device_mesh("cpu", (2,))
+        x = distribute_tensor(torch.arange(10.0), mesh, [Shard(0)])
+        s = tb.local_shard(x)  # rank 1: s.array = [5, 6, 7, 8, 9], s.offset = (5,)
+        at = tuple(slice(o, o + n) for o, n in zip(s.offset, s.array.shape))
+        full[at] = s.array  # e.g. into a memory-mapped file of s.global_shape
+    """
+    if not dtensor.is_dtensor(tensor):
+        raise UnsupportedTensorError(
+            f"local_shard expects a DTensor, got {type(tensor).__qualname__}; pass "
+            "tb.to_numpy(x) for a tensor that is whole on this rank"
+        )
+    block = dtensor.local_block(tensor)
+    array = run_numpy(block.local, dtype, copy, readonly)
+    return LocalShard(array, block.offset, block.global_shape, block.primary)

@@ -20,6 +20,7 @@ __all__ = [
     "MissingExtraError",
     "NoDataError",
     "ShapeMismatchError",
+    "ShardedTensorError",
     "TensorBridgeError",
     "UncommittedCheckpointError",
     "UnsupportedDtypeError",
@@ -41,6 +42,14 @@ class UnsupportedTensorError(TensorBridgeError, TypeError):
 
 class NoDataError(UnsupportedTensorError):
     """A meta or fake tensor: it describes a shape and dtype but holds no values."""
+
+
+class ShardedTensorError(UnsupportedTensorError):
+    """A DTensor asked for as a whole: its storage on this rank holds only a part of it.
+
+    Pass ``tb.local_shard(x)`` for this rank's block, or ``gather=True`` for the whole
+    tensor on every rank; ``Partial`` placements must be reduced first.
+    """
 
 
 class CopyRequiredError(TensorBridgeError, ValueError):

@@ -75,6 +75,7 @@ def tree_to_numpy(
     float_dtype: DTypeLike | None = None,
     copy: bool | None = None,
     readonly: bool = False,
+    gather: bool = False,
 ) -> Any:
     """Convert every tensor in a nested structure to a NumPy array, keeping the structure.
 
@@ -89,6 +90,10 @@ def tree_to_numpy(
         copy: as in :func:`~tensorbridge.to_numpy`: ``None`` shares memory when possible,
             ``True`` always copies, ``False`` raises when a leaf needs a copy.
         readonly: return arrays that cannot be written through.
+        gather: gather every DTensor leaf whole onto every rank, as in
+            :func:`~tensorbridge.to_numpy`: one collective per DTensor leaf, in leaf
+            order, so every rank must pass the same structure. Without it a DTensor
+            leaf raises :class:`~tensorbridge.ShardedTensorError`.
 
     Returns:
         The same structure with arrays in place of tensors. Tied leaves (one object, or
@@ -111,7 +116,7 @@ def tree_to_numpy(
     cursor = Cursor()
 
     def convert() -> list[Any]:
-        return _numpy_pass(leaves, cast, copy, readonly, cursor)
+        return _numpy_pass(leaves, cast, copy, readonly, cursor, gather)
 
     return _rebuilt(spec, cursor, convert)
 
@@ -123,6 +128,7 @@ def tree_to_torch(
     float_dtype: DTypeLike | None = None,
     device: DeviceLike | None = None,
     copy: bool | None = None,
+    gather: bool = False,
 ) -> Any:
     """Convert every NumPy array in a nested structure to a tensor, keeping the structure.
 
@@ -137,6 +143,8 @@ def tree_to_torch(
             they are). Host leaves bound for an accelerator are staged through pinned
             memory and copied ``non_blocking``.
         copy: as in :func:`~tensorbridge.to_torch`.
+        gather: gather every DTensor leaf whole onto every rank (one collective per
+            DTensor leaf, in leaf order), as in :func:`~tensorbridge.to_torch`.
 
     Returns:
         The same structure with tensors in place of arrays; tied leaves stay tied.
@@ -159,7 +167,7 @@ def tree_to_torch(
     cursor = Cursor()
 
     def convert() -> list[Any]:
-        return _torch_pass(leaves, cast, target, copy, cursor)
+        return _torch_pass(leaves, cast, target, copy, cursor, gather)
 
     return _rebuilt(spec, cursor, convert)
 
@@ -338,7 +346,12 @@ def _is_packing(spec: DTypeLike) -> bool:
 
 
 def _numpy_pass(
-    leaves: list[Any], cast: _Cast, copy: bool | None, readonly: bool, cursor: Cursor
+    leaves: list[Any],
+    cast: _Cast,
+    copy: bool | None,
+    readonly: bool,
+    cursor: Cursor,
+    gather: bool = False,
 ) -> list[Any]:
     """Plan every array leaf (once per signature), run the plans that share, batch the copies."""
     out = list(leaves)
@@ -369,7 +382,7 @@ def _numpy_pass(
                 continue
             else:
                 spec = None if plain_cast else cast.spec_of(x)
-            plan = plan_numpy(x, spec, copy, readonly)
+            plan = plan_numpy(x, spec, copy, readonly, False, gather)
             if plan.batch and _stageable(x) and not alone:
                 batched.append((i, plan))
             else:
@@ -397,6 +410,7 @@ def _torch_pass(
     target: torch.device | None,
     copy: bool | None,
     cursor: Cursor,
+    gather: bool = False,
 ) -> list[Any]:
     """As :func:`_numpy_pass`, towards torch (and ``device=``)."""
     out = list(leaves)
@@ -422,7 +436,7 @@ def _torch_pass(
                     else run_torch(imported, cast.spec_of(imported), None, None)
                 )
                 continue
-            plan = plan_torch(x, cast.spec_of(x), device, copy)
+            plan = plan_torch(x, cast.spec_of(x), device, copy, False, False, gather)
             if plan.batch and _stageable(x):
                 if isinstance(x, torch.Tensor) and target is not None and not x.is_cpu:
                     if not indexed:

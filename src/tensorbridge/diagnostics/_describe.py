@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .. import _dlpack as dlpack
+from .. import _dtensor as dtensor
 from .._plan import Plan, plan_numpy, plan_torch
 from ..dtypes import BY_NUMPY, DTypeRow, explain_numpy, resolve_dtype
 from ..errors import (
@@ -214,9 +215,12 @@ def _describe_tensor(t: torch.Tensor) -> Description:
     c = f = None
     if strided and shape is not None and strides is not None:
         c, f = _contiguous(shape, strides, False), _contiguous(shape, strides, True)
-    offset = int(t.storage_offset()) if strided else None
+    sharded = dtensor.is_dtensor(t)
+    offset = int(t.storage_offset()) if strided and not sharded else None
     numel = t.numel() if shape is not None else None
     notes = _aliasing_notes(shape, strides, c, f)
+    if sharded:  # its storage is this rank's local tensor: no storage facts about the whole
+        notes.insert(0, dtensor.note(t))
     share = "to_numpy returns a NumPy view of the tensor's memory"
     if t.requires_grad:
         share += " (through t.detach())"
@@ -237,7 +241,7 @@ def _describe_tensor(t: torch.Tensor) -> Description:
         strides_bytes=tuple(s * itemsize for s in strides) if strides is not None else None,
         storage_offset=offset,
         storage_offset_bytes=offset * itemsize if offset is not None else None,
-        storage_nbytes=t.untyped_storage().nbytes() if strided else None,
+        storage_nbytes=t.untyped_storage().nbytes() if strided and not sharded else None,
         nbytes=numel * itemsize if numel is not None else None,
         device=str(t.device),
         layout=str(t.layout).removeprefix("torch."),
