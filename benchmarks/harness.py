@@ -42,6 +42,7 @@ SECTIONS = (
     "files",
     "diagnostics",
     "startup",
+    "dcp_save",
     "cuda",
 )
 

@@ -22,6 +22,7 @@ import torch
 import tensorbridge as tb
 from tensorbridge.errors import FormatError, UnsupportedDtypeError, UnsupportedTensorError
 from tensorbridge.io import safetensors as st
+from tensorbridge.io._safetensors_header import LAYOUT_ORDER
 
 safetensors_torch = pytest.importorskip(
     "safetensors.torch", reason="the official library is the oracle"
@@ -84,7 +85,7 @@ SAFETENSORS_ROWS = [r for r in tb.dtype_table() if r.safetensors]
 
 
 def test_every_table_code_has_a_layout_rank() -> None:
-    assert {r.safetensors for r in SAFETENSORS_ROWS} <= set(st._LAYOUT_ORDER)
+    assert {r.safetensors for r in SAFETENSORS_ROWS} <= set(LAYOUT_ORDER)
 
 
 def test_round_trip_every_bit_pattern(row: tb.DTypeRow, tmp_path: Path) -> None:
@@ -589,6 +590,7 @@ def test_failed_save_leaves_the_previous_file(
 _SLOW_SAVE = """
 import sys, time, torch
 from tensorbridge.io import safetensors as st
+from tensorbridge.io._safetensors_header import LAYOUT_ORDER
 real = st.iter_bytes
 def slow(*args, **kwargs):
     for chunk in real(*args, **kwargs):

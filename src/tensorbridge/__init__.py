@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .convert import LocalShard, local_shard, to_numpy, to_torch
+    from .dcp.safetensors import SafetensorsReader, SafetensorsWriter
     from .dcp.zarr import ZarrReader, ZarrWriter
     from .diagnostics import (
         CastReport,
@@ -58,6 +59,8 @@ __all__ = [
     "LocalShard",
     "MissingExtraError",
     "NoDataError",
+    "SafetensorsReader",
+    "SafetensorsWriter",
     "ShapeMismatchError",
     "ShardedTensorError",
     "Stats",
@@ -123,6 +126,7 @@ _HOME = {
     ),
     **dict.fromkeys(["ZarrReader", "ZarrWriter"], ".dcp.zarr"),
     **dict.fromkeys(["load", "open", "save"], ".io"),
+    **dict.fromkeys(["SafetensorsReader", "SafetensorsWriter"], ".dcp.safetensors"),
     **dict.fromkeys(["tree_to_numpy", "tree_to_torch"], ".tree"),
 }
 

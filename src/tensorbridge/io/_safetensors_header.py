@@ -10,6 +10,10 @@ exactly, with no gap and no overlap. A shard index (``*.safetensors.index.json``
 gets the same strictness from :func:`read_index`. Every fault raises
 :class:`~tensorbridge.errors.FormatError` naming the file, the tensor and what is
 wrong. The codes known are the dtype table's plus ``F4``, which is no table row.
+
+Writing goes through :func:`encode`, the one place a header is laid out the way the
+official writer does it (tensors ordered by ``LAYOUT_RANK`` then name, compact JSON,
+spaces to an 8-byte boundary).
 """
 
 from __future__ import annotations
@@ -25,6 +29,14 @@ from ..dtypes import BY_SAFETENSORS, PACKED, DTypeRow, PackedRow
 from ..errors import FormatError
 
 MAX_HEADER = 100_000_000  # the official reader's limit on the JSON header
+
+# The official writer orders tensors by its dtype enum, largest first, then by name. A new
+# code goes here at its place in that order (safetensors' src/tensor.rs, enum Dtype).
+LAYOUT_ORDER = (
+    "U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16",
+    "F8_E5M2FNUZ", "F8_E4M3FNUZ", "F8_E8M0", "F8_E4M3", "F8_E5M2", "I8", "U8", "F4", "BOOL",
+)  # fmt: skip
+LAYOUT_RANK = {code: i for i, code in enumerate(LAYOUT_ORDER)}
 
 
 # Packed dtypes (F4) are not table rows: their torch side packs several values a byte and
@@ -59,6 +71,36 @@ class _ReadAt(Protocol):
     """An open file that reads ``n`` bytes at ``offset`` (the reader's ``_Shard``)."""
 
     def read(self, n: int, offset: int) -> bytes: ...
+
+
+def encode(
+    entries: list[tuple[str, str, tuple[int, ...], int]],
+    metadata: dict[str, str],
+    size: int | None = None,
+) -> bytes:
+    """The 8-byte length, the compact JSON and the padding, exactly as the official writer.
+
+    ``entries`` are ``(name, dtype code, shape, nbytes)`` in file order (the caller
+    sorts them by ``(LAYOUT_RANK[code], name)``); their data offsets follow one
+    another from 0. ``size`` pads the JSON with spaces to that many bytes instead of
+    to the next multiple of 8 (a header whose metadata is filled in later).
+
+    >>> encode([("w", "BF16", (2,), 4)], {"format": "pt"})[8:].rstrip()
+    b'{"__metadata__":{"format":"pt"},"w":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}}'
+    """
+    obj: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name, code, shape, nbytes in entries:
+        obj[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if size is None:
+        text += b" " * (-len(text) % 8)
+    elif len(text) > size:
+        raise ValueError(f"the header needs {len(text)} bytes, over the {size} reserved")
+    else:
+        text += b" " * (size - len(text))
+    return len(text).to_bytes(8, "little") + text
 
 
 def short(x: Any, limit: int = 60) -> str:

@@ -66,19 +66,19 @@ from ._common import (
 )
 from ._detect import INDEX_SUFFIX, resolve
 from ._formats import by_name
+from ._safetensors_header import (
+    LAYOUT_RANK,
+    PACKED_ROWS,
+    PSEUDO_ROWS,
+    Entry,
+    bit_width,
+    encode,
+    parse,
+)
 from ._safetensors_header import MAX_HEADER as MAX_HEADER  # the limit on a header's JSON
-from ._safetensors_header import PACKED_ROWS, PSEUDO_ROWS, Entry, bit_width, parse
 from .sharded import ShardedFile
 
 __all__ = ["SafetensorsFile", "load", "open", "save"]
-
-# The official writer orders tensors by its dtype enum, largest first, then by name. A new
-# code goes here at its place in that order (safetensors' src/tensor.rs, enum Dtype).
-_LAYOUT_ORDER = (
-    "U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16",
-    "F8_E5M2FNUZ", "F8_E4M3FNUZ", "F8_E8M0", "F8_E4M3", "F8_E5M2", "I8", "U8", "F4", "BOOL",
-)  # fmt: skip
-_RANK = {code: i for i, code in enumerate(_LAYOUT_ORDER)}
 
 # --- writing ----------------------------------------------------------------------------------
 
@@ -333,25 +333,15 @@ def _split(items: list[_Item], limit: int) -> list[list[_Item]]:
 
 
 def _header(items: list[_Item], metadata: dict[str, str]) -> bytes:
-    """The 8-byte length, the compact JSON and the padding, exactly as the official writer."""
-    obj: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
-    offset = 0
-    for it in items:
-        obj[it.name] = {
-            "dtype": it.row.safetensors,
-            "shape": list(it.shape),
-            "data_offsets": [offset, offset + it.nbytes],
-        }
-        offset += it.nbytes
-    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    text += b" " * (-len(text) % 8)
-    return len(text).to_bytes(8, "little") + text
+    return encode(
+        [(it.name, it.row.safetensors or "", it.shape, it.nbytes) for it in items], metadata
+    )
 
 
 def _write_file(
     path: Path, items: list[_Item], metadata: dict[str, str], chunk_bytes: int, bar: Any
 ) -> None:
-    ordered = sorted(items, key=lambda it: (_RANK.get(it.row.safetensors or "", 0), it.name))
+    ordered = sorted(items, key=lambda it: (LAYOUT_RANK.get(it.row.safetensors or "", 0), it.name))
     with atomic_write(path) as f:
         f.write(_header(ordered, metadata))
         for it in ordered:
