@@ -33,6 +33,14 @@ def required(fmt: Format) -> dict[str, str]:
     return {key: "test" for key in fmt.required_metadata}
 
 
+@pytest.fixture(autouse=True)
+def _extras_installed(request: pytest.FixtureRequest) -> None:
+    """A format whose optional library is missing is skipped, not failed."""
+    fmt = getattr(request.node, "callspec", None) and request.node.callspec.params.get("fmt")
+    if isinstance(fmt, Format) and fmt.extra:
+        pytest.importorskip(fmt.extra, reason=f"pip install tensorbridge[{fmt.extra}]")
+
+
 def two(fmt: Format) -> dict[str, np.ndarray]:
     return {"a": np.arange(6, dtype=np.float32), "b": np.ones(3, ml_dtypes.bfloat16)}
 
@@ -45,7 +53,7 @@ def test_rows_are_consistent() -> None:
     kinds = [k for f in FORMATS for k in f.kinds]
     assert len(suffixes) == len(set(suffixes)) and len(kinds) == len(set(kinds))
     assert all(s.startswith(".") and s == s.lower() for s in suffixes)
-    assert [f.name for f in FORMATS] == ["safetensors", "npy", "npz", "pt", "gguf"]
+    assert [f.name for f in FORMATS] == ["safetensors", "npy", "npz", "pt", "gguf", "zarr"]
     for f in FORMATS:
         assert f.single_array or f.many_arrays, f.name
         assert not f.text_metadata or f.metadata, f.name
@@ -75,8 +83,8 @@ def test_every_save_has_the_one_signature(fmt: Format) -> None:
 
 
 def test_listing_follows_the_table_order() -> None:
-    assert listing(lambda f: f.metadata, " or ") == ".safetensors or .pt or .gguf"
-    assert listing(lambda f: f.many_arrays) == ".safetensors / .npz / .pt / .gguf"
+    assert listing(lambda f: f.metadata, " or ") == ".safetensors or .pt or .gguf or .zarr"
+    assert listing(lambda f: f.many_arrays) == ".safetensors / .npz / .pt / .gguf / .zarr"
     assert listing(lambda f: False) == ""
 
 
@@ -256,7 +264,7 @@ def test_cli_messages_come_from_the_table(
     assert main(["convert", str(src), str(tmp_path / "o.npz")]) == 0
     assert capsys.readouterr().err == (
         "note: dropped metadata who: .npz files have no place for it (convert to "
-        ".safetensors or .pt or .gguf to keep it)\n"
+        ".safetensors or .pt or .gguf or .zarr to keep it)\n"
     )
     assert main(["convert", str(src), str(tmp_path / "a.npy"), "--include", "a", "--verify"]) == 0
     assert "verify: bit-exact" in capsys.readouterr().out

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .convert import LocalShard, local_shard, to_numpy, to_torch
     from .dcp.safetensors import SafetensorsReader, SafetensorsWriter
+    from .dcp.zarr import ZarrReader, ZarrWriter
     from .diagnostics import (
         CastReport,
         Comparison,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
         CopyRequiredError,
         DestinationExistsError,
         FormatError,
+        MissingExtraError,
         NoDataError,
         QuantizationError,
         ShapeMismatchError,
@@ -57,6 +59,7 @@ __all__ = [
     "DestinationExistsError",
     "FormatError",
     "LocalShard",
+    "MissingExtraError",
     "NoDataError",
     "QuantizationError",
     "SafetensorsReader",
@@ -68,6 +71,8 @@ __all__ = [
     "UncommittedCheckpointError",
     "UnsupportedDtypeError",
     "UnsupportedTensorError",
+    "ZarrReader",
+    "ZarrWriter",
     "__version__",
     "cast_report",
     "compare",
@@ -113,6 +118,7 @@ _HOME = {
             "CopyRequiredError",
             "DestinationExistsError",
             "FormatError",
+            "MissingExtraError",
             "NoDataError",
             "QuantizationError",
             "ShapeMismatchError",
@@ -124,6 +130,7 @@ _HOME = {
         ],
         ".errors",
     ),
+    **dict.fromkeys(["ZarrReader", "ZarrWriter"], ".dcp.zarr"),
     **dict.fromkeys(["load", "open", "save"], ".io"),
     **dict.fromkeys(["SafetensorsReader", "SafetensorsWriter"], ".dcp.safetensors"),
     **dict.fromkeys(["dequantize", "quantize"], ".quant"),

@@ -17,6 +17,7 @@ __all__ = [
     "CopyRequiredError",
     "DestinationExistsError",
     "FormatError",
+    "MissingExtraError",
     "NoDataError",
     "QuantizationError",
     "ShapeMismatchError",
@@ -80,3 +81,7 @@ class QuantizationError(TensorBridgeError, ValueError):
     scheme named by neither a config nor the caller. The message names the tensors
     and the argument (``scheme=``, ``block_size=``) or file that settles it.
     """
+
+
+class MissingExtraError(TensorBridgeError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it."""

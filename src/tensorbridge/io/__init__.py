@@ -9,6 +9,8 @@ safetensors                            :mod:`tensorbridge.io.safetensors`
 ``torch.save`` archives (``.pt``,      :mod:`tensorbridge.io.pt` (read with
 ``.pth``, ``.bin``; zip and legacy)    ``weights_only=True``: never unpickles
                                        arbitrary objects)
+Zarr v3 stores (``.zarr``, a           :mod:`tensorbridge.io.zarr` (needs
+directory: one array per tensor)       ``pip install tensorbridge[zarr]``)
 a shard index (``*.index.json``) and   :mod:`tensorbridge.io.sharded`
 its shards, or a directory holding one
 GGUF (llama.cpp's ``.gguf``)           :mod:`tensorbridge.io.gguf`
@@ -22,8 +24,9 @@ with its own message. A directory opens its checkpoint: a safetensors index, one
 ``.safetensors`` file, a ``.bin`` index, one ``.bin`` / ``.pt`` / ``.pth`` file, one
 ``.gguf`` file, in that order of preference (as ``transformers`` prefers safetensors).
 
-**Writing** follows the destination's suffix. A directory (an existing one, or a path
-ending in ``/``) means ``model.safetensors`` in it; ``NAME.safetensors.index.json`` means a
+**Writing** follows the destination's suffix. ``NAME.zarr`` is a Zarr store (a
+directory). Any other directory (an existing one, or a path ending in ``/``) means
+``model.safetensors`` in it; ``NAME.safetensors.index.json`` means a
 sharded checkpoint with that index; any other suffix that is no format is an error. An
 existing destination is replaced only with ``overwrite=True``.
 
@@ -46,7 +49,7 @@ import torch
 
 from ..dtypes import DeviceLike, DTypeLike
 from ..errors import DestinationExistsError, FormatError
-from . import gguf, npy, npz, pt, safetensors  # noqa: F401 - tb.io.<format> without an import
+from . import gguf, npy, npz, pt, safetensors, zarr  # noqa: F401 - tb.io.<format> without an import
 from ._common import Deferred, TensorFile
 from ._detect import describe, detect, kind_by_suffix, mismatch_note, resolve
 from ._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, listing
@@ -109,6 +112,9 @@ def destination(path: str | os.PathLike[str]) -> Destination:
     """
     text = os.fspath(path)
     p = Path(text)
+    fmt = by_suffix(p.suffix)
+    if fmt is not None and fmt.directory and fmt.writes:  # a store is a directory
+        return Destination(fmt, p, sharded=False)
     if p.is_dir() or text.endswith(("/", os.sep)):
         return Destination(DIRECTORY_FORMAT, p / f"model{DIRECTORY_FORMAT.suffixes[0]}", False)
     name = p.name.lower()

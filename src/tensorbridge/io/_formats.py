@@ -27,7 +27,7 @@ writer is first used.
 >>> by_suffix(".NPZ").name, by_kind("pt-legacy").name
 ('npz', 'pt')
 >>> [f.suffixes[0] for f in FORMATS if f.metadata]
-['.safetensors', '.pt', '.gguf']
+['.safetensors', '.pt', '.gguf', '.zarr']
 """
 
 from __future__ import annotations
@@ -84,6 +84,8 @@ class Format:
     writes: bool = True  # ``save`` writes it (False: read-only)
     magic: bytes = b""  # the first bytes that identify it, where a fixed magic does
     in_directory: tuple[str, ...] = ()  # names a checkpoint directory is searched for, best first
+    directory: bool = False  # a store is a directory (Zarr), recognised by its contents
+    extra: str | None = None  # the pip extra that installs its library (``tensorbridge[zarr]``)
 
     def __repr__(self) -> str:
         return f"<Format {self.name}>"
@@ -175,6 +177,17 @@ FORMATS: tuple[Format, ...] = (
         magic=b"GGUF",
         in_directory=("*.gguf",),
     ),
+    Format(
+        "zarr",
+        "tensorbridge.io.zarr",
+        "ZarrFile",
+        "a Zarr v3 store",
+        suffixes=(".zarr",),
+        kinds=("zarr",),
+        metadata=True,
+        directory=True,
+        extra="zarr",
+    ),
 )
 
 # what a directory destination gets: model.safetensors in it
@@ -196,7 +209,7 @@ def by_kind(kind: str) -> Format | None:
 
 
 def by_name(name: str) -> Format:
-    """The format called ``name`` ("safetensors", "npy", "npz", "pt", "gguf")."""
+    """The format called ``name`` ("safetensors", "npy", "npz", "pt", "gguf", "zarr")."""
     return _BY_NAME[name]
 
 
@@ -204,6 +217,6 @@ def listing(has: Callable[[Format], bool], sep: str = " / ") -> str:
     """The usual suffixes of the formats that ``has`` a capability, for messages.
 
     >>> listing(lambda f: f.metadata, " or ")
-    '.safetensors or .pt or .gguf'
+    '.safetensors or .pt or .gguf or .zarr'
     """
     return sep.join(f.suffixes[0] for f in FORMATS if has(f))
