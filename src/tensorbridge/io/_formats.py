@@ -83,6 +83,7 @@ class Format:
     writes: bool = True  # ``save`` writes it (False: read-only)
     magic: bytes = b""  # the first bytes that identify it, where a fixed magic does
     in_directory: tuple[str, ...] = ()  # names a checkpoint directory is searched for, best first
+    chunked: bool = False  # tensors stored as boxes of a global tensor (assembled when saved)
 
     def __repr__(self) -> str:
         return f"<Format {self.name}>"
@@ -161,6 +162,18 @@ FORMATS: tuple[Format, ...] = (
         memory_map=True,
         in_directory=("*.bin" + INDEX_SUFFIX, "*.bin", "*.pt", "*.pth"),
     ),
+    Format(
+        "dcp",
+        "tensorbridge.io.dcp",
+        "DcpFile",
+        "a torch.distributed.checkpoint directory",
+        suffixes=(".distcp",),
+        kinds=("dcp",),
+        memory_map=True,
+        writes=False,
+        in_directory=(".metadata",),
+        chunked=True,
+    ),
 )
 
 # what a directory destination gets: model.safetensors in it
@@ -182,7 +195,7 @@ def by_kind(kind: str) -> Format | None:
 
 
 def by_name(name: str) -> Format:
-    """The format called ``name`` ("safetensors", "npy", "npz", "pt")."""
+    """The format called ``name`` ("safetensors", "npy", "npz", "pt", "dcp")."""
     return _BY_NAME[name]
 
 
