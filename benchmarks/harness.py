@@ -43,6 +43,7 @@ SECTIONS = (
     "diagnostics",
     "startup",
     "cuda",
+    "dcp_convert",
 )
 
 

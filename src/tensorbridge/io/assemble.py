@@ -268,8 +268,8 @@ def save(
                     _fsync(tmp)
             else:
                 tasks = _batch(str(f.path), items, window)
-                for n in executor.map(run, tasks):
-                    bar.update(n)
+                for done in executor.map(run, tasks):
+                    bar.update(done)
         finally:
             bar.close()
         for final, tmp in temps.items():

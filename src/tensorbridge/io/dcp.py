@@ -240,7 +240,13 @@ def _record(storage: _Storage, dtype: torch.dtype, offset: Any, size: Any, strid
         raise pickle.UnpicklingError("a tensor rebuilt with invalid offset, size or stride")
     if len(shape) != len(strides):
         raise pickle.UnpicklingError("a tensor's size and stride differ in length")
-    return _Rebuild(storage.key, dtype, storage.numel, offset, shape, strides)
+    numel = storage.numel
+    if storage.dtype is None:  # an UntypedStorage counts bytes
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if numel % itemsize:
+            raise pickle.UnpicklingError("an untyped storage of a partial element")
+        numel //= itemsize
+    return _Rebuild(storage.key, dtype, numel, offset, shape, strides)
 
 
 class _StorageType:
@@ -571,18 +577,18 @@ class DcpFile(TensorFile):
             )
         flat = np.frombuffer(
             mapped.map, row.carrier_numpy, count=rebuilt.storage_numel, offset=start
-        ).view(row.numpy)
+        )
         it = row.itemsize
-        view = np.lib.stride_tricks.as_strided(
+        view = np.lib.stride_tricks.as_strided(  # on the carrier: ml_dtypes have no typestr
             flat[rebuilt.offset :],
             shape=rebuilt.shape,
             strides=tuple(s * it for s in rebuilt.stride),
             writeable=False,
         )
-        return view
+        return view.view(row.numpy)
 
     def _fallback(self, name: str, chunk: Chunk, row: DTypeRow) -> np.ndarray:
-        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.filesystem import FileSystemReader
         from torch.distributed.checkpoint.metadata import MetadataIndex
         from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 

@@ -443,7 +443,8 @@ def layout(
     shards = _split(items, limit) if limit is not None else [items]
     single = len(shards) <= 1 and not index
     stem, n = target.name.removesuffix(".safetensors"), len(shards)
-    files, weight_map = [], {}
+    files: list[FileLayout] = []
+    weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards, 1):
         name = target.name if single else f"{stem}-{i:05d}-of-{n:05d}.safetensors"
         ordered = sorted(shard, key=lambda it: (_RANK.get(it.row.safetensors or "", 0), it.name))
