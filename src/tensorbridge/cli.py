@@ -576,13 +576,22 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
             raise _UsageError(
                 f"--format npy writes a DCP checkpoint's tensors; {args.src} is not one"
             )
-        unsupported = src.unsupported()
-        names = _select([n for n in src if n not in unsupported], args.include, args.exclude)
+        names = _select(src.keys(), args.include, args.exclude)
         if not names:
             raise _UsageError(f"no tensor of {args.src} matches --include/--exclude")
+        unsupported = {n: why for n, why in src.unsupported().items() if n in names}
+        if unsupported and not args.skip_unsupported:
+            first = next(iter(unsupported))
+            raise TensorBridgeError(
+                f"{unsupported[first]}; {_plural(len(unsupported), 'entry')} cannot be "
+                f"converted: pass --exclude {first}{' (each)' if len(unsupported) > 1 else ''} "
+                "or --skip-unsupported"
+            )
         for name, why in unsupported.items():
-            if not args.quiet:
-                print(f"skipped {name}: {why}", file=sys.stderr)
+            print(f"skipped {name}: {why}", file=sys.stderr)
+        names = [n for n in names if n not in unsupported]
+        if not names:
+            raise _UsageError(f"no tensor of {args.src} is left to convert")
         view = src.select(names)  # type: ignore[attr-defined]
         with _executor(args) as executor:
             tbio.save(

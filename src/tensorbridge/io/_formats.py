@@ -200,9 +200,9 @@ def by_name(name: str) -> Format:
 
 
 def listing(has: Callable[[Format], bool], sep: str = " / ") -> str:
-    """The usual suffixes of the formats that ``has`` a capability, for messages.
+    """The usual suffixes of the writable formats that ``has`` a capability, for messages.
 
     >>> listing(lambda f: f.metadata, " or ")
     '.safetensors or .pt'
     """
-    return sep.join(f.suffixes[0] for f in FORMATS if has(f))
+    return sep.join(f.suffixes[0] for f in FORMATS if f.writes and has(f))

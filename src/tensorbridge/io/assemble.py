@@ -50,6 +50,7 @@ from .dcp import Chunk, DcpFile
 __all__ = ["WINDOW", "Placement", "Task", "run", "save", "windows"]
 
 WINDOW = DEFAULT_CHUNK  # 64 MiB: the most bytes of one tensor held at once
+SLAB = 8 << 20  # mapped source bytes copied between two page releases
 TASK_BYTES = 256 << 20  # small tensors are batched into tasks of about this many bytes
 TARGETS = ("safetensors", "npy")  # the formats a chunked checkpoint converts to
 
@@ -139,8 +140,16 @@ def windows(
             take = tuple(slice(x - o, y - o) for x, y, o in zip(lo, hi, c.offsets, strict=True))
             into = tuple(slice(x - s, y - s) for x, y, s in zip(lo, hi, start, strict=True))
             piece = a[take] if take else a  # a 0-d chunk: the array itself, not a scalar
-            np.copyto(box[into] if into else box, piece)
-            release(piece)
+            part = box[into] if into else box
+            if piece.ndim == 0:
+                np.copyto(part, piece)
+                continue
+            # in slabs, each slab's mapped pages dropped once copied: a window's worth
+            # of mapped source never sits in memory beside the window
+            step = max(1, SLAB // max(1, piece[0].nbytes))
+            for r in range(0, piece.shape[0], step):
+                np.copyto(part[r : r + step], piece[r : r + step])
+                release(piece[r : r + step])
         if out is None:
             data = box.reshape(-1)
         else:
@@ -246,7 +255,7 @@ def save(
     for n in names:
         f.chunks(n)  # every chunk list checked before a byte is written
     rows = {n: cast_target(f.info(n)[0], float_dtype) for n in names}
-    target = Path(path)
+    target = Path(path).absolute()  # tasks may run in processes with another working dir
     outs, placements, index_bytes = _plan(
         f, names, rows, target, fmt, metadata, max_shard_size, index
     )
@@ -267,7 +276,7 @@ def save(
                 for tmp in temps.values():
                     _fsync(tmp)
             else:
-                tasks = _batch(str(f.path), items, window)
+                tasks = _batch(str(f.path.absolute()), items, window)
                 for done in executor.map(run, tasks):
                     bar.update(done)
         finally:

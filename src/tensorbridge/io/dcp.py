@@ -39,7 +39,7 @@ bytes) is a key that :meth:`~DcpFile.unsupported` names with the reason.
 
 >>> import os, tempfile, torch, torch.distributed.checkpoint as dcp, tensorbridge as tb
 >>> d = os.path.join(tempfile.mkdtemp(), "ckpt")
->>> dcp.save({"w": torch.ones(2, 3), "step": 7}, checkpoint_id=d, no_dist=True)
+>>> _ = dcp.save({"w": torch.ones(2, 3), "step": 7}, checkpoint_id=d, no_dist=True)
 >>> with tb.open(d) as f:
 ...     f.keys(), f["w"].shape, f.metadata
 (['w'], (2, 3), {'step': '7'})
@@ -505,7 +505,7 @@ class DcpFile(TensorFile):
 
         >>> import os, tempfile, torch, torch.distributed.checkpoint as dcp
         >>> d = os.path.join(tempfile.mkdtemp(), "ckpt")
-        >>> dcp.save({"a": torch.ones(1), "b": torch.ones(1)}, checkpoint_id=d, no_dist=True)
+        >>> _ = dcp.save({"a": torch.ones(1), "b": torch.ones(1)}, checkpoint_id=d, no_dist=True)
         >>> DcpFile(d).select(["b"]).keys()
         ['b']
         """
@@ -724,15 +724,24 @@ def _plain(v: Any) -> bool:
 
 
 def _disjoint(chunks: list[Chunk]) -> bool:
-    """No two non-empty boxes overlap (with the element count, they then tile the shape)."""
-    boxes = [c for c in chunks if 0 not in c.shape]
-    for i, a in enumerate(boxes):
-        for b in boxes[i + 1 :]:
+    """No two non-empty boxes overlap (with the element count, they then tile the shape).
+
+    A sweep along the first dimension: each box is compared only with the boxes whose
+    first-dimension range it meets (one, for row shards), not with every other box.
+    """
+    boxes = sorted((c for c in chunks if 0 not in c.shape), key=lambda c: c.offsets)
+    if not boxes or not boxes[0].offsets:
+        return len(boxes) <= 1
+    active: list[Chunk] = []
+    for b in boxes:
+        active = [a for a in active if a.offsets[0] + a.shape[0] > b.offsets[0]]
+        for a in active:
             if all(
                 ao < bo + bn and bo < ao + an
                 for ao, an, bo, bn in zip(a.offsets, a.shape, b.offsets, b.shape, strict=True)
             ):
                 return False
+        active.append(b)
     return True
 
 
