@@ -327,6 +327,22 @@ def test_convert_to_npy_directory(ckpt: Path, tmp_path: Path) -> None:
         tb.save(tb.open(ckpt), out, format="npy")
 
 
+def test_convert_to_zarr_store(ckpt: Path, tmp_path: Path) -> None:
+    zarr = pytest.importorskip("zarr", reason="Zarr stores are an extra (tensorbridge[zarr])")
+    expected = _expected()
+    out = tmp_path / "m.zarr"
+    with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as ex:
+        tb.save(tb.open(ckpt), out, float_dtype=None, executor=ex)
+    with tb.open(out) as f:
+        assert sorted(f.keys()) == sorted(expected)
+        assert f.plain_values()["step"] == 1234
+        assert f.plain_values()["optim.param_groups.0.betas"] == [0.9, 0.95]
+        for name, t in expected.items():
+            assert _raw(tb.to_torch(np.ascontiguousarray(f[name]))) == _raw(t), name
+    assert zarr.open_array(str(out / "model.cols.bf16")).dtype == tb.numpy_dtype("bf16")
+    assert not [p for p in out.iterdir() if p.name.startswith(".tensorbridge-tmp")]
+
+
 def test_existing_destination_is_not_replaced_unasked(ckpt: Path, tmp_path: Path) -> None:
     tb.save(tb.open(ckpt), f"{tmp_path}/hf/")
     with pytest.raises(DestinationExistsError):
@@ -358,9 +374,10 @@ def test_windows_cover_column_shards_exactly(window: int) -> None:
         (Chunk((0, 4, 0), (4, 2, 5), "", 0, 0), full[:, 4:]),
     ]
     out = bytearray(full.nbytes)
-    for at, data in assemble.windows(full.shape, f32, f32, parts, window):
-        assert len(data) <= max(window, 20)
-        out[at : at + len(data)] = data
+    for w in assemble.windows(full.shape, f32, f32, parts, window):
+        assert len(w.data) <= max(window, 20)
+        assert w.values.size == math.prod(w.size)
+        out[w.offset : w.offset + len(w.data)] = w.data
     assert bytes(out) == full.tobytes()
 
 

@@ -28,6 +28,14 @@ def by_name(f: Format) -> str:
     return f.name
 
 
+@pytest.fixture(autouse=True)
+def _extras_installed(request: pytest.FixtureRequest) -> None:
+    """A format whose optional library is missing is skipped, not failed."""
+    fmt = getattr(request.node, "callspec", None) and request.node.callspec.params.get("fmt")
+    if isinstance(fmt, Format) and fmt.extra:
+        pytest.importorskip(fmt.extra, reason=f"pip install tensorbridge[{fmt.extra}]")
+
+
 def two(fmt: Format) -> dict[str, np.ndarray]:
     return {"a": np.arange(6, dtype=np.float32), "b": np.ones(3, ml_dtypes.bfloat16)}
 
@@ -40,7 +48,7 @@ def test_rows_are_consistent() -> None:
     kinds = [k for f in FORMATS for k in f.kinds]
     assert len(suffixes) == len(set(suffixes)) and len(kinds) == len(set(kinds))
     assert all(s.startswith(".") and s == s.lower() for s in suffixes)
-    assert [f.name for f in FORMATS] == ["safetensors", "npy", "npz", "pt", "dcp"]
+    assert [f.name for f in FORMATS] == ["safetensors", "npy", "npz", "pt", "zarr", "dcp"]
     for f in FORMATS:
         assert f.single_array or f.many_arrays, f.name
         assert not f.text_metadata or f.metadata, f.name
@@ -74,8 +82,8 @@ def test_every_save_has_the_one_signature(fmt: Format) -> None:
 
 
 def test_listing_follows_the_table_order() -> None:
-    assert listing(lambda f: f.metadata, " or ") == ".safetensors or .pt"
-    assert listing(lambda f: f.many_arrays) == ".safetensors / .npz / .pt"
+    assert listing(lambda f: f.metadata, " or ") == ".safetensors or .pt or .zarr"
+    assert listing(lambda f: f.many_arrays) == ".safetensors / .npz / .pt / .zarr"
     assert listing(lambda f: False) == ""
 
 
@@ -253,7 +261,7 @@ def test_cli_messages_come_from_the_table(
     assert main(["convert", str(src), str(tmp_path / "o.npz")]) == 0
     assert capsys.readouterr().err == (
         "note: dropped metadata who: .npz files have no place for it (convert to "
-        ".safetensors or .pt to keep it)\n"
+        ".safetensors or .pt or .zarr to keep it)\n"
     )
     assert main(["convert", str(src), str(tmp_path / "a.npy"), "--include", "a", "--verify"]) == 0
     assert "verify: bit-exact" in capsys.readouterr().out

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .convert import to_numpy, to_torch
+    from .dcp.zarr import ZarrReader, ZarrWriter
     from .diagnostics import (
         CastReport,
         Comparison,
@@ -32,9 +33,11 @@ if TYPE_CHECKING:
         CopyRequiredError,
         DestinationExistsError,
         FormatError,
+        MissingExtraError,
         NoDataError,
         ShapeMismatchError,
         TensorBridgeError,
+        UncommittedCheckpointError,
         UnsupportedDtypeError,
         UnsupportedTensorError,
     )
@@ -51,12 +54,16 @@ __all__ = [
     "Description",
     "DestinationExistsError",
     "FormatError",
+    "MissingExtraError",
     "NoDataError",
     "ShapeMismatchError",
     "Stats",
     "TensorBridgeError",
+    "UncommittedCheckpointError",
     "UnsupportedDtypeError",
     "UnsupportedTensorError",
+    "ZarrReader",
+    "ZarrWriter",
     "__version__",
     "cast_report",
     "compare",
@@ -99,14 +106,17 @@ _HOME = {
             "CopyRequiredError",
             "DestinationExistsError",
             "FormatError",
+            "MissingExtraError",
             "NoDataError",
             "ShapeMismatchError",
             "TensorBridgeError",
+            "UncommittedCheckpointError",
             "UnsupportedDtypeError",
             "UnsupportedTensorError",
         ],
         ".errors",
     ),
+    **dict.fromkeys(["ZarrReader", "ZarrWriter"], ".dcp.zarr"),
     **dict.fromkeys(["load", "open", "save"], ".io"),
     **dict.fromkeys(["tree_to_numpy", "tree_to_torch"], ".tree"),
 }

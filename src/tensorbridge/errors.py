@@ -17,9 +17,11 @@ __all__ = [
     "CopyRequiredError",
     "DestinationExistsError",
     "FormatError",
+    "MissingExtraError",
     "NoDataError",
     "ShapeMismatchError",
     "TensorBridgeError",
+    "UncommittedCheckpointError",
     "UnsupportedDtypeError",
     "UnsupportedTensorError",
 ]
@@ -55,3 +57,11 @@ class FormatError(TensorBridgeError, ValueError):
 
 class DestinationExistsError(TensorBridgeError, FileExistsError):
     """A save would replace an existing file, and ``overwrite=True`` was not passed."""
+
+
+class UncommittedCheckpointError(FormatError):
+    """A checkpoint whose save never committed: interrupted, still running, or partial."""
+
+
+class MissingExtraError(TensorBridgeError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it."""

@@ -12,6 +12,8 @@ safetensors                            :mod:`tensorbridge.io.safetensors`
 ``torch.distributed.checkpoint``       :mod:`tensorbridge.io.dcp` (read only; saved
 directories (``.metadata`` +           elsewhere in flat memory by
 ``*.distcp``)                          :mod:`tensorbridge.io.assemble`)
+Zarr v3 stores (``.zarr``, a           :mod:`tensorbridge.io.zarr` (needs
+directory: one array per tensor)       ``pip install tensorbridge[zarr]``)
 a shard index (``*.index.json``) and   :mod:`tensorbridge.io.sharded`
 its shards, or a directory holding one
 =====================================  =========================================
@@ -24,8 +26,9 @@ with its own message. A directory opens its checkpoint: a safetensors index, one
 ``.safetensors`` file, a ``.bin`` index, one ``.bin`` / ``.pt`` / ``.pth`` file, in that
 order of preference (as ``transformers`` prefers safetensors).
 
-**Writing** follows the destination's suffix. A directory (an existing one, or a path
-ending in ``/``) means ``model.safetensors`` in it; ``NAME.safetensors.index.json`` means a
+**Writing** follows the destination's suffix. ``NAME.zarr`` is a Zarr store (a
+directory). Any other directory (an existing one, or a path ending in ``/``) means
+``model.safetensors`` in it; ``NAME.safetensors.index.json`` means a
 sharded checkpoint with that index; any other suffix that is no format is an error. An
 existing destination is replaced only with ``overwrite=True``.
 
@@ -49,7 +52,7 @@ import torch
 
 from ..dtypes import DeviceLike, DTypeLike
 from ..errors import DestinationExistsError, FormatError
-from . import dcp, npy, npz, pt, safetensors  # noqa: F401 - tb.io.<format> without an import
+from . import dcp, npy, npz, pt, safetensors, zarr  # noqa: F401 - tb.io.<format> without an import
 from ._common import TensorFile
 from ._detect import describe, detect, kind_by_suffix, mismatch_note, resolve
 from ._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, listing
@@ -112,6 +115,9 @@ def destination(path: str | os.PathLike[str]) -> Destination:
     """
     text = os.fspath(path)
     p = Path(text)
+    fmt = by_suffix(p.suffix)
+    if fmt is not None and fmt.directory and fmt.writes:  # a store is a directory
+        return Destination(fmt, p, sharded=False)
     if p.is_dir() or text.endswith(("/", os.sep)):
         return Destination(DIRECTORY_FORMAT, p / f"model{DIRECTORY_FORMAT.suffixes[0]}", False)
     name = p.name.lower()
@@ -363,10 +369,25 @@ def _save_chunked(
             "NAME.safetensors path) or 'npy' (a directory of .npy files)"
         )
     dst = destination(path)
+    if dst.format.name == "zarr":
+        dst.check_overwrite(overwrite)
+        if max_shard_size is not None:
+            raise ValueError("a Zarr store has no shards; leave out max_shard_size=")
+        assemble.save(
+            f,
+            dst.path,
+            fmt="zarr",
+            float_dtype=float_dtype,
+            metadata={**f.plain_values(), **(metadata or {})},
+            executor=executor,
+            progress=progress,
+        )
+        return
     if dst.format.name != "safetensors":
         raise FormatError(
             f"{text}: a DCP checkpoint converts to a directory (sharded safetensors), a "
-            "NAME.safetensors file, or a directory of .npy files (format='npy'), not "
+            "NAME.safetensors file, a NAME.zarr store, or a directory of .npy files "
+            "(format='npy'), not "
             f"{dst.format.description}"
         )
     dst.check_overwrite(overwrite)

@@ -16,6 +16,7 @@ kind               how it is recognised
 ``gguf``           the ``GGUF`` magic
 ``pickle``         any other pickle
 ``index``          JSON: a shard index (``*.safetensors.index.json``, ``*.bin.index.json``)
+``zarr``           a directory whose ``zarr.json`` is a Zarr v3 group or array
 ``dcp``            a pickle of ``torch.distributed.checkpoint``'s ``Metadata`` (a DCP
                    directory's ``.metadata``; the directory and its ``*.distcp`` files
                    resolve to it), recognised from the class name, never unpickled here
@@ -40,7 +41,7 @@ import os
 import zipfile
 from pathlib import Path
 
-from ..errors import FormatError
+from ..errors import FormatError, UncommittedCheckpointError
 from ._formats import FORMATS, INDEX_SUFFIX, by_kind, by_suffix
 
 __all__ = ["INDEX_SUFFIX", "describe", "detect", "kind_by_suffix", "mismatch_note", "resolve"]
@@ -77,6 +78,8 @@ def kind_by_suffix(path: Path) -> str:
 
 def detect(path: str | os.PathLike[str]) -> str:
     """The kind of file at ``path`` (see the module docstring), from its first bytes."""
+    if os.path.isdir(path):
+        return _directory_kind(Path(path)) or "unknown"
     with open(path, "rb") as f:
         head = f.read(16)
         size = os.fstat(f.fileno()).st_size
@@ -97,6 +100,13 @@ def detect(path: str | os.PathLike[str]) -> str:
     if head.lstrip()[:1] == b"{":
         return "index"
     return "unknown"
+
+
+def _directory_kind(path: Path) -> str | None:
+    """The kind of a directory that is itself a store (a Zarr v3 group or array), or None."""
+    from .zarr import store_kind  # reads one small JSON file; zarr itself is not needed
+
+    return "zarr" if store_kind(path) is not None else None
 
 
 _DCP_CLASS = b"torch.distributed.checkpoint.metadata"
@@ -147,8 +157,12 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
     ``pytorch_model.bin`` that was saved sharded, so only its index exists, gives that
     index.
 
+    A directory that is itself a store (Zarr) gives itself.
+
     Raises:
         FormatError: a directory holding several candidates of the same rank.
+        UncommittedCheckpointError: a directory holding none, but a save's staging
+            directory (a save that is running, or died before its commit).
         FileNotFoundError: a directory holding none.
     """
     if path.suffix.lower() == ".distcp" and (path.parent / ".metadata").is_file():
@@ -158,6 +172,8 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
         if not path.exists() and index.exists():
             return index
         return path
+    if _directory_kind(path) is not None:
+        return path  # the directory is the store
     for pattern in patterns:
         found = sorted(p for p in path.glob(pattern) if p.is_file())
         if not pattern.endswith(INDEX_SUFFIX):  # shards without their index
@@ -169,6 +185,14 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
                 f"{path} holds {len(found)} files matching {pattern} "
                 f"({', '.join(p.name for p in found[:5])}); pass the one to open"
             )
+    from ..dcp._commit import pending  # a save that never committed says so
+
+    staged = pending(path)
+    if staged:
+        raise UncommittedCheckpointError(
+            f"{path} holds no committed checkpoint: {staged[0].name} is a save that is still "
+            "running or died before its commit; wait for it to finish or save again"
+        )
     wanted = ", ".join(patterns)
     raise FileNotFoundError(f"{path} holds no checkpoint file or index ({wanted})")
 

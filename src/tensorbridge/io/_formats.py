@@ -27,7 +27,7 @@ writer is first used.
 >>> by_suffix(".NPZ").name, by_kind("pt-legacy").name
 ('npz', 'pt')
 >>> [f.suffixes[0] for f in FORMATS if f.metadata]
-['.safetensors', '.pt']
+['.safetensors', '.pt', '.zarr']
 """
 
 from __future__ import annotations
@@ -83,6 +83,8 @@ class Format:
     writes: bool = True  # ``save`` writes it (False: read-only)
     magic: bytes = b""  # the first bytes that identify it, where a fixed magic does
     in_directory: tuple[str, ...] = ()  # names a checkpoint directory is searched for, best first
+    directory: bool = False  # a store is a directory (Zarr), recognised by its contents
+    extra: str | None = None  # the pip extra that installs its library (``tensorbridge[zarr]``)
     chunked: bool = False  # tensors stored as boxes of a global tensor (assembled when saved)
 
     def __repr__(self) -> str:
@@ -163,6 +165,17 @@ FORMATS: tuple[Format, ...] = (
         in_directory=("*.bin" + INDEX_SUFFIX, "*.bin", "*.pt", "*.pth"),
     ),
     Format(
+        "zarr",
+        "tensorbridge.io.zarr",
+        "ZarrFile",
+        "a Zarr v3 store",
+        suffixes=(".zarr",),
+        kinds=("zarr",),
+        metadata=True,
+        directory=True,
+        extra="zarr",
+    ),
+    Format(
         "dcp",
         "tensorbridge.io.dcp",
         "DcpFile",
@@ -195,7 +208,7 @@ def by_kind(kind: str) -> Format | None:
 
 
 def by_name(name: str) -> Format:
-    """The format called ``name`` ("safetensors", "npy", "npz", "pt", "dcp")."""
+    """The format called ``name`` ("safetensors", "npy", "npz", "pt", "zarr", "dcp")."""
     return _BY_NAME[name]
 
 
@@ -203,6 +216,6 @@ def listing(has: Callable[[Format], bool], sep: str = " / ") -> str:
     """The usual suffixes of the writable formats that ``has`` a capability, for messages.
 
     >>> listing(lambda f: f.metadata, " or ")
-    '.safetensors or .pt'
+    '.safetensors or .pt or .zarr'
     """
     return sep.join(f.suffixes[0] for f in FORMATS if f.writes and has(f))

@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -52,7 +52,7 @@ __all__ = ["WINDOW", "Placement", "Task", "run", "save", "windows"]
 WINDOW = DEFAULT_CHUNK  # 64 MiB: the most bytes of one tensor held at once
 SLAB = 8 << 20  # mapped source bytes copied between two page releases
 TASK_BYTES = 256 << 20  # small tensors are batched into tasks of about this many bytes
-TARGETS = ("safetensors", "npy")  # the formats a chunked checkpoint converts to
+TARGETS = ("safetensors", "npy", "zarr")  # the formats a chunked checkpoint converts to
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ class Placement:
     offset: int
     dtype: str  # the stored dtype row's name (after float_dtype)
     nbytes: int
+    zarr: bool = False  # ``file`` is a Zarr array (written by box) rather than a byte file
 
 
 @dataclass(frozen=True)
@@ -78,19 +79,33 @@ class Task:
 # --- one tensor, window by window -------------------------------------------------------------
 
 
+class Window(NamedTuple):
+    """One window of a tensor: a box of it that is contiguous in C order, and its values."""
+
+    start: tuple[int, ...]  # the box's first index
+    size: tuple[int, ...]  # the box's shape
+    offset: int  # of its first byte in the tensor's C-order bytes
+    values: np.ndarray  # flat, the stored dtype (a reused buffer)
+
+    @property
+    def data(self) -> memoryview:
+        """The values' bytes, as written to a file."""
+        return self.values.view(np.uint8).data
+
+
 def windows(
     shape: tuple[int, ...],
     src: DTypeRow,
     dst: DTypeRow,
     chunks: Sequence[tuple[Chunk, np.ndarray]],
     window: int = WINDOW,
-) -> Iterator[tuple[int, memoryview]]:
-    """The tensor's bytes as ``dst``, in C order: ``(byte offset, bytes)`` one window at a time.
+) -> Iterator[Window]:
+    """The tensor's values as ``dst``, in C order, one :class:`Window` at a time.
 
     A window is a box of the global tensor that is contiguous in C order: a run of
     indices along one dimension with every later dimension whole (the first
     dimension from the left whose trailing block fits). Each stored chunk that
-    overlaps it is copied in with one strided ``np.copyto``. The yielded view is
+    overlaps it is copied in with one strided ``np.copyto``. A window's values are
     valid until the next one is asked for (the buffers are reused).
 
     >>> import numpy as np, tensorbridge as tb
@@ -98,7 +113,7 @@ def windows(
     >>> f32 = tb.resolve_dtype("f32")
     >>> a, b = np.arange(4.0, dtype=np.float32).reshape(2, 2), np.zeros((2, 1), np.float32)
     >>> parts = [(Chunk((0, 0), (2, 2), "", 0, 0), a), (Chunk((0, 2), (2, 1), "", 0, 0), b)]
-    >>> [(o, np.frombuffer(m, np.float32).tolist()) for o, m in windows((2, 3), f32, f32, parts)]
+    >>> [(w.offset, w.values.tolist()) for w in windows((2, 3), f32, f32, parts)]
     [(0, [0.0, 1.0, 0.0, 2.0, 3.0, 0.0])]
     """
     total = math.prod(shape)
@@ -156,7 +171,7 @@ def windows(
             data = out[:count]
             mem.as_tensor(data, dst).copy_(mem.reader(box.reshape(-1), src))
         flat = sum(i * tail[j + 1] for j, i in enumerate(start))
-        yield flat * dst.itemsize, data.view(dst.carrier_numpy).view(np.uint8).data
+        yield Window(start, size, flat * dst.itemsize, data)
 
 
 def write_tensor(f: DcpFile, p: Placement, window: int = WINDOW, bar: Any = None) -> int:
@@ -165,10 +180,22 @@ def write_tensor(f: DcpFile, p: Placement, window: int = WINDOW, bar: Any = None
     dst = resolve_dtype(p.dtype)
     chunks = [(c, f.chunk_array(p.name, c)) for c in f.chunks(p.name)]
     written = 0
+    if p.zarr:  # one task owns the whole array: no other writer shares its chunks
+        from .zarr import open_region
+
+        array = open_region(p.file)
+        for w in windows(shape, src, dst, chunks, window):
+            box = tuple(slice(s, s + n) for s, n in zip(w.start, w.size, strict=True))
+            array[box] = w.values.reshape(w.size)
+            written += w.values.nbytes
+            if bar is not None:
+                bar.update(w.values.nbytes)
+        return written
     fd = os.open(p.file, os.O_WRONLY | getattr(os, "O_BINARY", 0))
     try:
-        for at, data in windows(shape, src, dst, chunks, window):
-            _pwrite(fd, data, p.offset + at)
+        for w in windows(shape, src, dst, chunks, window):
+            data = w.data
+            _pwrite(fd, data, p.offset + w.offset)
             written += len(data)
             if bar is not None:
                 bar.update(len(data))
@@ -200,8 +227,8 @@ def run(task: Task) -> int:
     total = 0
     for p in task.items:
         total += write_tensor(f, p, task.window)
-    for file in sorted({p.file for p in task.items}):
-        _fsync(file)
+    for file in sorted({p.file for p in task.items if not p.zarr}):
+        _fsync(file)  # Zarr arrays are fsynced by the commit
     return total
 
 
@@ -230,7 +257,7 @@ def save(
     fmt: str = "safetensors",
     keys: Sequence[str] | None = None,
     float_dtype: DTypeLike | None = None,
-    metadata: Mapping[str, str] | None = None,
+    metadata: Mapping[str, Any] | None = None,
     max_shard_size: int | str | None = None,
     index: bool = True,
     executor: Executor | None = None,
@@ -244,7 +271,9 @@ def save(
     ``model.safetensors.index.json``, the Hugging Face layout; ``index=False`` writes
     one file when everything fits). ``fmt="npy"``: ``path`` is a directory that gets
     ``NAME.npy`` per tensor. Replaces existing files of the same names (``tb.save``
-    asks first).
+    asks first). ``fmt="zarr"``: ``path`` is a Zarr v3 store, one uncompressed array
+    per tensor, committed by the group's ``zarr.json`` (plain values become its
+    attributes).
 
     Raises:
         UnsupportedDtypeError: a dtype the format cannot hold.
@@ -256,6 +285,8 @@ def save(
         f.chunks(n)  # every chunk list checked before a byte is written
     rows = {n: cast_target(f.info(n)[0], float_dtype) for n in names}
     target = Path(path).absolute()  # tasks may run in processes with another working dir
+    if fmt == "zarr":
+        return _save_zarr(f, names, rows, target, metadata, executor, progress, window)
     outs, placements, index_bytes = _plan(
         f, names, rows, target, fmt, metadata, max_shard_size, index
     )
@@ -267,20 +298,7 @@ def save(
             Placement(n, temps[final], off, rows[n].name, nbytes)
             for n, final, off, nbytes in placements
         ]
-        total = sum(p.nbytes for p in items)
-        bar = progress_bar(total, f"saving {target.name}", progress)
-        try:
-            if executor is None:
-                for p in items:
-                    write_tensor(f, p, window, bar)
-                for tmp in temps.values():
-                    _fsync(tmp)
-            else:
-                tasks = _batch(str(f.path.absolute()), items, window)
-                for done in executor.map(run, tasks):
-                    bar.update(done)
-        finally:
-            bar.close()
+        _fill(f, items, executor, window, progress, target.name)
         for final, tmp in temps.items():
             os.replace(tmp, final)
         temps.clear()
@@ -300,6 +318,73 @@ def save(
         remove_stale(target, keep=set() if index_bytes is None else {o.final.name for o in outs})
     _fsync_dir(target.parent if fmt == "safetensors" else target)
     return written
+
+
+def _fill(
+    f: DcpFile,
+    items: list[Placement],
+    executor: Executor | None,
+    window: int,
+    progress: bool | None,
+    label: str,
+) -> None:
+    """Write every placement: here, one after the other, or as tasks on ``executor``."""
+    bar = progress_bar(sum(p.nbytes for p in items), f"saving {label}", progress)
+    try:
+        if executor is None:
+            for p in items:
+                write_tensor(f, p, window, bar)
+            for file in sorted({p.file for p in items if not p.zarr}):
+                _fsync(file)
+        else:
+            tasks = _batch(str(f.path.absolute()), items, window)
+            for done in executor.map(run, tasks):
+                bar.update(done)
+    finally:
+        bar.close()
+
+
+def _save_zarr(
+    f: DcpFile,
+    names: list[str],
+    rows: dict[str, DTypeRow],
+    target: Path,
+    metadata: Mapping[str, Any] | None,
+    executor: Executor | None,
+    progress: bool | None,
+    window: int,
+) -> list[Path]:
+    """One uncompressed Zarr array per tensor, staged, committed by the group's zarr.json."""
+    from ..dcp._commit import abandon, begin, new_save_id, publish
+    from .zarr import (
+        GROUP_FILE,
+        attributes,
+        check_name,
+        chunk_grid,
+        create_array,
+        existing_arrays,
+        group_document,
+    )
+
+    for n in names:
+        check_name(n)
+    attrs = attributes(metadata, names, repr(str(target)))
+    stale = existing_arrays(target)
+    staging = begin(target, new_save_id())
+    try:
+        items = []
+        for n in names:
+            row, shape = rows[n], f.info(n)[1]
+            whole = [((0,) * len(shape), shape)]
+            create_array(staging, n, shape, row, chunk_grid(shape, whole, row.itemsize))
+            nbytes = math.prod(shape) * row.itemsize
+            items.append(Placement(n, str(staging / n), 0, row.name, nbytes, zarr=True))
+        _fill(f, items, executor, window, progress, target.name)
+        publish(target, staging, names, GROUP_FILE, group_document(attrs), stale)
+    except BaseException:
+        abandon(staging)
+        raise
+    return [target / n for n in names] + [target / GROUP_FILE]
 
 
 def _plan(

@@ -1,0 +1,596 @@
+"""Zarr v3 stores: a group directory holding one array per tensor, committed atomically.
+
+Layout of ``OUT.zarr`` as :func:`save` and :class:`tensorbridge.ZarrWriter` write it::
+
+    OUT.zarr/zarr.json         the group: {"zarr_format": 3, "node_type": "group",
+                               "attributes": {...metadata, "tensorbridge": {...}}}
+    OUT.zarr/<name>/zarr.json  one array per tensor, named by its dotted key
+    OUT.zarr/<name>/c/0/1      its chunks: a regular grid, raw little-endian bytes
+
+**Data types.** Every row of the dtype table: the classic ones under zarr's own names
+(``bool``, ``int8`` ... ``uint64``, ``float16`` ... ``float64``, ``complex64``,
+``complex128``), bfloat16, float8, float8_e8m0fnu and complex32 under the names of
+:mod:`tensorbridge.zarr_dtypes` (tensorstore's), so a plain NumPy process with zarr,
+dask or tensorstore reads the bits back. Packed float4 (torch ``float4_e2m1fn_x2``) is
+refused rather than unpacked behind the caller's back.
+
+**Chunks** are uncompressed (the ``bytes`` codec alone, as safetensors stores bytes)
+and at most ``max_chunk_bytes``; every chunk is written, even one that equals the fill
+value (zarr would otherwise skip it, and its comparison folds NaN payloads and -0.0).
+
+**Metadata** goes to the group's attributes as JSON values (``tb.load`` gives them
+back in ``metadata`` as strings and typed in ``plain_values()``); the key
+``"tensorbridge"`` is reserved for the tensors' order.
+
+**Commit.** Arrays are written into a staging directory inside ``OUT.zarr`` and moved
+into place before the group's ``zarr.json`` is written, last (the protocol of
+:mod:`tensorbridge.dcp._commit`): a store whose save died has no group ``zarr.json``,
+and reading it raises :class:`~tensorbridge.errors.UncommittedCheckpointError`.
+
+**Writing regions.** Parallel writers (DCP ranks, conversion workers) share a store
+through :func:`create_array`, :func:`open_region` and :func:`write_region`: the chunk
+grid comes from :func:`chunk_grid`, aligned to every writer's block, so no two
+writers ever touch one chunk (two unaligned writers of one chunk lose data: each
+rewrites the whole chunk).
+
+zarr is an optional dependency: ``pip install tensorbridge[zarr]``.
+
+>>> import os, tempfile, numpy as np, tensorbridge as tb
+>>> p = os.path.join(tempfile.mkdtemp(), "w.zarr")
+>>> w = np.arange(6, dtype=np.int16).reshape(2, 3)
+>>> tb.save({"w": w}, p, metadata={"step": 7})
+>>> with tb.open(p) as f:
+...     f.keys(), f["w"].tolist(), f.plain_values()
+(['w'], [[0, 1, 2], [3, 4, 5]], {'step': 7})
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..convert import to_numpy, to_torch
+from ..dcp._commit import abandon, begin, new_save_id, pending, publish, require_committed
+from ..dtypes import PACKED_BY_NUMPY, PACKED_BY_TORCH, DeviceLike, DTypeLike, DTypeRow
+from ..errors import (
+    FormatError,
+    MissingExtraError,
+    NoDataError,
+    UnsupportedDtypeError,
+    UnsupportedTensorError,
+)
+from ._common import DEFAULT_CHUNK, TensorFile, cast_target, progress_bar, row_of
+
+if TYPE_CHECKING:
+    import zarr as zarr_module
+
+__all__ = [
+    "GROUP_FILE",
+    "MAX_CHUNK_BYTES",
+    "ZarrFile",
+    "chunk_grid",
+    "create_array",
+    "group_document",
+    "load",
+    "open",
+    "open_region",
+    "require_zarr",
+    "save",
+    "storable",
+    "write_region",
+]
+
+GROUP_FILE = "zarr.json"  # a node's metadata; the group's is the store's commit record
+MAX_CHUNK_BYTES = 16 << 20  # chunks at most this large (a grid may make them smaller)
+RESERVED = "tensorbridge"  # the group attribute that holds the tensors' order
+_CONFIG = {"write_empty_chunks": True}
+
+
+def require_zarr() -> Any:
+    """The ``zarr`` module with tensorbridge's data types registered, or a clear error.
+
+    Raises:
+        MissingExtraError: zarr (3.1 or later) is not installed.
+    """
+    try:
+        import zarr
+
+        from .. import zarr_dtypes  # noqa: F401 - registers bfloat16, float8, ...
+    except ImportError as err:
+        raise MissingExtraError(
+            f"Zarr stores need zarr 3.1 or later ({err}); pip install tensorbridge[zarr]"
+        ) from None
+    return zarr
+
+
+# --- the chunk grid ---------------------------------------------------------------------------
+
+
+def chunk_grid(
+    shape: Sequence[int],
+    blocks: Iterable[tuple[Sequence[int], Sequence[int]]],
+    itemsize: int,
+    max_chunk_bytes: int = MAX_CHUNK_BYTES,
+) -> tuple[int, ...]:
+    """A chunk shape that tiles every block exactly, and holds at most ``max_chunk_bytes``.
+
+    ``blocks`` are ``(offsets, sizes)`` of the regions that separate writers write.
+    Along each dimension the chunk length divides every block's offset and size (it
+    divides their gcd), so each chunk lies inside one block: no two writers share a
+    chunk. Outer dimensions shrink first (to a divisor of that gcd) until a chunk fits
+    ``max_chunk_bytes``, which keeps chunks contiguous runs of the array.
+
+    >>> chunk_grid((10, 6), [((0, 0), (6, 6)), ((6, 0), (4, 6))], 4)  # rows 0-5, 6-9
+    (2, 6)
+    >>> whole = [((0, 0), (1024, 1024))]
+    >>> chunk_grid((1024, 1024), whole, 2, max_chunk_bytes=64 << 10)
+    (32, 1024)
+    """
+    n = len(shape)
+    grid = [0] * n
+    for offsets, sizes in blocks:
+        for d in range(n):
+            grid[d] = math.gcd(grid[d], int(offsets[d]), int(sizes[d]))
+    grid = [g if g > 0 else max(1, int(s)) for g, s in zip(grid, shape, strict=True)]
+    limit = max(1, max_chunk_bytes // max(1, itemsize))
+    for d in range(n):
+        if math.prod(grid) <= limit:
+            break
+        inner = math.prod(grid[d + 1 :])
+        grid[d] = _largest_divisor(grid[d], max(1, limit // inner))
+    return tuple(grid)
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n`` that is at most ``at_most``."""
+    if n <= at_most:
+        return n
+    best = 1
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            for cand in (i, n // i):
+                if best < cand <= at_most:
+                    best = cand
+        i += 1
+    return best
+
+
+# --- creating arrays and writing regions --------------------------------------------------------
+
+
+def create_array(
+    root: str | os.PathLike[str],
+    name: str,
+    shape: Sequence[int],
+    dtype: DTypeLike,
+    chunks: Sequence[int],
+    *,
+    attributes: Mapping[str, Any] | None = None,
+) -> zarr_module.Array[Any]:
+    """Create the array ``root/name`` (shape, dtype, chunk grid; no data yet); return it.
+
+    ``dtype`` is any spelling of a dtype-table row. The array is uncompressed, filled
+    with zero bits where nothing is written, and writes every chunk (see the module
+    docstring). Other writers open it with :func:`open_region`.
+
+    >>> import tempfile
+    >>> a = create_array(tempfile.mkdtemp(), "w", (4, 2), "bfloat16", (2, 2))
+    >>> a.metadata.data_type.to_json(zarr_format=3), a.chunks
+    ('bfloat16', (2, 2))
+    """
+    zarr = require_zarr()
+    row = storable(dtype)
+    check_name(name)
+    return zarr.create_array(  # type: ignore[no-any-return]
+        store=os.fspath(Path(root) / name),
+        shape=tuple(int(n) for n in shape),
+        chunks=tuple(int(n) for n in chunks),
+        dtype=row.numpy,
+        compressors=None,
+        filters=None,
+        zarr_format=3,
+        attributes=dict(attributes or {}),
+        config=_CONFIG,
+    )
+
+
+def open_region(path: str | os.PathLike[str]) -> zarr_module.Array[Any]:
+    """Open an array made by :func:`create_array` for writing regions into it."""
+    zarr = require_zarr()
+    return zarr.open_array(os.fspath(path), mode="r+", zarr_format=3, config=_CONFIG)  # type: ignore[no-any-return]
+
+
+def write_region(
+    array: zarr_module.Array[Any],
+    offsets: Sequence[int],
+    block: Any,
+    *,
+    dtype: DTypeLike | None = None,
+    buffer_bytes: int = DEFAULT_CHUNK,
+) -> int:
+    """Write ``block`` (a tensor or array) into ``array`` at ``offsets``; the bytes written.
+
+    The block must cover whole chunks (its end may be the array's end): a region
+    that cuts a chunk would make two writers rewrite it, and one of them would lose.
+    Rows go to the store about ``buffer_bytes`` at a time (converted, or cast to
+    ``dtype``, on the way), so the memory used is the block plus that buffer.
+
+    Raises:
+        ValueError: the region lies outside the array or does not cover whole chunks.
+    """
+    shape = tuple(int(n) for n in array.shape)
+    chunks = tuple(int(n) for n in array.chunks)
+    sizes = tuple(int(n) for n in block.shape)
+    offsets = tuple(int(o) for o in offsets)
+    if len(offsets) != len(shape) or len(sizes) != len(shape):
+        raise ValueError(
+            f"a block of shape {sizes} at {offsets} does not match the array's "
+            f"{len(shape)} dimensions; pass one offset per dimension"
+        )
+    for d, (o, s, n, c) in enumerate(zip(offsets, sizes, shape, chunks, strict=True)):
+        if o < 0 or o + s > n:
+            raise ValueError(
+                f"the block {sizes} at {offsets} lies outside the array's shape {shape} "
+                f"(dimension {d})"
+            )
+        if s and (o % c or ((o + s) % c and o + s != n)):
+            raise ValueError(
+                f"the block {sizes} at {offsets} cuts chunks of {chunks} on dimension {d}; "
+                "make the chunk grid divide every block (chunk_grid) so no two writers "
+                "share a chunk"
+            )
+    if 0 in sizes:
+        return 0
+    dst = storable(dtype if dtype is not None else array.dtype)
+    if not shape:
+        array[()] = _host(block, dst)
+        return dst.itemsize
+    row_bytes = math.prod(sizes[1:]) * dst.itemsize
+    step = max(1, buffer_bytes // max(1, row_bytes)) // chunks[0] * chunks[0] or chunks[0]
+    for start in range(0, sizes[0], step):
+        stop = min(sizes[0], start + step)
+        rest = (slice(o, o + s) for o, s in zip(offsets[1:], sizes[1:], strict=True))
+        where = (slice(offsets[0] + start, offsets[0] + stop), *rest)
+        array[where] = _host(block[start:stop], dst)
+    return math.prod(sizes) * dst.itemsize
+
+
+def _host(x: Any, dst: DTypeRow) -> np.ndarray:
+    """A piece of a block as a host NumPy array of ``dst`` (bit-exact, or cast when asked)."""
+    if isinstance(x, torch.Tensor):
+        out: np.ndarray = to_numpy(x, dtype=None if x.dtype is dst.torch else dst)
+        return out
+    a = np.asarray(x)
+    if row_of(a) is dst:
+        return a
+    cast: np.ndarray = to_numpy(to_torch(a), dtype=dst)
+    return cast
+
+
+def storable(dtype: Any) -> DTypeRow:
+    """The table row for ``dtype``, refusing the packed types no Zarr array holds as such."""
+    from ..dtypes import resolve_dtype
+
+    if isinstance(dtype, torch.dtype) and dtype in PACKED_BY_TORCH:
+        raise UnsupportedDtypeError(_PACKED_MESSAGE.format(PACKED_BY_TORCH[dtype].name))
+    try:
+        if not isinstance(dtype, (torch.dtype, str, DTypeRow)):
+            packed = PACKED_BY_NUMPY.get(np.dtype(dtype))
+            if packed is not None:
+                raise UnsupportedDtypeError(_PACKED_MESSAGE.format(packed.name))
+    except TypeError:
+        pass
+    return resolve_dtype(dtype)
+
+
+_PACKED_MESSAGE = (
+    "{} packs two values a byte and a Zarr array holds whole elements; unpack it to "
+    "one float4_e2m1fn a byte first (tb.to_numpy(x, dtype=ml_dtypes.float4_e2m1fn))"
+)
+
+
+def check_name(name: Any) -> None:
+    """Refuse a tensor name that is no Zarr node name (empty, ``/``, ``.``, ``..``, ``__*``)."""
+    if not isinstance(name, str) or not name:
+        raise UnsupportedTensorError(f"Zarr array names are non-empty strings, got {name!r}")
+    if "/" in name or name in (".", "..") or name.startswith("__"):
+        raise UnsupportedTensorError(
+            f"{name!r} is no Zarr array name (no '/', not '.' or '..', no leading '__'); "
+            "rename the tensor"
+        )
+
+
+# --- saving a whole state dict ----------------------------------------------------------------
+
+
+def group_document(attributes: Mapping[str, Any]) -> bytes:
+    """The group's ``zarr.json``: what commits a store (written last)."""
+    doc = {"zarr_format": 3, "node_type": "group", "attributes": dict(attributes)}
+    return json.dumps(doc, indent=2, allow_nan=False).encode()
+
+
+def attributes(
+    metadata: Mapping[str, Any] | None, keys: Sequence[str], where: str
+) -> dict[str, Any]:
+    """The group attributes for ``metadata`` and the tensors' order, checked to be JSON."""
+    attrs: dict[str, Any] = {}
+    for key, value in (metadata or {}).items():
+        if not isinstance(key, str) or key == RESERVED:
+            raise ValueError(
+                f"{where}: metadata key {key!r} is not allowed (keys are strings, and "
+                f"{RESERVED!r} is reserved); rename it"
+            )
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{where}: metadata {key!r} = {value!r} is not a JSON value; pass a str, "
+                "number, bool, None, list or dict"
+            ) from None
+        attrs[key] = value
+    attrs[RESERVED] = {"keys": list(keys)}
+    return attrs
+
+
+def existing_arrays(path: Path) -> list[str]:
+    """The arrays of a committed store at ``path`` (to remove once a new save commits).
+
+    Raises:
+        FormatError: ``path`` exists but is no Zarr store (it is left alone).
+    """
+    if not path.exists():
+        return []
+    if not (path / GROUP_FILE).is_file() and not (path.is_dir() and _only_staging(path)):
+        raise FormatError(f"{path} exists and is no Zarr store; remove it or save to another path")
+    return [p.name for p in path.iterdir() if p.is_dir() and (p / GROUP_FILE).is_file()]
+
+
+def _only_staging(path: Path) -> bool:
+    staged = set(pending(path))
+    return all(p in staged for p in path.iterdir())
+
+
+def save(
+    tensors: Mapping[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    float_dtype: DTypeLike | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK,
+    max_chunk_bytes: int = MAX_CHUNK_BYTES,
+) -> None:
+    """Write a mapping of names to tensors or arrays as a Zarr v3 store, one array each.
+
+    Each tensor streams to its array about ``chunk_bytes`` at a time (cast on the way
+    when ``float_dtype`` asks); the store is committed by its group ``zarr.json``,
+    written last. An existing store at ``path`` is replaced (its arrays that the new
+    save does not write are removed after the commit).
+
+    >>> import os, tempfile, torch
+    >>> p = os.path.join(tempfile.mkdtemp(), "m.zarr")
+    >>> save({"w": torch.ones(2, 3, dtype=torch.bfloat16)}, p)
+    >>> import zarr; zarr.open_array(p + "/w").dtype
+    dtype(bfloat16)
+
+    Args:
+        tensors: a mapping of names (Zarr node names: no ``/``) to tensors or arrays.
+        path: the store's directory (``.zarr`` by convention).
+        float_dtype: cast floating-point values (only) to this dtype.
+        metadata: JSON values kept in the group's attributes.
+        progress: show a progress bar (``None``: when stderr is a terminal).
+        chunk_bytes: about how many bytes are converted at a time.
+        max_chunk_bytes: the largest chunk in the store.
+
+    Raises:
+        MissingExtraError: zarr is not installed.
+        UnsupportedDtypeError: a dtype with no row in the dtype table, or packed float4.
+        UnsupportedTensorError: not a mapping, a name that is no Zarr name, a sparse tensor.
+        FormatError: ``path`` exists and is no Zarr store.
+    """
+    require_zarr()
+    path = Path(path)
+    where = repr(str(path))
+    if not isinstance(tensors, Mapping):
+        raise UnsupportedTensorError(
+            f"{where}: a Zarr store holds named arrays; pass a mapping such as "
+            f"{{'x': array}}, not a {type(tensors).__qualname__}"
+        )
+    plans = []
+    for name, x in tensors.items():
+        check_name(name)
+        try:
+            plans.append((name, x, cast_target(_source_row(x), float_dtype)))
+        except (UnsupportedDtypeError, UnsupportedTensorError) as err:
+            raise type(err)(f"at {name!r}: {err}") from None
+    attrs = attributes(metadata, [name for name, _, _ in plans], where)
+    stale = existing_arrays(path)
+    total = sum(math.prod(x.shape) * dst.itemsize for _, x, dst in plans)
+    bar = progress_bar(total, f"saving {path.name}", progress)
+    staging = begin(path, new_save_id())
+    try:
+        for name, x, dst in plans:
+            shape = tuple(int(n) for n in x.shape)
+            chunks = chunk_grid(shape, [((0,) * len(shape), shape)], dst.itemsize, max_chunk_bytes)
+            array = create_array(staging, name, shape, dst, chunks)
+            bar.update(
+                write_region(array, (0,) * len(shape), x, dtype=dst, buffer_bytes=chunk_bytes)
+            )
+        publish(path, staging, [n for n, _, _ in plans], GROUP_FILE, group_document(attrs), stale)
+    except BaseException:
+        abandon(staging)
+        raise
+    finally:
+        bar.close()
+
+
+def _source_row(x: Any) -> DTypeRow:
+    if isinstance(x, torch.Tensor):
+        if x.layout is not torch.strided or x.is_nested:
+            raise UnsupportedTensorError(
+                f"a {x.layout} tensor has no dense Zarr layout; pass x.to_dense()"
+            )
+        if x.device.type == "meta":
+            raise NoDataError(f"a meta tensor (shape {tuple(x.shape)}) holds no data to save")
+        return storable(x.dtype)
+    if isinstance(x, np.ndarray):
+        if isinstance(x, np.ma.MaskedArray):
+            raise UnsupportedTensorError("a masked array's mask would be lost; pass a.filled()")
+        return storable(x.dtype.newbyteorder("=") if x.dtype.byteorder == ">" else x.dtype)
+    raise UnsupportedTensorError(
+        f"the value is a {type(x).__qualname__}; a Zarr store holds tensors or arrays"
+    )
+
+
+# --- reading --------------------------------------------------------------------------------
+
+
+def store_kind(path: str | os.PathLike[str]) -> str | None:
+    """``"group"`` or ``"array"`` when ``path`` is a Zarr v3 node's directory, else None.
+
+    Reads only the node's small ``zarr.json``; needs no zarr installed.
+    """
+    doc = Path(path) / GROUP_FILE
+    try:
+        if doc.stat().st_size > 1 << 26:
+            return None
+        meta = json.loads(doc.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if isinstance(meta, dict) and meta.get("zarr_format") == 3:
+        kind = meta.get("node_type")
+        return kind if kind in ("group", "array") else None
+    return None
+
+
+class ZarrFile(TensorFile):
+    """A Zarr v3 store: its arrays by name, read whole into memory when asked.
+
+    A group gives its arrays (in the order tensorbridge saved them, else by name) and
+    its attributes as metadata; a bare array is one entry named after its directory.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__()
+        zarr = require_zarr()
+        p = Path(path)
+        self.path = p
+        where = repr(str(p))
+        kind = store_kind(p)
+        if kind is None:
+            require_committed(p, GROUP_FILE, "Zarr store")  # raises: uncommitted, or missing
+            raise FormatError(f"{where}: its {GROUP_FILE} is no Zarr v3 group or array")
+        self._arrays: dict[str, Any] = {}
+        self._values: dict[str, Any] = {}
+        self._saved: dict[str, Any] = {}
+        try:
+            if kind == "array":
+                self.single = True
+                self._arrays[p.name.removesuffix(".zarr") or "x"] = zarr.open_array(
+                    os.fspath(p), mode="r", zarr_format=3
+                )
+                return
+            group = zarr.open_group(os.fspath(p), mode="r", zarr_format=3)
+            attrs = dict(group.attrs)
+            saved = attrs.pop(RESERVED, None)
+            order = saved.get("keys") if isinstance(saved, dict) else None
+            names = (
+                list(order)
+                if isinstance(order, list) and all(isinstance(n, str) for n in order)
+                else sorted(group.array_keys())
+            )
+            for name in names:
+                self._arrays[name] = group[name]
+        except (KeyError, ValueError, TypeError) as err:
+            raise FormatError(f"{where}: not a readable Zarr v3 store: {err}") from None
+        self._values = attrs
+        self._saved = saved if isinstance(saved, dict) else {}
+        self.metadata = {k: v if isinstance(v, str) else json.dumps(v) for k, v in attrs.items()}
+
+    def keys(self) -> list[str]:
+        return list(self._arrays)
+
+    def plain_values(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def saved_attributes(self) -> dict[str, Any]:
+        """What tensorbridge recorded for itself in the group (the tensors' order, ...)."""
+        return dict(self._saved)
+
+    def _get(self, name: str) -> Any:
+        if name not in self._arrays:
+            raise KeyError(f"{name!r} is not in this file; its keys are {self.keys()[:10]}")
+        return self._arrays[name]
+
+    def info(self, name: str) -> tuple[DTypeRow, tuple[int, ...]]:
+        from ..dtypes import resolve_dtype
+
+        array = self._get(name)
+        try:
+            row = resolve_dtype(array.dtype.newbyteorder("="))
+        except UnsupportedDtypeError:
+            raise UnsupportedDtypeError(
+                f"{str(self.path)!r}: array {name!r} holds {array.dtype}, which has no torch "
+                "counterpart; read it with zarr directly"
+            ) from None
+        return row, tuple(int(n) for n in array.shape)
+
+    def array(self, name: str) -> zarr_module.Array[Any]:
+        """The zarr array itself, for reading regions (``f.array(name)[0:10]``)."""
+        array: zarr_module.Array[Any] = self._get(name)
+        return array
+
+    def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
+        a = self._owned(name)
+        a.flags.writeable = copy_on_write
+        return a
+
+    def _owned(self, name: str) -> np.ndarray:
+        self.info(name)  # refuses what has no row before reading anything
+        out: np.ndarray = np.asarray(self._get(name)[...])
+        if not out.dtype.isnative:
+            out = out.astype(out.dtype.newbyteorder("="))
+        return out
+
+
+def open(path: str | os.PathLike[str]) -> TensorFile:
+    """Open a Zarr v3 store (a group of arrays, or one array) lazily.
+
+    >>> import os, tempfile, numpy as np
+    >>> p = os.path.join(tempfile.mkdtemp(), "s.zarr")
+    >>> save({"a": np.arange(3)}, p)
+    >>> with open(p) as f:
+    ...     f.keys(), f.info("a")[1]
+    (['a'], (3,))
+
+    Raises:
+        UncommittedCheckpointError: a save into ``path`` never committed.
+        FormatError: ``path`` is no Zarr v3 store.
+    """
+    return ZarrFile(path)
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    framework: str = "numpy",
+    mmap: bool = True,
+    device: DeviceLike | None = None,
+    float_dtype: DTypeLike | None = None,
+    keys: Iterable[str] | None = None,
+) -> Any:
+    """Read a Zarr store: a dict of its arrays (or tensors) by name.
+
+    Arrays are read into memory (chunks are files); with ``mmap=True`` NumPy results
+    are read-only, as every format's are.
+    """
+    with open(path) as f:
+        return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)

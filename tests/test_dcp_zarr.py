@@ -1,0 +1,216 @@
+"""``tb.ZarrWriter`` / ``tb.ZarrReader`` on spawned gloo ranks, judged byte for byte.
+
+Every dtype of the table is saved as DTensors sharded ``Shard(0)`` (uneven), ``Shard(1)``
+(uneven, with an empty shard on 4 ranks) and ``Replicate``, next to a 0-dim tensor with
+a NaN payload and a plain ``step``. The store must hold exactly the unsharded reference;
+it is then loaded into another sharding (2 ranks -> 4) and into one process; a rank
+killed mid-save must leave no store that looks complete.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import tensorbridge as tb
+from _dist import run_ranks
+from conftest import make_patterns
+
+zarr = pytest.importorskip("zarr", reason="zarr is an extra: pip install tensorbridge[zarr]")
+
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: E402
+
+from tensorbridge.errors import UncommittedCheckpointError  # noqa: E402
+
+ROWS, COLS = 13, 10  # uneven on 2 and 4 ranks; 10 columns on 4 ranks leave one empty
+PLACEMENTS = {"s0": Shard(0), "s1": Shard(1), "rep": Replicate()}
+OTHER = {"s0": Shard(1), "s1": Shard(0), "rep": Shard(0)}  # the sharding a reload asks for
+
+
+def reference() -> dict[str, Any]:
+    """The unsharded state dict: every dtype's bit patterns under each placement."""
+    sd: dict[str, Any] = {}
+    for row in tb.dtype_table():
+        a = np.resize(make_patterns(row), ROWS * COLS).reshape(ROWS, COLS)
+        for tag in PLACEMENTS:
+            sd[f"{row.name}.{tag}"] = tb.to_torch(a.copy())
+    sd["scalar"] = torch.tensor([0x7FC1], dtype=torch.int16).view(torch.bfloat16)[0]
+    sd["step"] = 7
+    return sd
+
+
+def bits(t: torch.Tensor) -> bytes:
+    return bytes(tb.to_numpy(t.detach().contiguous().reshape(-1)).view(np.uint8).tobytes())
+
+
+def local_block(full: torch.Tensor, placement: Any, rank: int, world: int) -> torch.Tensor:
+    """This rank's block, as DTensor's Shard splits (torch.chunk, empty shards padded)."""
+    if isinstance(placement, Replicate):
+        return full
+    d = placement.dim
+    pieces = list(torch.chunk(full, world, dim=d))
+    while len(pieces) < world:
+        shape = list(full.shape)
+        shape[d] = 0
+        pieces.append(full.new_empty(shape))
+    return pieces[rank]
+
+
+def sharded(
+    sd: dict[str, Any], rank: int, world: int, layout: dict[str, Any], zero: bool
+) -> dict[str, Any]:
+    """``sd`` as DTensors on a 1-D mesh (``zero``: empty targets for a load)."""
+    mesh = init_device_mesh("cpu", (world,))
+    out: dict[str, Any] = {}
+    for name, value in sd.items():
+        tag = name.rsplit(".", 1)[-1]
+        if not isinstance(value, torch.Tensor):
+            out[name] = 0 if zero else value
+            continue
+        if tag not in layout:
+            out[name] = torch.zeros_like(value) if zero else value
+            continue
+        placement = layout[tag]
+        local = local_block(value, placement, rank, world).contiguous()
+        if zero:
+            local = torch.zeros_like(local)
+        out[name] = DTensor.from_local(
+            local, mesh, [placement], run_check=False, shape=value.shape, stride=value.stride()
+        )
+    return out
+
+
+def _save(rank: int, world: int, path: str) -> str:
+    dcp.save(
+        sharded(reference(), rank, world, PLACEMENTS, zero=False),
+        storage_writer=tb.ZarrWriter(path),
+    )
+    return "saved"
+
+
+def _load(rank: int, world: int, path: str) -> dict[str, bool]:
+    ref = reference()
+    sd = sharded(ref, rank, world, OTHER, zero=True)
+    dcp.load(sd, storage_reader=tb.ZarrReader(path))
+    got: dict[str, bool] = {}
+    for name, value in sd.items():
+        tag = name.rsplit(".", 1)[-1]
+        if isinstance(value, DTensor):
+            want = local_block(ref[name], OTHER[tag], rank, world)
+            got[name] = bits(value.to_local()) == bits(want) and value.dtype is ref[name].dtype
+        elif isinstance(value, torch.Tensor):
+            got[name] = bits(value) == bits(ref[name])
+        else:
+            got[name] = value == ref[name]
+    return got
+
+
+class _DiesMidSave(tb.ZarrWriter):
+    """Rank 1 writes its chunks, then is SIGKILLed before reporting success."""
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        fut = super().write_data(plan, planner)
+        if int(os.environ["RANK"]) == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return fut
+
+
+def _killed(rank: int, world: int, path: str) -> str:
+    sd = sharded(reference(), rank, world, PLACEMENTS, zero=False)
+    dcp.save(sd, storage_writer=_DiesMidSave(path))
+    return "finished"  # never: rank 1 dies, and rank 0 waits for it in vain
+
+
+def check_store(path: Path) -> None:
+    """The committed store holds exactly the unsharded reference, bit for bit."""
+    ref = reference()
+    with tb.open(path) as f:
+        tensors = [k for k, v in ref.items() if isinstance(v, torch.Tensor)]
+        assert f.keys() == tensors
+        assert f.plain_values() == {"step": 7}
+        for name in tensors:
+            a = f[name]
+            assert a.shape == tuple(ref[name].shape) and bits(tb.to_torch(a)) == bits(ref[name]), (
+                name
+            )
+            assert f.info(name)[0].torch is ref[name].dtype
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_write_the_unsharded_bytes(world: int, tmp_path: Path) -> None:
+    path = tmp_path / "ckpt.zarr"
+    assert run_ranks(_save, world, tmp_path, str(path)) == ["saved"] * world
+    check_store(path)
+    assert [p.name for p in path.iterdir() if p.name.startswith(".")] == []  # no staging left
+    # the chunk grid tiles every rank's block: Shard(1) of 10 columns on 4 ranks (3, 3, 3, 1)
+    chunks = zarr.open_array(str(path / "bfloat16.s1")).chunks
+    assert chunks == ((ROWS, 1) if world == 4 else (ROWS, 5))
+    assert zarr.open_array(str(path / "float32.s0")).chunks == (1, COLS)  # 7+6 or 4+4+4+1 rows
+
+
+def test_a_store_reloads_into_another_sharding_and_into_one_process(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt.zarr"
+    run_ranks(_save, 2, tmp_path, str(path))
+    results = run_ranks(_load, 4, tmp_path, str(path))
+    for rank, got in enumerate(results):
+        assert got and all(got.values()), (rank, [k for k, ok in got.items() if not ok])
+    ref = reference()
+    sd = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in ref.items()}
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(sd, storage_reader=tb.ZarrReader(path), no_dist=True)
+    for name, value in ref.items():
+        if isinstance(value, torch.Tensor):
+            assert bits(sd[name]) == bits(value), name
+        else:
+            assert sd[name] == value
+
+
+def test_one_process_save_matches_tb_save(tmp_path: Path) -> None:
+    ref = reference()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(ref, storage_writer=tb.ZarrWriter(tmp_path / "one.zarr"), no_dist=True)
+    check_store(tmp_path / "one.zarr")
+
+
+def test_a_rank_killed_mid_save_leaves_no_committed_store(tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh.zarr"
+    with pytest.raises(pytest.fail.Exception):
+        run_ranks(_killed, 2, tmp_path, str(fresh))
+    assert not (fresh / "zarr.json").exists()
+    with pytest.raises(UncommittedCheckpointError, match=r"died before its commit"):
+        tb.open(fresh)
+    with (
+        warnings.catch_warnings(),
+        pytest.raises(CheckpointException, match=r"died before writing zarr.json"),
+    ):  # DCP wraps the reader's UncommittedCheckpointError
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"step": 0}, storage_reader=tb.ZarrReader(fresh), no_dist=True)
+    # over a committed store, the killed save leaves the previous checkpoint whole
+    kept = tmp_path / "kept.zarr"
+    run_ranks(_save, 2, tmp_path, str(kept))
+    with pytest.raises(pytest.fail.Exception):
+        run_ranks(_killed, 2, tmp_path, str(kept))
+    check_store(kept)
+
+
+def test_non_json_entries_are_refused(tmp_path: Path) -> None:
+    with warnings.catch_warnings(), pytest.raises(CheckpointException, match=r"never pickles"):
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(
+            {"w": torch.ones(2), "rng": object()},
+            storage_writer=tb.ZarrWriter(tmp_path / "x.zarr"),
+            no_dist=True,
+        )
+    assert not (tmp_path / "x.zarr" / "zarr.json").exists()

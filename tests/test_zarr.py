@@ -1,0 +1,485 @@
+"""Zarr: the data-type module (bits, fill values, registration), the format, plain readers.
+
+Every check compares bytes, never values, so NaN payloads and -0.0 count. The readers
+that matter are the ones a plain NumPy process has (zarr, dask, tensorstore): they run
+in a subprocess that never imports torch.
+"""
+
+from __future__ import annotations
+
+import doctest
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from importlib.metadata import EntryPoint
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import tensorbridge as tb
+from conftest import make_patterns
+
+zarr = pytest.importorskip("zarr", reason="zarr is an extra: pip install tensorbridge[zarr]")
+
+from zarr.core.dtype import data_type_registry  # noqa: E402
+from zarr.core.dtype.registry import DataTypeRegistry  # noqa: E402
+
+from tensorbridge import zarr_dtypes as zd  # noqa: E402
+from tensorbridge.errors import (  # noqa: E402
+    FormatError,
+    MissingExtraError,
+    UncommittedCheckpointError,
+    UnsupportedDtypeError,
+    UnsupportedTensorError,
+)
+from tensorbridge.io import zarr as tbz  # noqa: E402
+
+SRC = Path(tb.__file__).resolve().parent.parent
+ROOT = SRC.parent
+# tensorstore's own names for the types it knows (complex_float16 it does not)
+TENSORSTORE = [c for c in zd.DATA_TYPES if c._zarr_v3_name != "complex_float16"]
+
+
+def bits(a: Any) -> bytes:
+    return np.ascontiguousarray(a).view(np.uint8).tobytes()
+
+
+def type_patterns(cls: type[zd.MLFloat]) -> np.ndarray:
+    """Every bit pattern of a 1- or 2-byte type; complex32: the table's float16 pairs."""
+    dt = cls._numpy
+    if dt.itemsize == 4:
+        return make_patterns(tb.resolve_dtype("complex32"))
+    return np.arange(1 << (8 * dt.itemsize), dtype=np.uint32).astype(f"u{dt.itemsize}").view(dt)
+
+
+def plain_python(code: str, tmp_path: Path, timeout: int = 300) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter that must never import torch; its JSON result."""
+    script = tmp_path / "plain.py"
+    script.write_text(
+        textwrap.dedent(code)
+        + "\nif __name__ == '__main__':  # not in spawned worker processes\n"
+        + "    import sys, json\n    RESULT['torch'] = 'torch' in sys.modules\n"
+        + "    print('RESULT', json.dumps(RESULT))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=tmp_path,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"no result (rc {done.returncode}):\n{done.stdout}\n{done.stderr[-3000:]}"
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    assert result.pop("torch") is False, "the plain process imported torch"
+    return result
+
+
+# --- the data-type module ------------------------------------------------------------------
+
+
+def test_the_data_type_module_imports_neither_torch_nor_tensorbridge(tmp_path: Path) -> None:
+    got = plain_python(
+        """
+        import sys
+        import tensorbridge.zarr_dtypes
+        RESULT = {"tb": sorted(m for m in sys.modules if m.startswith("tensorbridge"))}
+        """,
+        tmp_path,
+    )
+    assert got["tb"] == ["tensorbridge", "tensorbridge.zarr_dtypes"]
+
+
+@pytest.mark.parametrize("cls", zd.DATA_TYPES, ids=lambda c: c._zarr_v3_name)
+def test_every_bit_pattern_round_trips(cls: type[zd.MLFloat], tmp_path: Path) -> None:
+    a = type_patterns(cls)
+    z = zarr.create_array(
+        str(tmp_path / "a"),
+        shape=a.shape,
+        dtype=a.dtype,
+        chunks=(1000,),
+        config={"write_empty_chunks": True},
+    )
+    z[:] = a
+    back = zarr.open_array(str(tmp_path / "a"))
+    meta = json.loads((tmp_path / "a" / "zarr.json").read_text())
+    assert meta["data_type"] == cls._zarr_v3_name and back.dtype == a.dtype
+    assert bits(back[:]) == bits(a)
+    assert isinstance(back.metadata.data_type, cls)
+
+
+@pytest.mark.parametrize("cls", zd.DATA_TYPES, ids=lambda c: c._zarr_v3_name)
+def test_every_fill_value_keeps_its_bits(cls: type[zd.MLFloat]) -> None:
+    t = cls()
+    for value in type_patterns(cls):
+        spelled = json.loads(json.dumps(t.to_json_scalar(value, zarr_format=3)))
+        back = t.from_json_scalar(spelled, zarr_format=3)
+        assert bits(np.asarray(back)) == bits(np.asarray(value)), (value, spelled)
+
+
+@pytest.mark.parametrize("cls", zd.DATA_TYPES, ids=lambda c: c._zarr_v3_name)
+def test_a_fill_value_fills_unwritten_chunks_with_its_bits(
+    cls: type[zd.MLFloat], tmp_path: Path
+) -> None:
+    dt = cls._numpy
+    fill = np.array([0x7FC1 if dt.itemsize == 2 else 0x7F], f"u{min(dt.itemsize, 2)}")
+    if dt.itemsize == 4:
+        fill = np.array([0x7E01, 0xFC00], np.uint16)  # a NaN payload and -inf
+    value = fill.view(dt)[0]
+    z = zarr.create_array(str(tmp_path / "f"), shape=(6,), dtype=dt, chunks=(3,), fill_value=value)
+    z[:3] = np.zeros(3, dt)
+    again = zarr.open_array(str(tmp_path / "f"))
+    assert bits(again[3:]) == bits(np.full(3, value, dt))
+
+
+def test_fill_value_spellings() -> None:
+    bf16, e4m3fn, e8m0, fp4 = (
+        zd.BFloat16(),
+        zd.Float8E4M3FN(),
+        zd.Float8E8M0FNU(),
+        zd.Float4E2M1FN(),
+    )
+    as_bf16 = np.array([0x7FC0, 0x7FC1, 0x8000, 0x3FC0], np.uint16).view(ml_dtypes.bfloat16)
+    assert [bf16.to_json_scalar(v, zarr_format=3) for v in as_bf16] == [
+        "NaN",  # the canonical NaN
+        "0x7fc1",  # a payload: only bits say it
+        -0.0,
+        1.5,
+    ]
+    # tensorstore spells float8_e8m0fnu numbers with another bias: bits are unambiguous
+    assert e8m0.to_json_scalar(np.float32(1.0), zarr_format=3) == "0x7f"
+    assert e8m0.to_json_scalar(np.float32("nan"), zarr_format=3) == "NaN"
+    assert bits(e8m0.from_json_scalar(0.0, zarr_format=3)) == b"\x00"  # tensorstore's default
+    assert bits(e8m0.default_scalar()) == b"\x00"
+    with pytest.raises(ValueError, match=r"'Infinity' has no exact float8_e4m3fn representation"):
+        e4m3fn.from_json_scalar("Infinity", zarr_format=3)
+    with pytest.raises(ValueError, match=r"'NaN' has no exact float4_e2m1fn representation"):
+        fp4.from_json_scalar("NaN", zarr_format=3)
+    with pytest.raises(ValueError, match=r"0.1 has no exact bfloat16 representation"):
+        bf16.from_json_scalar(0.1, zarr_format=3)
+    with pytest.raises(ValueError, match=r"'0x1ff' is not 1 byte\(s\) of hexadecimal bits"):
+        e4m3fn.from_json_scalar("0x1ff", zarr_format=3)
+    assert zd.ComplexFloat16().to_json_scalar(1 + 2j, zarr_format=3) == [1.0, 2.0]
+
+
+def test_zarr_v2_has_no_name_for_them() -> None:
+    with pytest.raises(ValueError, match=r"zarr v2 has no name for bfloat16; .* zarr_format=3"):
+        zarr.create_array({}, shape=(2,), dtype=ml_dtypes.bfloat16, zarr_format=2)
+
+
+def test_big_endian_chunks_are_refused_not_misread(tmp_path: Path) -> None:
+    z = zarr.create_array(str(tmp_path / "b"), shape=(2,), dtype=ml_dtypes.bfloat16)
+    z[:] = np.ones(2, ml_dtypes.bfloat16)
+    meta_path = tmp_path / "b" / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    meta["codecs"][0]["configuration"]["endian"] = "big"
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"bfloat16 chunks stored big-endian cannot be read"):
+        zarr.open_array(str(tmp_path / "b"))[:]
+
+
+def test_float8_e4m3_is_not_ours() -> None:
+    """zarr-extensions' float8_e4m3 is the IEEE-style format, not float8_e4m3fn."""
+    assert "float8_e4m3" not in {c._zarr_v3_name for c in zd.DATA_TYPES}
+    assert zd.zarr_name(ml_dtypes.float8_e4m3) is None
+    assert zd.zarr_name(ml_dtypes.float8_e4m3fn) == "float8_e4m3fn"
+    assert data_type_registry.get("float8_e4m3fn") is zd.Float8E4M3FN
+
+
+def test_entry_points_name_every_type_and_load_as_zarr_3_2_would() -> None:
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    group = project["project"]["entry-points"]["zarr.data_type"]
+    assert group == {
+        c._zarr_v3_name: f"tensorbridge.zarr_dtypes:{c.__name__}" for c in zd.DATA_TYPES
+    }
+    fresh = DataTypeRegistry()  # zarr >= 3.2 loads the group lazily, like this
+    fresh._lazy_load_list.extend(
+        EntryPoint(name, value, "zarr.data_type") for name, value in group.items()
+    )
+    fresh._lazy_load()
+    assert fresh.contents == {c._zarr_v3_name: c for c in zd.DATA_TYPES}
+
+
+# --- plain NumPy processes read what tensorbridge writes ------------------------------------
+
+
+def _reference_store(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """A store of every table row's bit patterns, and the expected bytes as uint8 .npy."""
+    arrays = {r.name: make_patterns(r) for r in tb.dtype_table()}
+    arrays["bfloat16_2d"] = make_patterns(tb.resolve_dtype("bf16")).reshape(256, 256)
+    arrays["scalar"] = np.array(np.uint16(0x7FC1)).view(ml_dtypes.bfloat16)
+    store = tmp_path / "ref.zarr"
+    tbz.save(arrays, store, max_chunk_bytes=4096)
+    for name, a in arrays.items():
+        np.save(tmp_path / f"{name}.npy", np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+    return store, arrays
+
+
+def test_plain_numpy_reads_with_zarr_dask_and_tensorstore(tmp_path: Path) -> None:
+    pytest.importorskip("dask.array", reason="dask is not installed")
+    pytest.importorskip("tensorstore", reason="tensorstore is not installed")
+    store, arrays = _reference_store(tmp_path)
+    got = plain_python(
+        f"""
+        import numpy as np, zarr, dask.array as da, tensorstore as ts
+        import tensorbridge.zarr_dtypes  # zarr 3.1 loads no entry points
+        store = {str(store)!r}
+        RESULT = {{}}
+        for name in {sorted(arrays)!r}:
+            want = np.load(name + ".npy").tobytes()
+            z = zarr.open_array(store + "/" + name, mode="r")
+            r = {{"zarr": np.ascontiguousarray(z[...]).view(np.uint8).tobytes() == want,
+                  "dtype": str(z.dtype)}}
+            d = da.from_zarr(store + "/" + name).compute(scheduler="threads")
+            r["dask"] = np.ascontiguousarray(d).view(np.uint8).tobytes() == want
+            try:
+                t = ts.open({{"driver": "zarr3",
+                             "kvstore": {{"driver": "file", "path": store + "/" + name}}}}).result()
+                a = t.read().result()
+                r["tensorstore"] = np.ascontiguousarray(a).view(np.uint8).tobytes() == want
+                r["ts_dtype"] = str(t.dtype.numpy_dtype)
+            except Exception as e:
+                r["tensorstore"] = type(e).__name__ + ": " + str(e)[:400]
+            RESULT[name] = r
+        """,
+        tmp_path,
+    )
+    for name, a in arrays.items():
+        r = got[name]
+        assert r["zarr"] and r["dask"] and r["dtype"] == str(a.dtype), (name, r)
+        if name == "complex32":  # tensorstore has no complex_float16
+            assert "complex_float16 data type is not one of the supported" in r["tensorstore"]
+        else:
+            assert r["tensorstore"] is True and r["ts_dtype"] == str(a.dtype), (name, r)
+
+
+def test_dask_distributed_workers_read_without_torch(tmp_path: Path) -> None:
+    pytest.importorskip("distributed", reason="dask.distributed is not installed")
+    a = make_patterns(tb.resolve_dtype("bf16")).reshape(512, 128)
+    e8m0 = make_patterns(tb.resolve_dtype("float8_e8m0fnu")).reshape(16, 16)
+    tbz.save({"w": a, "s": e8m0}, tmp_path / "d.zarr", max_chunk_bytes=8192)
+    np.save(tmp_path / "w.npy", a.view(np.uint8))
+    np.save(tmp_path / "s.npy", e8m0.view(np.uint8))
+    got = plain_python(
+        f"""
+        import sys, numpy as np, dask.array as da
+        from dask.distributed import Client, LocalCluster
+        import tensorbridge.zarr_dtypes
+        if __name__ == "__main__":
+            with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                              dashboard_address=None) as cluster, Client(cluster) as client:
+                RESULT = {{}}
+                for name in ("w", "s"):
+                    d = da.from_zarr({str(tmp_path / "d.zarr")!r} + "/" + name)
+                    out = d.map_blocks(lambda b: b.view(np.uint8), dtype=np.uint8).compute()
+                    RESULT[name] = out.tobytes() == np.load(name + ".npy").tobytes()
+                RESULT["chunks"] = d.numblocks
+                RESULT["workers"] = len(client.scheduler_info()["workers"])
+                RESULT["worker_torch"] = list(
+                    client.run(lambda: "torch" in sys.modules).values()
+                )
+        """,
+        tmp_path,
+        timeout=400,
+    )
+    assert got["w"] and got["s"] and got["workers"] == 2
+    assert got["worker_torch"] == [False, False]
+
+
+@pytest.mark.parametrize("cls", TENSORSTORE, ids=lambda c: c._zarr_v3_name)
+def test_arrays_tensorstore_writes_read_back_bit_for_bit(
+    cls: type[zd.MLFloat], tmp_path: Path
+) -> None:
+    ts = pytest.importorskip("tensorstore", reason="tensorstore is not installed")
+    a = type_patterns(cls)
+    width = a.dtype.itemsize
+    fills: list[Any] = [None, "0x" + "01".rjust(2 * width, "0")]
+    if cls is not zd.Float4E2M1FN:
+        fills.append("NaN")
+    if width == 2:
+        fills.append("0x7fc1")  # a NaN payload
+    for i, fill in enumerate(fills):
+        path = tmp_path / f"ts{i}"
+        meta: dict[str, Any] = {
+            "shape": [a.size + 300],  # chunks of 100 past the data are never written
+            "data_type": cls._zarr_v3_name,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [100]}},
+        }
+        if fill is not None:
+            meta["fill_value"] = fill
+        spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}
+        t = ts.open({**spec, "metadata": meta, "create": True}).result()
+        t[: a.size].write(a).result()
+        theirs = t.read().result()
+        ours = zarr.open_array(str(path), mode="r")[...]
+        assert ours.dtype == a.dtype and bits(ours[: a.size]) == bits(a)
+        if cls is zd.Float8E8M0FNU and fill == "0x01":
+            # tensorstore 0.1 writes this fill value as the number 2**-62 (its e8m0
+            # numbers use another exponent bias), which is bits 0x41 for everyone else
+            stored = json.loads((path / "zarr.json").read_text())["fill_value"]
+            assert stored == 2.0**-62 and bits(ours[300:]) == b"\x41" * a.size
+            continue
+        assert bits(ours) == bits(theirs), fill
+
+
+# --- the format: tb.save / tb.open / tb.load ---------------------------------------------
+
+
+def test_every_table_row_round_trips_through_the_format(tmp_path: Path) -> None:
+    tensors = {r.name: tb.to_torch(make_patterns(r)) for r in tb.dtype_table()}
+    tensors["scalar"] = torch.tensor(-0.0, dtype=torch.bfloat16)
+    tensors["empty"] = torch.zeros(0, 3, dtype=torch.float8_e5m2)
+    tensors["columns"] = torch.arange(24, dtype=torch.int32).reshape(4, 6).t()  # not contiguous
+    tb.save(tensors, tmp_path / "m.zarr", metadata={"step": 7, "cfg": {"lr": 0.5}})
+    with tb.open(tmp_path / "m.zarr") as f:
+        assert f.keys() == list(tensors)
+        assert f.metadata == {"step": "7", "cfg": '{"lr": 0.5}'}
+        assert f.plain_values() == {"step": 7, "cfg": {"lr": 0.5}}
+        for name, t in tensors.items():
+            row, shape = f.info(name)
+            assert row.torch is t.dtype and shape == tuple(t.shape)
+            a = f[name]
+            assert not a.flags.writeable and bits(a) == bits(tb.to_numpy(t.contiguous()))
+    back = tb.load(tmp_path / "m.zarr", framework="torch")
+    for name, t in tensors.items():
+        assert back[name].dtype is t.dtype
+        assert bits(tb.to_numpy(back[name])) == bits(tb.to_numpy(t.contiguous()))
+
+
+def test_float_dtype_casts_floats_only(tmp_path: Path) -> None:
+    t = {"w": torch.randn(40, 3), "i": torch.arange(4)}
+    tb.save(t, tmp_path / "c.zarr", float_dtype="bf16")
+    got = tb.load(tmp_path / "c.zarr", framework="torch")
+    assert got["w"].dtype is torch.bfloat16 and torch.equal(got["w"], t["w"].bfloat16())
+    assert got["i"].dtype is torch.int64
+
+
+def test_chunks_are_bounded_and_every_chunk_is_written(tmp_path: Path) -> None:
+    a = np.zeros((64, 32), np.float32)
+    a[0, 0] = -0.0
+    tbz.save({"z": a}, tmp_path / "s.zarr", max_chunk_bytes=1024)
+    z = zarr.open_array(str(tmp_path / "s.zarr/z"))
+    assert z.chunks == (8, 32)  # 8 * 32 * 4 = 1024 bytes
+    chunk_files = [p for p in (tmp_path / "s.zarr/z/c").rglob("*") if p.is_file()]
+    assert len(chunk_files) == 8  # all zeros, and still written (write_empty_chunks)
+    meta = json.loads((tmp_path / "s.zarr/z/zarr.json").read_text())
+    assert [c["name"] for c in meta["codecs"]] == ["bytes"]  # uncompressed
+
+
+def test_overwrite_replaces_the_store_and_drops_old_arrays(tmp_path: Path) -> None:
+    p = tmp_path / "o.zarr"
+    tb.save({"a": np.ones(2), "b": np.ones(2)}, p)
+    with pytest.raises(tb.DestinationExistsError, match=r"pass overwrite=True"):
+        tb.save({"a": np.zeros(2)}, p)
+    tb.save({"a": np.zeros(3)}, p, overwrite=True)
+    assert sorted(os.listdir(p)) == ["a", "zarr.json"]
+    assert tb.load(p)["a"].tolist() == [0, 0, 0]
+
+
+def test_a_directory_that_is_no_store_is_left_alone(tmp_path: Path) -> None:
+    d = tmp_path / "data.zarr"
+    d.mkdir()
+    (d / "notes.txt").write_text("mine")
+    with pytest.raises(FormatError, match=r"exists and is no Zarr store; remove it"):
+        tb.save({"a": np.ones(2)}, d, overwrite=True)
+    assert os.listdir(d) == ["notes.txt"]
+
+
+def test_an_uncommitted_store_is_refused(tmp_path: Path) -> None:
+    p = tmp_path / "u.zarr"
+    tb.save({"a": np.ones(2)}, p)
+    staging = tbz.begin(p, "deadbeef")  # a save that died after writing an array
+    tbz.create_array(staging, "a", (2,), "float64", (2,))
+    (p / "zarr.json").unlink()  # ... and before its commit, the previous index removed
+    with pytest.raises(UncommittedCheckpointError, match=r"still running or died before"):
+        tb.open(p)
+    with pytest.raises(UncommittedCheckpointError):
+        tbz.ZarrFile(p)
+
+
+def test_stores_made_by_zarr_itself_are_read(tmp_path: Path) -> None:
+    g = zarr.open_group(str(tmp_path / "g.zarr"), mode="w", attributes={"who": "zarr"})
+    g.create_array("b", shape=(3,), dtype="int16")[:] = [1, 2, 3]
+    g.create_array("a", shape=(2,), dtype=ml_dtypes.float8_e5m2)[:] = np.ones(2)
+    with tb.open(tmp_path / "g.zarr") as f:
+        assert f.keys() == ["a", "b"] and f.metadata == {"who": "zarr"}
+        assert f["b"].tolist() == [1, 2, 3] and f["a"].dtype == ml_dtypes.float8_e5m2
+    one = zarr.create_array(str(tmp_path / "one.zarr"), shape=(2,), dtype="float32")
+    one[:] = [1.5, 2.5]
+    got = tb.load(tmp_path / "one.zarr")  # a bare array is one entry
+    assert isinstance(got, np.ndarray) and got.tolist() == [1.5, 2.5]
+
+
+def test_names_and_values_a_store_cannot_hold_are_refused(tmp_path: Path) -> None:
+    p = tmp_path / "r.zarr"
+    with pytest.raises(UnsupportedTensorError, match=r"'a/b' is no Zarr array name"):
+        tb.save({"a/b": torch.ones(1)}, p)
+    with pytest.raises(UnsupportedTensorError, match=r"'__x' is no Zarr array name"):
+        tb.save({"__x": torch.ones(1)}, p)
+    fp4 = torch.zeros(2, 2, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    with pytest.raises(UnsupportedDtypeError, match=r"at 'q': float4_e2m1fn_x2 packs two"):
+        tb.save({"q": fp4}, p)
+    with pytest.raises(ValueError, match=r"metadata 'f' = .* is not a JSON value"):
+        tb.save({"a": torch.ones(1)}, p, metadata={"f": object()})
+    with pytest.raises(ValueError, match=r"'tensorbridge' is reserved"):
+        tb.save({"a": torch.ones(1)}, p, metadata={"tensorbridge": 1})
+    assert not p.exists()
+
+
+def test_a_missing_extra_names_the_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "zarr", None)
+    with pytest.raises(MissingExtraError, match=r"pip install tensorbridge\[zarr\]"):
+        tb.save({"a": np.ones(2)}, tmp_path / "m.zarr")
+    assert isinstance(MissingExtraError("x"), ImportError)
+
+
+# --- regions: the API parallel writers share --------------------------------------------
+
+
+def test_chunk_grid_tiles_every_block() -> None:
+    rows = [((0, 0), (3, 8)), ((3, 0), (3, 8)), ((6, 0), (2, 8))]  # uneven Shard(0)
+    assert tbz.chunk_grid((8, 8), rows, 4) == (1, 8)
+    cols = [((0, 0), (8, 4)), ((0, 4), (8, 4))]  # Shard(1)
+    assert tbz.chunk_grid((8, 8), cols, 4) == (8, 4)
+    assert tbz.chunk_grid((), [((), ())], 2) == ()
+    assert tbz.chunk_grid((0, 5), [((0, 0), (0, 5))], 2) == (1, 5)
+    big = tbz.chunk_grid((4096, 4096), [((0, 0), (4096, 4096))], 2, max_chunk_bytes=1 << 20)
+    assert big == (128, 4096)
+    prime = tbz.chunk_grid((10007, 3), [((0, 0), (10007, 3))], 4, max_chunk_bytes=1024)
+    assert prime == (1, 3)  # 10007 is prime: one row a chunk is the only divisor that fits
+
+
+def test_write_region_refuses_blocks_that_cut_chunks(tmp_path: Path) -> None:
+    z = tbz.create_array(tmp_path, "w", (8, 4), "float32", (2, 4))
+    with pytest.raises(ValueError, match=r"cuts chunks of \(2, 4\) on dimension 0"):
+        tbz.write_region(z, (1, 0), np.ones((2, 4), np.float32))
+    with pytest.raises(ValueError, match=r"lies outside the array's shape"):
+        tbz.write_region(z, (6, 0), np.ones((4, 4), np.float32))
+    assert tbz.write_region(z, (6, 0), np.ones((2, 4), np.float32)) == 32
+
+
+def test_aligned_regions_from_separate_writers_make_the_whole(tmp_path: Path) -> None:
+    full = tb.to_torch(make_patterns(tb.resolve_dtype("bf16"))).reshape(256, 256)
+    blocks = [((0, 0), (96, 256)), ((96, 0), (160, 256))]
+    chunks = tbz.chunk_grid(full.shape, blocks, 2, max_chunk_bytes=8192)
+    tbz.create_array(tmp_path, "w", full.shape, torch.bfloat16, chunks)
+    for (r0, _), (n, _) in blocks:  # each "rank" opens the array and writes its rows
+        tbz.write_region(
+            tbz.open_region(tmp_path / "w"), (r0, 0), full[r0 : r0 + n], buffer_bytes=4096
+        )
+    assert bits(zarr.open_array(str(tmp_path / "w"))[...]) == bits(tb.to_numpy(full))
+
+
+@pytest.mark.parametrize("module", [zd, tbz], ids=lambda m: m.__name__)
+def test_docstring_examples_run(module: Any) -> None:
+    failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert tried > 0 and failures == 0
