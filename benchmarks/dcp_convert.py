@@ -88,8 +88,11 @@ def _rank_save(rank: int, world: int, port: int, spec: dict[str, Any]) -> None:
         if spec.get("hf"):
             from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
 
-            writer = HuggingFaceStorageWriter(
-                spec["hf"], save_distributed=True, enable_consolidation=False
+            writer = HuggingFaceStorageWriter(  # each rank builds a file in memory: 1 GiB files
+                spec["hf"],
+                fqn_to_index_mapping=_shards(spec),
+                save_distributed=True,
+                enable_consolidation=False,
             )
             save(sd, storage_writer=writer)
         dist.barrier()
@@ -214,8 +217,9 @@ def _scratch(*dirs: str | None) -> Iterator[None]:
                 shutil.rmtree(d, ignore_errors=True)
 
 
-def _shards(spec: dict[str, Any], limit: int = 5 * 10**9) -> dict[str, int]:
-    """Tensor -> output file index, filled greedily to ``limit`` bytes (as ours: 5GB)."""
+def _shards(spec: dict[str, Any], limit: int = GIB) -> dict[str, int]:
+    """Tensor -> file index, filled greedily to ``limit`` bytes (torch's writer and its
+    consolidation get the same files; the HF writer holds a rank's file in memory)."""
     out, index, size = {}, 1, 0
     for name, (rows, cols, _, dtype) in spec["tensors"].items():
         n = rows * cols * (2 if dtype == "bfloat16" else 4)
