@@ -163,6 +163,29 @@ def test_single_chunk_tensor_is_a_view_of_the_mapped_file(tmp_path: Path) -> Non
         assert tb.load(tmp_path / "c" / "__0_0.distcp", keys="w")["w"].tolist() == t.tolist()
 
 
+def test_unrecognised_layouts_go_through_dcps_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An item this module cannot map (compressed, transformed) is read by DCP's reader."""
+    import torch.distributed.checkpoint as dcp
+
+    from tensorbridge.io import dcp as tbdcp
+
+    t = _bits((33, 5), torch.bfloat16, 9)
+    dcp.save({"w": t}, checkpoint_id=tmp_path / "c", no_dist=True)
+
+    def unrecognised(*args: Any) -> Any:
+        raise tbdcp._Unrecognised("as if compressed")
+
+    monkeypatch.setattr(tbdcp, "_locate", unrecognised)
+    with tb.open(tmp_path / "c") as f:
+        a = f["w"]
+        assert a.flags.owndata or a.base is not None
+        assert _raw(tb.to_torch(a)) == _raw(t)
+    tb.save(tb.open(tmp_path / "c"), tmp_path / "m.safetensors")
+    assert _raw(tb.load(tmp_path / "m.safetensors", framework="torch")["w"]) == _raw(t)
+
+
 def test_inspect_lists_a_dcp_directory(ckpt: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tensorbridge.cli import main
 

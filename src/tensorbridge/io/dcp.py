@@ -56,7 +56,6 @@ import pickle
 import struct
 import warnings
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -755,9 +754,3 @@ def load(path: str | os.PathLike[str], **options: Any) -> Any:
     with open(path) as f:
         skipped = f.unsupported()
         return f.read([k for k in f if k not in skipped], **options)
-
-
-def iter_chunks(f: DcpFile, name: str) -> Iterator[tuple[Chunk, np.ndarray]]:
-    """Each stored chunk of ``name`` with its values (mapped where recognised)."""
-    for c in f.chunks(name):
-        yield c, f.chunk_array(name, c)
