@@ -358,7 +358,7 @@ def _rows(ctx: Context, sec: Section, size: int, med: dict[str, ChildRun]) -> li
 
 def _columns(ctx: Context, sec: Section, repeats: int) -> None:
     """The 1,048,576 x 16 bfloat16 Shard(1) tensor: a column-sharded merge."""
-    rows_n = ctx.pick(1 << 20, 1 << 20, 1 << 14)
+    rows_n = ctx.pick(1 << 20, 1 << 16, 1 << 14)
     spec: dict[str, Any] = {
         "tensors": {"embed.weight": (rows_n, 16, 1, "bfloat16")},
         "dcp": str(ctx.scratch / "dcp-cols"),
