@@ -299,9 +299,14 @@ def save(
             for n, final, off, nbytes in placements
         ]
         _fill(f, items, executor, window, progress, target.name)
+        old_index = target.parent / (target.name + INDEX_SUFFIX)
+        if fmt == "safetensors" and old_index.exists():
+            old_index.unlink()  # never a previous index beside the new shards
+            _fsync_dir(target.parent)
         for final, tmp in temps.items():
             os.replace(tmp, final)
         temps.clear()
+        _fsync_dir(target.parent if fmt == "safetensors" else target)
     finally:
         for tmp in temps.values():
             with contextlib.suppress(OSError):
