@@ -416,7 +416,7 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         raise _UsageError(f"--workers {args.workers}: pass a number of processes >= 1")
     if args.workers is not None and args.dask_scheduler is not None:
         raise _UsageError("pass --workers or --dask-scheduler, not both")
-    if args.format == "npy":
+    if args.format == "npy" or _is_chunked(args.src):
         return _convert_chunked(args, out, float_dtype)
     try:
         dst = tbio.destination(args.dst)
@@ -430,8 +430,6 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             f"(or a directory), not {args.dst}"
         )
     dst.check_overwrite(args.overwrite)  # before reading anything
-    if _is_chunked(args.src):
-        return _convert_chunked(args, out, float_dtype)
     if args.workers is not None or args.dask_scheduler is not None or args.format:
         raise _UsageError(
             "--workers, --dask-scheduler and --format apply to a DCP checkpoint source; "
@@ -562,6 +560,16 @@ def _executor(args: argparse.Namespace) -> Iterator[Any]:
         yield None
 
 
+def _as_directory(path: str) -> str:
+    """A suffix-less destination of a DCP conversion is a directory (sharded safetensors)."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.suffix or path.endswith(("/", os.sep)) or p.is_file():
+        return path
+    return path + os.sep
+
+
 def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) -> int:
     """Convert a DCP checkpoint: each tensor assembled window by window into the output."""
     from pathlib import Path
@@ -596,7 +604,7 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
         with _executor(args) as executor:
             tbio.save(
                 view,
-                args.dst,
+                _as_directory(args.dst),
                 float_dtype=float_dtype,
                 max_shard_size=args.max_shard_size,
                 overwrite=args.overwrite,
@@ -610,7 +618,7 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
             files = [Path(args.dst) / f"{n}.npy" for n in names]
             written = str(args.dst)
         else:
-            dst = tbio.destination(args.dst)
+            dst = tbio.destination(_as_directory(args.dst))
             files = dst.existing()
             written = _written(dst)
         out_bytes = sum(p.stat().st_size for p in files)

@@ -702,12 +702,12 @@ class DcpFile(TensorFile):
         if _plain(value):
             self._values[key] = value
         else:
-            self._skip(key, f"a {type(value).__qualname__} value, not a tensor or plain value")
+            self._skip(key, f"a {type(value).__qualname__}, neither a tensor nor a plain value")
 
     def _skip(self, key: str, why: str) -> None:
         self._skipped[key] = (
-            f"the checkpoint's value {key!r} is {why}; it is left out of conversions "
-            "(load it with torch.distributed.checkpoint if you trust it)"
+            f"the checkpoint's value {key!r} is {why} (never unpickled freely; load it "
+            "with torch.distributed.checkpoint if you trust it)"
         )
         self._order.append(key)
 
