@@ -1,4 +1,4 @@
-"""Section 12: converting a DCP checkpoint to sharded safetensors, peak memory against size.
+"""Section 11: converting a DCP checkpoint to sharded safetensors, peak memory against size.
 
 A state dict of float32 matrices (``--quick``: 16 and 48 MiB; full run: 2 and 6 GiB)
 is saved by ``dcp.save`` on 2 gloo ranks as FSDP does (each matrix ``Shard(0)``,

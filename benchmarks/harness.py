@@ -42,8 +42,8 @@ SECTIONS = (
     "files",
     "diagnostics",
     "startup",
-    "cuda",
     "dcp_convert",
+    "cuda",
 )
 
 

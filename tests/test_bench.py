@@ -42,7 +42,8 @@ HEADINGS = [
     "## 8. File layer: saving and loading a float32 state dict",
     "## 9. Comparing and summarising tensors: tb.compare and tb.stats vs hand-written torch",
     "## 10. Start-up time of the command line",
-    "## 11. Device transfers of whole trees (CUDA)",
+    "## 11. DCP checkpoints to sharded safetensors: peak memory against size",
+    "## 12. Device transfers of whole trees (CUDA)",
 ]
 # a section that cannot run here (no CUDA device) is left out of the report, and said so
 SHOWN = HEADINGS if torch.cuda.is_available() else HEADINGS[:-1]
