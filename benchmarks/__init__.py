@@ -16,7 +16,8 @@ calls people use today, in one run, on the machine the report describes.
 8. :mod:`.files` — the file layer's targets on a 1 GiB state dict;
 9. :mod:`.diagnostics` — ``tb.compare`` / ``tb.stats`` against hand-written reductions;
 10. :mod:`.startup` — start-up time of the ``tensorbridge`` command line;
-11. :mod:`.cuda` — batched device transfers (skipped without a GPU).
+11. :mod:`.dcp_convert` — DCP checkpoints to sharded safetensors: memory against size;
+12. :mod:`.cuda` — batched device transfers (skipped without a GPU).
 
 Shared by all of them: the timing core (:mod:`.core`: interleaved min / median
 timing, formatting, the PASS / FAIL record), the child-process runner that measures

@@ -1,4 +1,4 @@
-"""Section 11: batched device transfers of whole trees, when a CUDA device is present.
+"""Section 12: batched device transfers of whole trees, when a CUDA device is present.
 
 Device -> host: ``tree_to_numpy`` stages every tensor into one pinned buffer with
 non-blocking copies and waits once, against the per-tensor loop that waits once per

@@ -45,6 +45,7 @@ SECTIONS = (
     "gguf",
     "dcp_save",
     "quant",
+    "dcp_convert",
     "cuda",
 )
 

@@ -53,7 +53,7 @@ def test_rows_are_consistent() -> None:
     kinds = [k for f in FORMATS for k in f.kinds]
     assert len(suffixes) == len(set(suffixes)) and len(kinds) == len(set(kinds))
     assert all(s.startswith(".") and s == s.lower() for s in suffixes)
-    assert [f.name for f in FORMATS] == ["safetensors", "npy", "npz", "pt", "gguf", "zarr"]
+    assert [f.name for f in FORMATS] == ["safetensors", "npy", "npz", "pt", "gguf", "zarr", "dcp"]
     for f in FORMATS:
         assert f.single_array or f.many_arrays, f.name
         assert not f.text_metadata or f.metadata, f.name
@@ -65,6 +65,10 @@ def test_rows_are_consistent() -> None:
 def test_reader_is_a_tensor_file_in_the_named_module(fmt: Format) -> None:
     assert issubclass(fmt.reader, TensorFile)  # type: ignore[arg-type]
     assert fmt.reader.__module__ == fmt.module
+    if not fmt.writes:  # read-only (DCP): saving to it is refused, naming what is written
+        with pytest.raises(FormatError, match="does not write"):
+            fmt.save  # noqa: B018
+        return
     assert fmt.save is importlib.import_module(fmt.module).save
 
 
@@ -276,6 +280,8 @@ def test_cli_messages_come_from_the_table(
         "tensorbridge.io._detect",
         "tensorbridge.io._formats",
         "tensorbridge.io._keys",
+        "tensorbridge.io.assemble",
+        "tensorbridge.io.dcp",
         "tensorbridge.io.npz",
     ],
 )

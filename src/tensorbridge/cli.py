@@ -12,6 +12,7 @@ imported inside the commands that use them, so ``--help`` answers without loadin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import json
 import os
@@ -37,7 +38,8 @@ _EXAMPLES = {
     "      --max-shard-size 5GB --verify\n"
     "  tensorbridge convert model.safetensors emb.npy --include 'embed*'\n"
     "  tensorbridge convert model-Q4_K_M.gguf out.safetensors --dequantize bf16\n"
-    "  tensorbridge convert deepseek-fp8/ out/model.safetensors --dequantize bf16",
+    "  tensorbridge convert deepseek-fp8/ out/model.safetensors --dequantize bf16\n"
+    "  tensorbridge convert dcp_checkpoint/ hf_model/ --max-shard-size 5GB --workers 4",
     "compare": "examples:\n  tensorbridge compare a.safetensors b.safetensors\n"
     "  tensorbridge compare ref.npz out.npz --rtol 1e-3 --plot errors.png",
     "cast-report": "examples:\n  tensorbridge cast-report model.safetensors --dtype bf16\n"
@@ -149,6 +151,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.add_argument(
+        "--format",
+        choices=("safetensors", "npy"),
+        help="DCP source: npy writes DST as a directory of NAME.npy files",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="DCP source: write tensors in N local processes (byte-identical output)",
+    )
+    p.add_argument(
+        "--dask-scheduler",
+        metavar="ADDRESS",
+        help="DCP source: run the tensor tasks on a dask.distributed cluster (shared disk)",
+    )
     reading(p, dequantize=False)
 
     p = command("compare", "compare two files (or tensors) tensor by tensor")
@@ -478,6 +496,17 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             raise _UsageError(f"--block-size {args.block_size}: pass two positive sizes, 128,128")
     if dequantize is not None and float_dtype is not None:
         raise _UsageError("--dequantize already sets the weights' dtype; leave out --float-dtype")
+    if args.workers is not None and args.workers < 1:
+        raise _UsageError(f"--workers {args.workers}: pass a number of processes >= 1")
+    if args.workers is not None and args.dask_scheduler is not None:
+        raise _UsageError("pass --workers or --dask-scheduler, not both")
+    if args.format == "npy" or _is_chunked(args.src):
+        if dequantize is not None:
+            raise _UsageError(
+                "--dequantize reads quantized checkpoints; a DCP checkpoint is converted as "
+                "stored (pass --float-dtype to cast it)"
+            )
+        return _convert_chunked(args, out, float_dtype)
     try:
         dst = tbio.destination(args.dst)
         if args.max_shard_size is not None:
@@ -490,6 +519,11 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             f"(or a directory), not {args.dst}"
         )
     dst.check_overwrite(args.overwrite)  # before reading anything
+    if args.workers is not None or args.dask_scheduler is not None or args.format:
+        raise _UsageError(
+            "--workers, --dask-scheduler and --format apply to a DCP checkpoint source; "
+            f"{args.src} is not one"
+        )
     start = time.perf_counter()
     opened = _open(args.src, args)
     schemes = dequantize is not None and not _is_gguf(args.src)  # GGUF dequantizes as it reads
@@ -625,6 +659,143 @@ def _copy_config(src: TensorFile, dst: tbio.Destination, overwrite: bool) -> Non
         data.pop("quantization_config", None)
     with atomic_write(target) as f:
         f.write((json.dumps(data, indent=2) + "\n").encode("utf-8"))
+
+
+def _is_chunked(path: str) -> bool:
+    """Whether ``path`` is a checkpoint stored in chunks (a DCP directory), by content."""
+    from pathlib import Path
+
+    from .io._detect import detect, resolve
+    from .io._formats import by_kind
+
+    try:
+        fmt = by_kind(detect(resolve(Path(path))))
+    except (OSError, TensorBridgeError):
+        return False  # the usual path reports what is wrong
+    return fmt is not None and fmt.chunked
+
+
+@contextlib.contextmanager
+def _executor(args: argparse.Namespace) -> Iterator[Any]:
+    """The executor --workers / --dask-scheduler ask for, or None (serial)."""
+    if args.workers is not None and args.workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
+        with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as ex:
+            yield ex
+    elif args.dask_scheduler is not None:
+        try:
+            from distributed import Client
+        except ImportError:
+            raise TensorBridgeError(
+                "--dask-scheduler needs dask.distributed; pip install tensorbridge[dask]"
+            ) from None
+        with Client(args.dask_scheduler) as client:  # type: ignore[no-untyped-call]
+            yield client.get_executor()
+    else:
+        yield None
+
+
+def _as_directory(path: str) -> str:
+    """A suffix-less destination of a DCP conversion is a directory (sharded safetensors)."""
+    from pathlib import Path
+
+    p = Path(path)
+    if p.suffix or path.endswith(("/", os.sep)) or p.is_file():
+        return path
+    return path + os.sep
+
+
+def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) -> int:
+    """Convert a DCP checkpoint: each tensor assembled window by window into the output."""
+    from pathlib import Path
+
+    from . import io as tbio
+
+    if args.format == "npy" and args.max_shard_size is not None:
+        raise _UsageError("--max-shard-size applies to safetensors; .npy files are not sharded")
+    start = time.perf_counter()
+    with _open(args.src, args) as src:
+        if not getattr(src, "chunked", False):
+            raise _UsageError(
+                f"--format npy writes a DCP checkpoint's tensors; {args.src} is not one"
+            )
+        names = _select(src.keys(), args.include, args.exclude)
+        if not names:
+            raise _UsageError(f"no tensor of {args.src} matches --include/--exclude")
+        unsupported = {n: why for n, why in src.unsupported().items() if n in names}
+        if unsupported and not args.skip_unsupported:
+            first = next(iter(unsupported))
+            raise TensorBridgeError(
+                f"{unsupported[first]}; {_plural(len(unsupported), 'entry')} cannot be "
+                f"converted: pass --exclude {first}{' (each)' if len(unsupported) > 1 else ''} "
+                "or --skip-unsupported"
+            )
+        for name, why in unsupported.items():
+            print(f"skipped {name}: {why}", file=sys.stderr)
+        names = [n for n in names if n not in unsupported]
+        if not names:
+            raise _UsageError(f"no tensor of {args.src} is left to convert")
+        view = src.select(names)  # type: ignore[attr-defined]
+        with _executor(args) as executor:
+            tbio.save(
+                view,
+                _as_directory(args.dst),
+                float_dtype=float_dtype,
+                max_shard_size=args.max_shard_size,
+                overwrite=args.overwrite,
+                progress=_progress(args),
+                format=args.format,
+                executor=executor,
+            )
+        took = time.perf_counter() - start
+        in_bytes = sum(src.nbytes(n) for n in names)
+        if args.format == "npy":
+            files = [Path(args.dst) / f"{n}.npy" for n in names]
+            written = str(args.dst)
+        else:
+            dst = tbio.destination(_as_directory(args.dst))
+            files = dst.existing()
+            written = _written(dst)
+        out_bytes = sum(p.stat().st_size for p in files)
+        summary: dict[str, Any] = {
+            "src": args.src,
+            "dst": written,
+            "tensors": len(names),
+            "bytes_in": in_bytes,
+            "bytes_out": out_bytes,
+            "seconds": round(took, 3),
+            "skipped": sorted(unsupported),
+            "dropped_metadata": sorted(src.plain_values()) if args.format == "npy" else [],
+        }
+        ok = True
+        if args.verify:
+            problems: list[str] = []
+            if args.format == "npy":
+                for n, p in zip(names, files, strict=True):
+                    problems += [
+                        f"{n}: {q.split(': ', 1)[1]}"
+                        for q in _verify(src, [n], str(p), float_dtype, _progress(args))
+                    ]
+            else:
+                problems = _verify(src, names, written, float_dtype, _progress(args))
+            summary["verified"] = not problems
+            summary["problems"] = problems
+            ok = not problems
+    if args.json:
+        _dump(summary, out)
+    else:
+        out.write(
+            f"converted {_plural(len(names), 'tensor')} ({_size(in_bytes)} in, "
+            f"{_size(out_bytes)} out) {args.src} -> {written} in {took:.2f} s\n"
+        )
+        if args.verify:
+            verdict = "bit-exact" if ok else f"{len(summary['problems'])} mismatch(es)"
+            out.write("verify: " + _colour(verdict, ok, out) + "\n")
+            for p in summary["problems"]:
+                out.write(f"  {p}\n")
+    return 0 if ok else 1
 
 
 def _carried_metadata(

@@ -9,6 +9,9 @@ safetensors                            :mod:`tensorbridge.io.safetensors`
 ``torch.save`` archives (``.pt``,      :mod:`tensorbridge.io.pt` (read with
 ``.pth``, ``.bin``; zip and legacy)    ``weights_only=True``: never unpickles
                                        arbitrary objects)
+``torch.distributed.checkpoint``       :mod:`tensorbridge.io.dcp` (read only; saved
+directories (``.metadata`` +           elsewhere in flat memory by
+``*.distcp``)                          :mod:`tensorbridge.io.assemble`)
 Zarr v3 stores (``.zarr``, a           :mod:`tensorbridge.io.zarr` (needs
 directory: one array per tensor)       ``pip install tensorbridge[zarr]``)
 a shard index (``*.index.json``) and   :mod:`tensorbridge.io.sharded`
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +53,7 @@ import torch
 
 from ..dtypes import DeviceLike, DTypeLike
 from ..errors import DestinationExistsError, FormatError
-from . import gguf, npy, npz, pt, safetensors, zarr  # noqa: F401 - tb.io.<format> without an import
+from . import dcp, gguf, npy, npz, pt, safetensors, zarr  # noqa: F401 - tb.io.<format> without an import
 from ._common import Deferred, TensorFile
 from ._detect import describe, detect, kind_by_suffix, mismatch_note, resolve
 from ._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, listing
@@ -233,6 +237,8 @@ def save(
     overwrite: bool = False,
     progress: bool | None = None,
     quantize: Any = None,
+    format: str | None = None,
+    executor: Executor | None = None,
 ) -> None:
     """Save tensors or arrays to ``path``, streamed chunk by chunk, atomically.
 
@@ -258,11 +264,41 @@ def save(
     dtype(bfloat16)
     >>> tb.save({"w": torch.zeros(2)}, p, overwrite=True)  # replaces it
 
+    ``obj`` may also be an opened DCP checkpoint (``tb.open(dcp_dir)``): its tensors
+    are assembled window by window into their place in the output, in flat memory
+    (:mod:`tensorbridge.io.assemble`). A directory ``path`` then gets the sharded
+    Hugging Face layout (``model-0000i-of-0000N.safetensors`` and the index;
+    ``max_shard_size`` defaults to ``"5GB"``); ``format="npy"`` makes ``path`` a
+    directory of ``NAME.npy`` files. Plain values (``step``, learning rates) go to
+    the safetensors metadata; values that are neither are left out (listed by the
+    checkpoint's ``unsupported()``). ``executor`` (any
+    :class:`concurrent.futures.Executor`: a process pool, a ``dask.distributed``
+    client's ``get_executor()``) runs the per-tensor tasks; the output is
+    byte-identical to the serial default.
+
     Raises:
         DestinationExistsError: ``path`` (or a file of its sharded checkpoint) exists and
             ``overwrite`` is false.
         FormatError: a destination whose suffix is no format.
     """
+    if isinstance(obj, TensorFile) and getattr(obj, "chunked", False):
+        _save_chunked(
+            obj,
+            path,
+            float_dtype=float_dtype,
+            metadata=metadata,
+            max_shard_size=max_shard_size,
+            overwrite=overwrite,
+            progress=progress,
+            format=format,
+            executor=executor,
+        )
+        return
+    if executor is not None or format is not None:
+        raise ValueError(
+            "executor= and format= apply to saving an opened chunked checkpoint "
+            "(tb.save(tb.open(dcp_dir), path)); other saves take neither"
+        )
     dst = destination(path)
     dst.check_overwrite(overwrite)
     fmt = dst.format
@@ -302,6 +338,93 @@ def save(
         metadata=metadata,
         progress=progress,
         **options,
+    )
+
+
+DEFAULT_SHARD_SIZE = "5GB"  # a chunked checkpoint saved to a directory: transformers' default
+
+
+def _save_chunked(
+    f: TensorFile,
+    path: str | os.PathLike[str],
+    *,
+    float_dtype: DTypeLike | None,
+    metadata: Mapping[str, Any] | None,
+    max_shard_size: int | str | None,
+    overwrite: bool,
+    progress: bool | None,
+    format: str | None,
+    executor: Executor | None,
+) -> None:
+    """``tb.save`` of an opened chunked (DCP) checkpoint: see :func:`save`."""
+    from . import assemble
+    from .dcp import DcpFile
+
+    assert isinstance(f, DcpFile)
+    text = os.fspath(path)
+    if format == "npy":
+        if max_shard_size is not None or metadata:
+            raise ValueError(
+                "a directory of .npy files has no shards and no metadata; leave out "
+                "max_shard_size= and metadata=, or save to a directory for safetensors"
+            )
+        target = Path(text)
+        if target.exists() and not target.is_dir():
+            raise FormatError(f"{text} is a file; format='npy' writes a directory of .npy files")
+        skipped = f.unsupported()
+        names = [n for n in f if n not in skipped]
+        found = [target / f"{n}.npy" for n in names if (target / f"{n}.npy").exists()]
+        if found and not overwrite:
+            raise DestinationExistsError(
+                f"{found[0]} exists; pass overwrite=True (command line: --overwrite) to replace it"
+            )
+        assemble.save(
+            f, target, fmt="npy", float_dtype=float_dtype, executor=executor, progress=progress
+        )
+        return
+    if format not in (None, "safetensors"):
+        raise FormatError(
+            f"format={format!r}: a DCP checkpoint converts to 'safetensors' (a directory or a "
+            "NAME.safetensors path) or 'npy' (a directory of .npy files)"
+        )
+    dst = destination(path)
+    if dst.format.name == "zarr":
+        dst.check_overwrite(overwrite)
+        if max_shard_size is not None:
+            raise ValueError("a Zarr store has no shards; leave out max_shard_size=")
+        assemble.save(
+            f,
+            dst.path,
+            fmt="zarr",
+            float_dtype=float_dtype,
+            metadata={**f.plain_values(), **(metadata or {})},
+            executor=executor,
+            progress=progress,
+        )
+        return
+    if dst.format.name != "safetensors":
+        raise FormatError(
+            f"{text}: a DCP checkpoint converts to a directory (sharded safetensors), a "
+            "NAME.safetensors file, a NAME.zarr store, or a directory of .npy files "
+            "(format='npy'), not "
+            f"{dst.format.description}"
+        )
+    dst.check_overwrite(overwrite)
+    is_dir = Path(text).is_dir() or text.endswith(("/", os.sep))
+    if is_dir and max_shard_size is None:
+        max_shard_size = DEFAULT_SHARD_SIZE
+    meta = {str(k): str(v) for k, v in f.plain_values().items()}
+    meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
+    assemble.save(
+        f,
+        dst.path,
+        fmt="safetensors",
+        float_dtype=float_dtype,
+        metadata=meta,
+        max_shard_size=max_shard_size,
+        index=dst.sharded or is_dir,
+        executor=executor,
+        progress=progress,
     )
 
 

@@ -121,7 +121,7 @@ def iter_bytes(
         return
     per_elem = max(src.itemsize, dst.itemsize)
     step = max(1, chunk_bytes // per_elem)
-    release = _releaser(a)
+    release = releaser(a)
     buf: np.ndarray | None = None
     if a.flags.c_contiguous:
         flat = a.reshape(-1)
@@ -172,8 +172,12 @@ def _shared_map(a: np.ndarray) -> mmap.mmap | None:
     return None
 
 
-def _releaser(a: np.ndarray) -> Any:
-    """For a shared (not copy-on-write) memory map, drop pages from RSS once written."""
+def releaser(a: np.ndarray) -> Any:
+    """For a shared (not copy-on-write) memory map, drop pages from RSS once written.
+
+    ``release(piece)`` drops the whole pages inside the span of ``piece`` (any view of
+    ``a``, strided ones included); for an array that is no such map it does nothing.
+    """
     mm = _shared_map(a)
     if mm is None:
         return lambda piece: None
@@ -181,9 +185,12 @@ def _releaser(a: np.ndarray) -> Any:
     size = len(mm)
 
     def release(piece: np.ndarray) -> None:
-        addr = piece.__array_interface__["data"][0] - start
+        if piece.size == 0:
+            return
+        low, high = np.lib.array_utils.byte_bounds(piece)
+        addr = low - start
         lo = max(0, addr // _PAGE * _PAGE)
-        hi = min(size, addr + piece.nbytes)
+        hi = min(size, high - start)
         if 0 <= lo < hi:
             with contextlib.suppress(OSError, ValueError):
                 mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)

@@ -17,6 +17,9 @@ kind               how it is recognised
 ``pickle``         any other pickle
 ``index``          JSON: a shard index (``*.safetensors.index.json``, ``*.bin.index.json``)
 ``zarr``           a directory whose ``zarr.json`` is a Zarr v3 group or array
+``dcp``            a pickle of ``torch.distributed.checkpoint``'s ``Metadata`` (a DCP
+                   directory's ``.metadata``; the directory and its ``*.distcp`` files
+                   resolve to it), recognised from the class name, never unpickled here
 =================  ===================================================================
 
 A fixed magic (``npy``'s, GGUF's) is the format's own, read from its row in
@@ -88,7 +91,9 @@ def detect(path: str | os.PathLike[str]) -> str:
     if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8:
         return "safetensors"
     if head[:1] == bytes([_PROTO]) and 2 <= head[1] <= 5:
-        return "pt-legacy" if head[2:4] == b"\x8a\x0a" and head[4:14] == _LEGACY_MAGIC else "pickle"
+        if head[2:4] == b"\x8a\x0a" and head[4:14] == _LEGACY_MAGIC:
+            return "pt-legacy"
+        return "dcp" if _is_dcp_metadata(path) else "pickle"
     if head.lstrip()[:1] == b"{":
         return "index"
     return "unknown"
@@ -99,6 +104,16 @@ def _directory_kind(path: Path) -> str | None:
     from .zarr import store_kind  # reads one small JSON file; zarr itself is not needed
 
     return "zarr" if store_kind(path) is not None else None
+
+
+_DCP_CLASS = b"torch.distributed.checkpoint.metadata"
+
+
+def _is_dcp_metadata(path: str | os.PathLike[str]) -> bool:
+    """A pickle whose first global is DCP's ``Metadata`` class (read, not unpickled)."""
+    with open(path, "rb") as f:
+        head = f.read(96)
+    return _DCP_CLASS in head and b"Metadata" in head
 
 
 def _zip_kind(path: str | os.PathLike[str]) -> str:
@@ -147,6 +162,8 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
             directory (a save that is running, or died before its commit).
         FileNotFoundError: a directory holding none.
     """
+    if path.suffix.lower() == ".distcp" and (path.parent / ".metadata").is_file():
+        return path.parent / ".metadata"  # one file of a DCP checkpoint: the checkpoint
     if not path.is_dir():
         index = path.with_name(path.name + INDEX_SUFFIX)
         if not path.exists() and index.exists():

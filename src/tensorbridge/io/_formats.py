@@ -86,6 +86,7 @@ class Format:
     in_directory: tuple[str, ...] = ()  # names a checkpoint directory is searched for, best first
     directory: bool = False  # a store is a directory (Zarr), recognised by its contents
     extra: str | None = None  # the pip extra that installs its library (``tensorbridge[zarr]``)
+    chunked: bool = False  # tensors stored as boxes of a global tensor (assembled when saved)
 
     def __repr__(self) -> str:
         return f"<Format {self.name}>"
@@ -188,6 +189,18 @@ FORMATS: tuple[Format, ...] = (
         directory=True,
         extra="zarr",
     ),
+    Format(
+        "dcp",
+        "tensorbridge.io.dcp",
+        "DcpFile",
+        "a torch.distributed.checkpoint directory",
+        suffixes=(".distcp",),
+        kinds=("dcp",),
+        memory_map=True,
+        writes=False,
+        in_directory=(".metadata",),
+        chunked=True,
+    ),
 )
 
 # what a directory destination gets: model.safetensors in it
@@ -209,14 +222,14 @@ def by_kind(kind: str) -> Format | None:
 
 
 def by_name(name: str) -> Format:
-    """The format called ``name`` ("safetensors", "npy", "npz", "pt", "gguf", "zarr")."""
+    """The format called ``name`` ("safetensors", "npy", "npz", "pt", "gguf", "zarr", "dcp")."""
     return _BY_NAME[name]
 
 
 def listing(has: Callable[[Format], bool], sep: str = " / ") -> str:
-    """The usual suffixes of the formats that ``has`` a capability, for messages.
+    """The usual suffixes of the writable formats that ``has`` a capability, for messages.
 
     >>> listing(lambda f: f.metadata, " or ")
     '.safetensors or .pt or .gguf or .zarr'
     """
-    return sep.join(f.suffixes[0] for f in FORMATS if has(f))
+    return sep.join(f.suffixes[0] for f in FORMATS if f.writes and has(f))

@@ -79,7 +79,7 @@ from ._safetensors_header import (
 from ._safetensors_header import MAX_HEADER as MAX_HEADER  # the limit on a header's JSON
 from .sharded import ShardedFile
 
-__all__ = ["SafetensorsFile", "load", "open", "save"]
+__all__ = ["FileLayout", "SafetensorsFile", "layout", "load", "open", "remove_stale", "save"]
 
 # --- writing ----------------------------------------------------------------------------------
 
@@ -155,7 +155,7 @@ def save(
     try:
         if len(shards) <= 1 and not index:
             _write_file(target, items, meta, chunk_bytes, bar)
-            _remove_stale(target, keep=set())
+            remove_stale(target, keep=set())
             return
         stem, n = target.name.removesuffix(".safetensors"), len(shards)
         weight_map: dict[str, str] = {}
@@ -164,10 +164,9 @@ def save(
             _write_file(target.parent / name, shard, meta, chunk_bytes, bar)
             weight_map.update((it.name, name) for it in shard)
         total = sum(it.nbytes for it in items)
-        doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
         with atomic_write(target.parent / (target.name + INDEX_SUFFIX)) as f:
-            f.write((json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8"))
-        _remove_stale(target, keep=set(weight_map.values()))
+            f.write(_index_text(weight_map, total))
+        remove_stale(target, keep=set(weight_map.values()))
     finally:
         bar.close()
 
@@ -395,7 +394,76 @@ def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
             yield from iter_bytes(piece.astype(np.float32), it.row, chunk_bytes)
 
 
-def _remove_stale(target: Path, keep: set[str]) -> None:
+def _index_text(weight_map: dict[str, str], total: int) -> bytes:
+    doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+@dataclass(frozen=True)
+class FileLayout:
+    """One file of a planned save: its name, header bytes, size, and where each tensor goes."""
+
+    name: str  # in the destination's directory
+    header: bytes
+    size: int  # header and data
+    offsets: dict[str, int]  # tensor name -> absolute offset of its bytes in the file
+
+
+def layout(
+    entries: list[tuple[str, DTypeRow, tuple[int, ...]]],
+    target: Path,
+    *,
+    metadata: Mapping[str, str] | None = None,
+    max_shard_size: int | str | None = None,
+    index: bool = False,
+) -> tuple[list[FileLayout], bytes | None]:
+    """The files :func:`save` would write for tensors of these names, dtypes and shapes.
+
+    Byte for byte :func:`save`'s headers and offsets (its shard split, its order), so
+    a writer that fills each tensor's bytes at its offset, in any order or in
+    parallel, produces the file :func:`save` would. Returns the files and the shard
+    index's bytes (None for a single file).
+
+    >>> import tensorbridge as tb
+    >>> files, idx = layout([("w", tb.resolve_dtype("f32"), (2,))], Path("m.safetensors"))
+    >>> [(f.name, f.size, f.offsets) for f in files], idx
+    ([('m.safetensors', 104, {'w': 96})], None)
+    """
+    items = []
+    for name, row, shape in entries:
+        if row.safetensors is None:
+            raise UnsupportedDtypeError(
+                f"cannot save tensor {name!r} to {target}: {row.name} has no safetensors dtype "
+                "code; pass float_dtype= or convert it to a dtype safetensors has"
+            )
+        _item(name, np.empty(0, np.uint8), None)  # the name's checks
+        nbytes = math.prod(shape) * row.itemsize
+        items.append(_Item(name, None, row, row, tuple(shape), nbytes))
+    meta = _file_metadata(metadata)
+    limit = parse_size(max_shard_size)
+    shards = _split(items, limit) if limit is not None else [items]
+    single = len(shards) <= 1 and not index
+    stem, n = target.name.removesuffix(".safetensors"), len(shards)
+    files: list[FileLayout] = []
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards, 1):
+        name = target.name if single else f"{stem}-{i:05d}-of-{n:05d}.safetensors"
+        ordered = sorted(
+            shard, key=lambda it: (LAYOUT_RANK.get(it.row.safetensors or "", 0), it.name)
+        )
+        header = _header(ordered, meta)
+        offsets, at = {}, len(header)
+        for it in ordered:
+            offsets[it.name] = at
+            at += it.nbytes
+        files.append(FileLayout(name, header, at, offsets))
+        weight_map.update((it.name, name) for it in shard)
+    if single:
+        return files, None
+    return files, _index_text(weight_map, sum(it.nbytes for it in items))
+
+
+def remove_stale(target: Path, keep: set[str]) -> None:
     """Drop the previous save's files of this name that the new save does not use."""
     stem = re.escape(target.name.removesuffix(".safetensors"))
     shard = re.compile(stem + r"-\d{5}-of-\d{5}\.safetensors")
