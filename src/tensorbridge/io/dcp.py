@@ -37,9 +37,11 @@ numbers) become ``metadata`` (strings; typed in :meth:`DcpFile.plain_values`) an
 not keys; any other value (an object ``weights_only`` refuses, a tensor pickled as
 bytes) is a key that :meth:`~DcpFile.unsupported` names with the reason.
 
->>> import os, tempfile, torch, torch.distributed.checkpoint as dcp, tensorbridge as tb
+>>> import os, tempfile, torch, tensorbridge as tb
+>>> import torch.distributed.checkpoint as dcp
 >>> d = os.path.join(tempfile.mkdtemp(), "ckpt")
->>> _ = dcp.save({"w": torch.ones(2, 3), "step": 7}, checkpoint_id=d, no_dist=True)
+>>> sd = {"w": torch.ones(2, 3), "step": 7}
+>>> _ = dcp.save(sd, checkpoint_id=d, no_dist=True)
 >>> with tb.open(d) as f:
 ...     f.keys(), f["w"].shape, f.metadata
 (['w'], (2, 3), {'step': '7'})
