@@ -44,7 +44,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import math
 import mmap
 import os
 import re
@@ -95,6 +94,7 @@ from ._hf_layout import (
     simple_value,
     spec_of,
 )
+from ._tiling import check_tiles
 
 __all__ = ["SafetensorsReader", "SafetensorsWriter"]
 
@@ -200,7 +200,7 @@ class SafetensorsWriter(StorageWriter):
             order.update(dict.fromkeys(plan.storage_data or ()))
             order.update(dict.fromkeys(item.index.fqn for item in plan.items))
         specs: dict[str, TensorSpec] = {}
-        covered: dict[str, int] = {}
+        boxes: dict[str, list[tuple[torch.Size, torch.Size]]] = {}
         objects: list[str] = []
         for plan in plans:
             for item in plan.items:
@@ -216,14 +216,9 @@ class SafetensorsWriter(StorageWriter):
                 if name not in specs:
                     _check_name(name)
                     specs[name] = spec_of(name, td.properties.dtype, tuple(td.size))
-                covered[name] = covered.get(name, 0) + math.prod(td.chunk.sizes)
+                boxes.setdefault(name, []).append((td.chunk.offsets, td.chunk.sizes))
         for name, spec in specs.items():
-            if covered[name] != math.prod(spec.shape):
-                raise UnsupportedTensorError(
-                    f"tensor {name!r}: the ranks' chunks hold {covered[name]} of its "
-                    f"{math.prod(spec.shape)} elements; DCP's planner must assign each element "
-                    "to exactly one rank (redistribute the tensor first)"
-                )
+            check_tiles(name, spec.shape, boxes[name])
         tensors = [specs[n] for n in order if n in specs]
         layout = plan_layout(tensors, [n for n in order if n in objects], self.max_shard_size)
         staging = commit.begin(self.path, commit.new_save_id())

@@ -69,6 +69,7 @@ from ..convert import to_numpy, to_torch
 from ..errors import UnsupportedTensorError
 from ..io import zarr as zstore
 from ..io._common import DEFAULT_CHUNK
+from ._tiling import check_tiles
 
 __all__ = ["ZarrReader", "ZarrWriter"]
 
@@ -140,6 +141,8 @@ class ZarrWriter(StorageWriter):
                 fqn for plan in plans for fqn in (plan.storage_data or {}).get("order", [])
             )
         )
+        for fqn, (shape, _) in shapes.items():
+            check_tiles(fqn, shape, blocks[fqn])
         store = zstore.StoreWriter(self.path, max_chunk_bytes=self.max_chunk_bytes)
         try:
             for fqn in sorted(shapes, key=_position(self.order)):
