@@ -475,6 +475,23 @@ def _quantization(f: TensorFile, unsupported: Mapping[str, str]) -> dict[str, An
     }
 
 
+def _convertible(
+    src: TensorFile, names: list[str], args: argparse.Namespace
+) -> tuple[list[str], dict[str, str]]:
+    """The selected names convert can write, and the entries it skips (with --skip-unsupported)."""
+    unsupported = {n: why for n, why in src.unsupported().items() if n in names}
+    if unsupported and not args.skip_unsupported:
+        first = next(iter(unsupported))
+        raise TensorBridgeError(
+            f"{unsupported[first]}; {_plural(len(unsupported), 'entry')} cannot be "
+            f"converted: pass --exclude {first}{' (each)' if len(unsupported) > 1 else ''} "
+            "or --skip-unsupported"
+        )
+    for name, why in unsupported.items():
+        print(f"skipped {name}: {why}", file=sys.stderr)
+    return [n for n in names if n not in unsupported], unsupported
+
+
 def _convert(args: argparse.Namespace, out: TextIO) -> int:
     from . import io as tbio
     from .io._formats import listing  # what each format can hold, for the messages
@@ -548,17 +565,7 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             raise TensorBridgeError(f"{args.src} holds no arrays or tensors; nothing to convert")
         if not names:
             raise _UsageError(f"no tensor of {args.src} matches --include/--exclude")
-        unsupported = {n: why for n, why in src.unsupported().items() if n in names}
-        if unsupported and not args.skip_unsupported:
-            first = next(iter(unsupported))
-            raise TensorBridgeError(
-                f"{unsupported[first]}; {_plural(len(unsupported), 'entry')} cannot be "
-                f"converted: pass --exclude {first}{' (each)' if len(unsupported) > 1 else ''} "
-                "or --skip-unsupported"
-            )
-        for name, why in unsupported.items():
-            print(f"skipped {name}: {why}", file=sys.stderr)
-        names = [n for n in names if n not in unsupported]
+        names, unsupported = _convertible(src, names, args)
         if not dst.format.many_arrays and len(names) != 1:
             raise _UsageError(
                 f"a {dst.path.suffix} file holds one array but {len(names)} tensors were "
@@ -724,17 +731,7 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
         names = _select(src.keys(), args.include, args.exclude)
         if not names:
             raise _UsageError(f"no tensor of {args.src} matches --include/--exclude")
-        unsupported = {n: why for n, why in src.unsupported().items() if n in names}
-        if unsupported and not args.skip_unsupported:
-            first = next(iter(unsupported))
-            raise TensorBridgeError(
-                f"{unsupported[first]}; {_plural(len(unsupported), 'entry')} cannot be "
-                f"converted: pass --exclude {first}{' (each)' if len(unsupported) > 1 else ''} "
-                "or --skip-unsupported"
-            )
-        for name, why in unsupported.items():
-            print(f"skipped {name}: {why}", file=sys.stderr)
-        names = [n for n in names if n not in unsupported]
+        names, unsupported = _convertible(src, names, args)
         if not names:
             raise _UsageError(f"no tensor of {args.src} is left to convert")
         view = src.select(names)  # type: ignore[attr-defined]
