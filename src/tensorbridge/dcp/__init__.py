@@ -10,3 +10,8 @@ back into any sharding with ``dcp.load``.
 The modules here are imported on first use of their names (``tb.SafetensorsWriter``),
 so ``import tensorbridge`` does not pull in ``torch.distributed``.
 """
+
+# The file layer first: its Zarr format commits through ``_commit``, which writes with
+# the file layer's atomic helpers, so importing ``_commit`` first would meet a
+# half-initialised ``tensorbridge.io``.
+from .. import io as _io  # noqa: F401

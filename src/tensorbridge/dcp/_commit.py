@@ -47,7 +47,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import UncommittedCheckpointError
-from ..io._common import atomic_write
+from ..io._common import atomic_write, fsync_dir
 
 STAGING_PREFIX = ".tensorbridge-tmp-"
 
@@ -68,16 +68,6 @@ def begin(dest: str | os.PathLike[str], save_id: str) -> Path:
     staging.mkdir(parents=True)
     fsync_dir(Path(dest))
     return staging
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a directory's entries (creations, renames, removals) durable."""
-    with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def fsync_tree(path: Path) -> None:

@@ -76,11 +76,12 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
 
 
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):
+def fsync_dir(directory: Path) -> None:
+    """Make a directory's entries (creations, renames, removals) durable."""
+    with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory
         fd = os.open(directory, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -43,7 +43,14 @@ import numpy as np
 from .. import _memory as mem
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import FormatError
-from ._common import DEFAULT_CHUNK, atomic_write, cast_target, progress_bar, releaser
+from ._common import (
+    DEFAULT_CHUNK,
+    atomic_write,
+    cast_target,
+    fsync_dir,
+    progress_bar,
+    releaser,
+)
 from ._detect import INDEX_SUFFIX
 from .dcp import Chunk, DcpFile
 
@@ -302,11 +309,11 @@ def save(
         old_index = target.parent / (target.name + INDEX_SUFFIX)
         if fmt == "safetensors" and old_index.exists():
             old_index.unlink()  # never a previous index beside the new shards
-            _fsync_dir(target.parent)
+            fsync_dir(target.parent)
         for final, tmp in temps.items():
             os.replace(tmp, final)
         temps.clear()
-        _fsync_dir(target.parent if fmt == "safetensors" else target)
+        fsync_dir(target.parent if fmt == "safetensors" else target)
     finally:
         for tmp in temps.values():
             with contextlib.suppress(OSError):
@@ -321,7 +328,7 @@ def save(
                 fh.write(index_bytes)
             written.append(idx)
         remove_stale(target, keep=set() if index_bytes is None else {o.final.name for o in outs})
-    _fsync_dir(target.parent if fmt == "safetensors" else target)
+    fsync_dir(target.parent if fmt == "safetensors" else target)
     return written
 
 
@@ -476,12 +483,3 @@ def _batch(source: str, items: list[Placement], window: int) -> list[Task]:
     if group:
         tasks.append(Task(source, tuple(group), window))
     return tasks
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
