@@ -282,6 +282,23 @@ def test_corrupt_zip_in_distcp_is_a_format_error(tmp_path: Path) -> None:
         tb.load(d)
 
 
+def test_a_chunk_outside_its_tensor_is_a_format_error(tmp_path: Path) -> None:
+    # one chunk moved by one element: the count still matches and nothing overlaps, so
+    # only the metadata's bounds check stands between it and an uninitialised element
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+
+    d = _one_file_ckpt(tmp_path)
+    meta_file = d / ".metadata"
+    meta = pickle.loads(meta_file.read_bytes())  # written by dcp.save just above
+    item = meta.state_dict_metadata["w"]
+    item.chunks = [ChunkStorageMetadata(offsets=torch.Size([1]), sizes=torch.Size([4096]))]
+    (key,) = [k for k in meta.storage_data if k.fqn == "w"]
+    meta.storage_data[MetadataIndex("w", torch.Size([1]))] = meta.storage_data.pop(key)
+    meta_file.write_bytes(pickle.dumps(meta))
+    with pytest.raises(FormatError, match=r"a chunk of 'w' lies outside its shape \[4096\]"):
+        tb.load(d)
+
+
 def test_missing_distcp_is_a_format_error(tmp_path: Path) -> None:
     d = _one_file_ckpt(tmp_path)
     (d / "__0_0.distcp").unlink()
