@@ -624,26 +624,34 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             summary["verified"] = not problems
             summary["problems"] = problems
             ok = not problems
+    return _report(summary, args, out, ok, float_dtype)
+
+
+def _report(
+    summary: dict[str, Any], args: argparse.Namespace, out: TextIO, ok: bool, cast: Any
+) -> int:
+    """Print a conversion's summary (JSON, or a line and the verdict of --verify)."""
     if args.json:
         _dump(summary, out)
-    else:
-        out.write(
-            f"converted {_plural(len(names), 'tensor')} ({_size(in_bytes)} in, "
-            f"{_size(out_bytes)} out) {args.src} -> {written} in {took:.2f} s\n"
-        )
-        if args.verify:
-            if not ok:
-                verdict = f"{len(summary['problems'])} mismatch(es)"
-            elif float_dtype is not None:
-                verdict = (
-                    f"bit-exact to the source cast to {float_dtype.name} (torch's kernel); "
-                    "the cast itself may round: see tensorbridge cast-report"
-                )
-            else:
-                verdict = "bit-exact"
-            out.write("verify: " + _colour(verdict, ok, out) + "\n")
-            for p in summary["problems"]:
-                out.write(f"  {p}\n")
+        return 0 if ok else 1
+    out.write(
+        f"converted {_plural(summary['tensors'], 'tensor')} ({_size(summary['bytes_in'])} in, "
+        f"{_size(summary['bytes_out'])} out) {args.src} -> {summary['dst']} in "
+        f"{summary['seconds']:.2f} s\n"
+    )
+    if args.verify:
+        if not ok:
+            verdict = f"{len(summary['problems'])} mismatch(es)"
+        elif cast is not None:
+            verdict = (
+                f"bit-exact to the source cast to {cast.name} (torch's kernel); "
+                "the cast itself may round: see tensorbridge cast-report"
+            )
+        else:
+            verdict = "bit-exact"
+        out.write("verify: " + _colour(verdict, ok, out) + "\n")
+        for p in summary["problems"]:
+            out.write(f"  {p}\n")
     return 0 if ok else 1
 
 
@@ -780,19 +788,7 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
             summary["verified"] = not problems
             summary["problems"] = problems
             ok = not problems
-    if args.json:
-        _dump(summary, out)
-    else:
-        out.write(
-            f"converted {_plural(len(names), 'tensor')} ({_size(in_bytes)} in, "
-            f"{_size(out_bytes)} out) {args.src} -> {written} in {took:.2f} s\n"
-        )
-        if args.verify:
-            verdict = "bit-exact" if ok else f"{len(summary['problems'])} mismatch(es)"
-            out.write("verify: " + _colour(verdict, ok, out) + "\n")
-            for p in summary["problems"]:
-                out.write(f"  {p}\n")
-    return 0 if ok else 1
+    return _report(summary, args, out, ok, None)
 
 
 def _carried_metadata(
