@@ -484,17 +484,53 @@ def _strided_to_numpy(
     shown = ("resolve",) if resolve else ()
     if dst is not src:
         shown = (*shown, "cast")
-    run = _fresh(dst, detach, readonly, keep_order=False)
+    run = _fresh(dst, detach, readonly, keep_order=False, src=src)
     quick = None if detach or resolve else run
     return Plan("numpy", (*steps, *shown, *tail), reason, True, src, dst, not resolve, run, quick)
 
 
-def _fresh(dst: DTypeRow, detach: bool, readonly: bool, keep_order: bool) -> Run:
+def _fresh(
+    dst: DTypeRow, detach: bool, readonly: bool, keep_order: bool, src: DTypeRow | None = None
+) -> Run:
     """The host copy / cast executor: NumPy allocates, torch's kernel converts.
 
     It refuses a tensor off the host (raising ``TypeError``), so that it can serve as
-    the plan's quick executor; conj/neg bits are resolved by the copy itself.
+    the plan's quick executor; conj/neg bits are resolved by the copy itself. A C-order
+    cast from a source torch converts itself is written out inline: it is every
+    ``dtype=`` call's hot path.
     """
+    if src is not None and not (detach or readonly or keep_order):
+        ndt, tdt = dst.numpy, dst.torch
+        if not mem.plain_cast(src):
+
+            def cast_table(x: torch.Tensor, out: Any) -> np.ndarray:
+                if not x.is_cpu:
+                    raise TypeError("not a host tensor")
+                fresh = np.empty(x.shape, ndt)
+                mem.cast_into(mem.as_tensor(fresh, dst), x)
+                return fresh
+
+            return cast_table
+        if dst.carrier is None:
+
+            def cast(x: torch.Tensor, out: Any) -> np.ndarray:
+                if not x.is_cpu:
+                    raise TypeError("not a host tensor")
+                fresh = np.empty(x.shape, ndt)
+                torch.from_numpy(fresh).copy_(x)
+                return fresh
+
+            return cast
+        bits = dst.carrier_numpy
+
+        def cast_carried(x: torch.Tensor, out: Any) -> np.ndarray:
+            if not x.is_cpu:
+                raise TypeError("not a host tensor")
+            fresh = np.empty(x.shape, ndt)
+            torch.from_numpy(fresh.view(bits)).view(tdt).copy_(x)
+            return fresh
+
+        return cast_carried
 
     def run(x: torch.Tensor, out: Any) -> np.ndarray:
         if not x.is_cpu:
