@@ -130,6 +130,13 @@ float8_tensor = pytest.importorskip(
     reason="torchao's Float8Tensor is under test",
 )
 granularity = pytest.importorskip("torchao.quantization.granularity", reason="torchao")
+int8_tensor = pytest.importorskip(
+    "torchao.quantization.quantize_.workflows.int8.int8_tensor", reason="torchao's Int8Tensor"
+)
+intx_tensor = pytest.importorskip(
+    "torchao.quantization.quantize_.workflows.intx.intx_unpacked_to_int8_tensor",
+    reason="torchao's IntxUnpackedToInt8Tensor",
+)
 MXTensor = mx_tensor.MXTensor
 NVFP4Tensor = nvfp4_tensor.NVFP4Tensor
 Float8Tensor = float8_tensor.Float8Tensor
@@ -219,7 +226,29 @@ CASES: dict[str, tuple[Callable[[], Any], str | None]] = {
         lambda: Float8Tensor.from_hp(weights(256, 256), granularity=P.PerBlock([128, 128])),
         None,
     ),
+    # transposed views (torchao's own t()): strided qdata, left to the subclass
+    "mxfp8-t": (lambda: MXTensor.to_mx(weights(32, 64), torch.float8_e4m3fn, 32).t(), None),
+    "mxfp4-t": (lambda: MXTensor.to_mx(weights(32, 64), F4X2, 32).t(), None),
+    "nvfp4-t": (lambda: NVFP4Tensor.to_nvfp4(weights(32, 64)).t(), None),
+    # integer subclasses: their own dequantize (intx's takes no dtype)
+    "int8-per-row": (
+        lambda: int8_tensor.Int8Tensor.from_hp(weights(16, 64), granularity=P.PerRow()),
+        None,
+    ),
+    "intx-int4": (
+        lambda: intx_tensor.IntxUnpackedToInt8Tensor.from_hp(weights(16, 64), [1, 32], torch.int4),
+        None,
+    ),
 }
+
+
+def reference(x: Any) -> torch.Tensor:
+    """The subclass's own dequantization in float32 (``dequantize()`` if it takes no dtype)."""
+    try:
+        made: torch.Tensor = x.dequantize(torch.float32)
+    except TypeError:
+        made = x.dequantize().to(torch.float32)
+    return made
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> None:
@@ -251,13 +280,13 @@ def test_scheme_is_recognised_or_left_to_the_subclass(case: tuple[Any, str | Non
 def test_to_numpy_float32_is_bit_identical_to_the_subclass(case: tuple[Any, str | None]) -> None:
     x, _ = case
     got = tb.to_numpy(x, dtype=np.float32)
-    same_bits(got, x.dequantize(torch.float32).numpy())
+    same_bits(got, reference(x).numpy())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_other_dtypes_round_once_from_float32(case: tuple[Any, str | None], dtype: Any) -> None:
     x, _ = case
-    want = x.dequantize(torch.float32).to(dtype)
+    want = reference(x).to(dtype)
     got = tb.to_torch(x, dtype=dtype)
     assert type(got) is torch.Tensor and got.dtype == dtype
     same_bits(tb.to_numpy(got), tb.to_numpy(want))
@@ -279,6 +308,16 @@ def test_refused_without_dtype_naming_the_parts(case: tuple[Any, str | None]) ->
     assert "keep_quantized=True" in said
     assert "pass dtype=torch.float32 to dequantize it" in str(torch_error.value)
     assert tb.describe(x).to_numpy.verdict == "error"
+
+
+def test_a_meta_subclass_has_no_data() -> None:
+    x = MXTensor.to_mx(weights(4, 32), torch.float8_e4m3fn, 32)
+    pref = mx_tensor.KernelPreference.EMULATED
+    meta = MXTensor(
+        x.qdata.to("meta"), x.scale.to("meta"), x.elem_dtype, 32, torch.float32, pref, None, False
+    )
+    with pytest.raises(tb.NoDataError, match="meta MXTensor"):
+        tb.to_numpy(meta, dtype=np.float32)
 
 
 def test_copy_false_is_refused() -> None:

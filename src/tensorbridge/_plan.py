@@ -703,6 +703,11 @@ def _dequantizing(x: Any, kind: quantized.Kind, dtype: Any, where: str) -> tuple
         raise quantized.refusal(x, kind, where)
     if kind.scheme is None and not kind.call:
         raise quantized.undequantizable(x, kind)
+    if x.device.type == "meta":
+        raise NoDataError(
+            f"a meta {kind.name} ({kind.dtype}, shape {tuple(x.shape)}) holds no codes or "
+            "scales; materialise it first"
+        )
     return (
         f"is a quantized {kind.name} (dequantizing makes new values)",
         torch.device("cpu") if kind.scheme is not None else x.device,
