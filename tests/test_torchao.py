@@ -446,3 +446,31 @@ def test_describe_reports_the_parts_not_the_storage() -> None:
     assert d.storage_nbytes is None and d.storage_offset is None
     assert d.dequantize is not None and d.dequantize.verdict == "copy"
     assert d.to_dict()["dequantize"]["steps"] == ["dequantize"]
+
+
+# --- the rest of the library ---------------------------------------------------------------------
+
+
+def test_tb_dequantize_takes_a_subclass_alone_or_in_a_state_dict() -> None:
+    x = MXTensor.to_mx(weights(8, 64), F4X2, 32)
+    want = x.dequantize(torch.float32).bfloat16()
+    assert torch.equal(tb.dequantize(x), want)
+    out = tb.dequantize({"w": x, "b": torch.ones(2)}, dtype="float32")
+    assert type(out["w"]) is torch.Tensor and torch.equal(out["w"], reference(x))
+    assert torch.equal(out["b"], torch.ones(2))
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt", ".npz", ".npy"])
+def test_save_refuses_a_subclass_naming_it(tmp_path: Any, suffix: str) -> None:
+    x = NVFP4Tensor.to_nvfp4(weights(8, 64))
+    obj = x if suffix == ".npy" else {"layer": {"w": x}}
+    at = "" if suffix == ".npy" else "at 'layer.w': "
+    with pytest.raises(tb.QuantizedTensorError) as e:
+        tb.save(obj, tmp_path / f"m{suffix}")
+    assert str(e.value).startswith(f"{at}NVFP4Tensor holds qdata (uint8 [8, 32])")
+    assert "float_dtype=torch.bfloat16" in str(e.value)
+    assert list(tmp_path.iterdir()) == []
+    tb.save(tb.tree_to_torch({"w": x}, float_dtype=torch.bfloat16), tmp_path / "ok.safetensors")
+    assert torch.equal(
+        tb.to_torch(tb.load(tmp_path / "ok.safetensors")["w"]), reference(x).bfloat16()
+    )

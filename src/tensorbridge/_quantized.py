@@ -202,13 +202,19 @@ def parts_text(x: Any) -> str:
 
 
 def refusal(x: Any, kind: Kind, where: str) -> QuantizedTensorError:
-    """The error for converting a quantized subclass without ``dtype=``."""
-    dtype = "np.float32" if where == "to_numpy" else "torch.float32"
+    """The error for converting (``to_numpy`` / ``to_torch``) or saving a quantized subclass."""
     values = str(kind.dtype).removeprefix("torch.")
+    said = f"{kind.name} holds {parts_text(x)}, not {values} values"
+    if where == "save":
+        return QuantizedTensorError(
+            f"{said}; save tb.tree_to_torch(tensors, float_dtype=torch.bfloat16) to store "
+            "them dequantized"
+        )
+    dtype = "np.float32" if where == "to_numpy" else "torch.float32"
     tree = "tree_to_numpy" if where == "to_numpy" else "tree_to_torch"
     return QuantizedTensorError(
-        f"{kind.name} holds {parts_text(x)}, not {values} values; pass dtype={dtype} to "
-        f"dequantize it, or take its parts with tb.{tree}(..., keep_quantized=True)"
+        f"{said}; pass dtype={dtype} to dequantize it, or take its parts with "
+        f"tb.{tree}(..., keep_quantized=True)"
     )
 
 
