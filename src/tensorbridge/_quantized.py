@@ -81,10 +81,6 @@ class Kind:
         return self.cls.__name__
 
     @property
-    def library(self) -> str:
-        return self.cls.__module__.split(".")[0]
-
-    @property
     def route(self) -> str:
         """How it dequantizes, in words (for ``describe`` and the docs)."""
         if self.scheme is not None:
