@@ -25,6 +25,8 @@ PUBLIC = [
     "MissingExtraError",
     "NoDataError",
     "QuantizationError",
+    "QuantizedParts",
+    "QuantizedTensorError",
     "SafetensorsReader",
     "SafetensorsWriter",
     "ShapeMismatchError",

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         MissingExtraError,
         NoDataError,
         QuantizationError,
+        QuantizedTensorError,
         ShapeMismatchError,
         ShardedTensorError,
         TensorBridgeError,
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     )
     from .io import load, open, save
     from .quant import dequantize, quantize
-    from .tree import tree_to_numpy, tree_to_torch
+    from .tree import QuantizedParts, tree_to_numpy, tree_to_torch
 
 __version__ = "0.1.0"
 
@@ -62,6 +63,8 @@ __all__ = [
     "MissingExtraError",
     "NoDataError",
     "QuantizationError",
+    "QuantizedParts",
+    "QuantizedTensorError",
     "SafetensorsReader",
     "SafetensorsWriter",
     "ShapeMismatchError",
@@ -121,6 +124,7 @@ _HOME = {
             "MissingExtraError",
             "NoDataError",
             "QuantizationError",
+            "QuantizedTensorError",
             "ShapeMismatchError",
             "ShardedTensorError",
             "TensorBridgeError",
@@ -134,7 +138,7 @@ _HOME = {
     **dict.fromkeys(["load", "open", "save"], ".io"),
     **dict.fromkeys(["SafetensorsReader", "SafetensorsWriter"], ".dcp.safetensors"),
     **dict.fromkeys(["dequantize", "quantize"], ".quant"),
-    **dict.fromkeys(["tree_to_numpy", "tree_to_torch"], ".tree"),
+    **dict.fromkeys(["QuantizedParts", "tree_to_numpy", "tree_to_torch"], ".tree"),
 }
 
 

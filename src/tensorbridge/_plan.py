@@ -34,6 +34,7 @@ import torch
 from . import _dlpack as dlpack
 from . import _dtensor as dtensor
 from . import _memory as mem
+from . import _quantized as quantized
 from .dtypes import (
     BY_NUMPY,
     BY_TORCH,
@@ -107,8 +108,12 @@ def signature(x: Any) -> Hashable | None:
     if cls is np.ndarray or cls is np.memmap:
         return (cls, x.dtype, x.flags.writeable, strides_state(x))
     if isinstance(x, torch.Tensor):
-        if cls is not torch.Tensor and cls not in mem.PLAIN_SUBCLASSES and dtensor.is_dtensor(x):
-            return dtensor.signature(x)
+        if cls is not torch.Tensor and cls not in mem.PLAIN_SUBCLASSES:
+            if dtensor.is_dtensor(x):
+                return dtensor.signature(x)
+            kind = quantized.kind_of(x)
+            if kind is not None:  # a wrapper of codes and scales: its kind decides
+                return (kind, x.device)
         dtype = x.dtype
         conj = dtype.is_complex and x.is_conj()
         return (cls, dtype, x.device, x.layout, x.requires_grad, x.is_neg(), conj, x.is_nested)
@@ -394,6 +399,9 @@ def decide_numpy(
         return _array_to_numpy(x, dtype, copy, readonly, into)
     if type(x) is not torch.Tensor and dtensor.is_dtensor(x):
         return _dtensor_to_numpy(x, dtype, copy, readonly, into, gather)
+    kind = quantized.kind_of(x) if type(x) is not torch.Tensor else None
+    if kind is not None:
+        return _subclass_to_numpy(x, kind, dtype, copy, readonly, into)
     t = plain_tensor(x)
     detach: tuple[str, ...] = ("detach",) if t is not x else ()
     if t.is_nested:
@@ -725,6 +733,42 @@ def _quantized_to_numpy(
     return Plan("numpy", steps, reason, True, None, dst, False, run)
 
 
+def _dequantizing(x: Any, kind: quantized.Kind, dtype: Any, where: str) -> tuple[str, torch.device]:
+    """The reason a quantized subclass is copied, and where its float32 values are made."""
+    if dtype is None:
+        raise quantized.refusal(x, kind, where)
+    if kind.scheme is None and not kind.call:
+        raise quantized.undequantizable(x, kind)
+    if x.device.type == "meta":
+        raise NoDataError(
+            f"a meta {kind.name} ({kind.dtype}, shape {tuple(x.shape)}) holds no codes or "
+            "scales; materialise it first"
+        )
+    return (
+        f"is a quantized {kind.name} (dequantizing makes new values)",
+        torch.device("cpu") if kind.scheme is not None else x.device,
+    )
+
+
+def _subclass_to_numpy(
+    x: Any, kind: quantized.Kind, dtype: Any, copy: bool | None, readonly: bool, into: bool
+) -> Plan:
+    """A quantized tensor subclass: refused without dtype=, else dequantized (float32) and cast."""
+    reason, made_on = _dequantizing(x, kind, dtype, "to_numpy")
+    needs_copy("to_numpy", reason, copy)
+    src = BY_TORCH[torch.float32]
+    dst = resolve_dtype(dtype)
+    check_cast(src, dst)
+    rest = _strided_to_numpy(torch.empty(0, device=made_on), src, dst, (), None, readonly, into)
+
+    def run(v: Any, out: Any) -> Any:
+        return rest.run(quantized.dequantize(v, kind), out)
+
+    fetch = ("transfer",) if made_on != x.device else ()
+    steps = (*fetch, "dequantize", *(s for s in rest.steps if s != "view"))
+    return Plan("numpy", steps, reason, True, None, dst, False, run)
+
+
 def _unpack_to_numpy(
     packed: PackedRow, t: torch.Tensor, dtype: Any, copy: bool | None, readonly: bool, into: bool
 ) -> Plan:
@@ -792,6 +836,9 @@ def decide_torch(
     if type(x) is not torch.Tensor and dtensor.is_dtensor(x):
         return _dtensor_to_torch(x, dtype, device, copy, requires_grad, into, gather)
     if isinstance(x, torch.Tensor):
+        kind = quantized.kind_of(x) if type(x) is not torch.Tensor else None
+        if kind is not None:
+            return _subclass_to_torch(x, kind, dtype, device, copy, requires_grad, into)
         return _tensor_to_torch(x, dtype, device, copy, requires_grad, into)
     if isinstance(x, np.ma.MaskedArray):
         raise UnsupportedTensorError(
@@ -990,6 +1037,31 @@ def _tensor_to_torch(
         return finish_tensor(x.to(device=device, dtype=target), requires_grad, out)
 
     return Plan("torch", (*moves, *grad), reason, True, row, dst or row, batch, run_move)
+
+
+def _subclass_to_torch(
+    x: Any,
+    kind: quantized.Kind,
+    dtype: Any,
+    device: Any,
+    copy: bool | None,
+    requires_grad: bool,
+    into: bool,
+) -> Plan:
+    """A quantized tensor subclass: as :func:`_subclass_to_numpy`, on ``x``'s device by default."""
+    reason, made_on = _dequantizing(x, kind, dtype, "to_torch")
+    needs_copy("to_torch", reason, copy)
+    if device is None and x.device != made_on:
+        device = x.device
+    rest = plan_torch(torch.empty(0, device=made_on), dtype, device, None, requires_grad, into)
+
+    def run(v: Any, out: Any) -> torch.Tensor:
+        made: torch.Tensor = rest.run(quantized.dequantize(v, kind), out)
+        return made
+
+    fetch = ("transfer",) if made_on != x.device else ()
+    steps = (*fetch, "dequantize", *(s for s in rest.steps if s != "view"))
+    return Plan("torch", steps, reason, True, None, rest.dst, False, run)
 
 
 def _dtensor_to_torch(

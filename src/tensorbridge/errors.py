@@ -20,6 +20,7 @@ __all__ = [
     "MissingExtraError",
     "NoDataError",
     "QuantizationError",
+    "QuantizedTensorError",
     "ShapeMismatchError",
     "ShardedTensorError",
     "TensorBridgeError",
@@ -43,6 +44,14 @@ class UnsupportedTensorError(TensorBridgeError, TypeError):
 
 class NoDataError(UnsupportedTensorError):
     """A meta or fake tensor: it describes a shape and dtype but holds no values."""
+
+
+class QuantizedTensorError(UnsupportedTensorError):
+    """A quantized tensor subclass (torchao's ``MXTensor``, ``NVFP4Tensor``, ...) given as is.
+
+    Its storage holds codes and scales, not values: pass ``dtype=np.float32`` to
+    dequantize it, or ``keep_quantized=True`` to a tree function for its parts.
+    """
 
 
 class ShardedTensorError(UnsupportedTensorError):

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import _quantized as quantized
 from ..dtypes import DeviceLike, DTypeLike
 from ..errors import DestinationExistsError, FormatError
 from . import dcp, gguf, npy, npz, pt, safetensors, zarr  # noqa: F401 - tb.io.<format> without an import
@@ -219,12 +220,22 @@ def _tensors(obj: Any, where: str) -> dict[str, Any]:
     for name, value in flat.items():
         if isinstance(value, np.generic):
             flat[name] = np.asarray(value)
+        elif type(value) is not torch.Tensor and isinstance(value, torch.Tensor):
+            _refuse_quantized(value, f"at {name!r}: ")
         elif not isinstance(value, (torch.Tensor, np.ndarray, Deferred)):
             raise TypeError(
                 f"at {name!r}: {type(value).__qualname__} is not a tensor or array; file "
                 "formats store tensors only (put other values in metadata=)"
             )
     return flat
+
+
+def _refuse_quantized(value: torch.Tensor, at: str) -> None:
+    """A quantized tensor subclass (torchao's ``MXTensor``, ...) is not saved as its storage."""
+    kind = quantized.kind_of(value)
+    if kind is not None:
+        error = quantized.refusal(value, kind, "save")
+        raise type(error)(f"{at}{error}")
 
 
 def save(
@@ -331,6 +342,8 @@ def save(
     single = fmt.single_array and (
         not fmt.many_arrays or isinstance(obj, (torch.Tensor, np.ndarray))
     )
+    if single and type(obj) is not torch.Tensor and isinstance(obj, torch.Tensor):
+        _refuse_quantized(obj, "")
     fmt.save(
         obj if single else _tensors(obj, repr(str(dst.path))),
         dst.path,

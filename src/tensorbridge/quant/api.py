@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..convert import to_numpy
+from .. import _quantized as quantized
+from ..convert import to_numpy, to_torch
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import QuantizationError
 from ..io._common import Deferred, TensorFile, row_of
@@ -83,7 +84,9 @@ def dequantize(
     """Dequantize codes and scales, or every quantized weight of a state dict.
 
     One weight: ``dequantize(codes, scale, scheme=..., [global_scale=...])``; the
-    result is a tensor if ``codes`` is one, else a NumPy (ml_dtypes) array. A state
+    result is a tensor if ``codes`` is one, else a NumPy (ml_dtypes) array. A
+    quantized tensor subclass (torchao's ``MXTensor``, ``NVFP4Tensor``, ...) alone:
+    ``dequantize(x, dtype=...)``, as ``tb.to_torch(x, dtype=...)``. A state
     dict, module or nested mapping: ``dequantize(sd, config=...)`` returns a flat
     ``{name: value}`` under the unquantized model's names, weights dequantized,
     everything else passed through as it was, activation scales left out.
@@ -124,6 +127,8 @@ def dequantize(
     row = _float_row(dtype)
     opts = _options(block_size, layout, None)
     opts.update({k: v for k, v in (("bits", bits), ("group_size", group_size)) if v is not None})
+    if scale is None and _is_subclass(x):  # torchao's MXTensor, ...: it knows its scheme
+        return to_torch(x, dtype=row.torch)
     if isinstance(x, (torch.Tensor, np.ndarray)):
         if scheme is None:
             raise QuantizationError(
@@ -172,12 +177,18 @@ def dequantize(
     for name in p.names:
         g = p.group(name)
         if g is None:
-            result[name] = flat[name]
+            v = flat[name]
+            result[name] = to_torch(v, dtype=row.torch) if _is_subclass(v) else v
             continue
         parts = {role: _host(flat[stored]) for role, stored in g.parts.items()}
         out = SCHEMES[g.scheme].dequantize(parts, g, row.torch)
         result[name] = out if isinstance(flat[g.parts["codes"]], torch.Tensor) else to_numpy(out)
     return result
+
+
+def _is_subclass(x: Any) -> bool:
+    """A quantized tensor subclass (torchao's ``MXTensor``, ...): dequantized by its kind."""
+    return type(x) is not torch.Tensor and quantized.kind_of(x) is not None
 
 
 def _stored_row(v: Any) -> DTypeRow:
