@@ -107,6 +107,8 @@ def process_group() -> Iterator[Any]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    if dist.is_initialized():
+        pytest.skip(reason="another test left a default process group running")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield init_device_mesh("cpu", (1,))
@@ -826,6 +828,14 @@ ROWS: list[Row] = [
         "pass a floating-point dtype",
     ),
     Row(
+        "load:float-dtype-name",
+        "`tb.load(p, float_dtype='bf17')`",
+        lambda e: tb.load(e.st, float_dtype="bf17"),
+        tb.UnsupportedDtypeError,
+        r"'bf17' is not a dtype.*known names",
+        "pass a known name",
+    ),
+    Row(
         "load:dequantize-int",
         "`tb.load(p, dequantize='int8')`",
         lambda e: tb.load(e.st, dequantize="int8"),
@@ -953,6 +963,14 @@ ROWS: list[Row] = [
         tb.UnsupportedDtypeError,
         r"pass a float dtype such as 'bfloat16'",
         "pass a floating-point dtype",
+    ),
+    Row(
+        "save:float-dtype-name",
+        "`tb.save(sd, p, float_dtype='bf17')`",
+        lambda e: tb.save({"a": F32}, "x.safetensors", float_dtype="bf17"),
+        tb.UnsupportedDtypeError,
+        r"'bf17' is not a dtype.*known names",
+        "pass a known name",
     ),
     Row(
         "save:gguf-architecture",
