@@ -30,6 +30,7 @@ import pytest
 import torch
 
 import tensorbridge as tb
+from tensorbridge import _plan
 from tensorbridge.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,6 +91,7 @@ class Env:
         """Make ``import MODULE`` fail, as when the optional extra is not installed."""
         for m in modules:
             self.monkeypatch.setitem(sys.modules, m, None)
+        _plan.forget()  # plans made while it was importable would skip the check
 
 
 @contextlib.contextmanager
