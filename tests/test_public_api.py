@@ -21,6 +21,7 @@ PUBLIC = [
     "Description",
     "DestinationExistsError",
     "FormatError",
+    "InvalidArgumentError",
     "LocalShard",
     "MissingExtraError",
     "NoDataError",

@@ -777,7 +777,8 @@ def test_non_tensor_input_is_refused() -> None:
     with pytest.raises(tb.UnsupportedTensorError) as info:
         tb.to_numpy([1.0, 2.0])
     assert str(info.value) == (
-        "to_numpy expects a torch.Tensor, got list; pass torch.as_tensor(x) for other array-likes"
+        "to_numpy expects a torch.Tensor, got list; pass tb.tree_to_numpy(x) for a dict or "
+        "list of tensors, torch.as_tensor(x) for other array-likes"
     )
 
 

@@ -24,7 +24,7 @@ signature: converting a thousand tensors of three kinds makes three decisions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +50,8 @@ from .dtypes import (
 )
 from .errors import (
     CopyRequiredError,
+    InvalidArgumentError,
+    MissingExtraError,
     NoDataError,
     ShapeMismatchError,
     UnsupportedDtypeError,
@@ -248,6 +250,11 @@ def run_numpy(
     gather: bool = False,
 ) -> Any:
     """Plan ``to_numpy`` for ``x`` and run the plan (``to_numpy`` tries the quick plan first)."""
+    if out is not None and not isinstance(out, np.ndarray):
+        raise UnsupportedTensorError(
+            f"to_numpy: out= is a {type(out).__qualname__}, not a np.ndarray; pass "
+            "out=np.empty(shape, dtype), or use tb.to_torch(x, out=tensor) for a tensor"
+        )
     if dlpack.is_producer(x):  # JAX, CuPy, MLX, ... or a capsule: import once, then plan
         return dlpack.numpy_from(x, _numpy_call, dtype=dtype, copy=copy, readonly=readonly, out=out)
     return plan_numpy(x, dtype, copy, readonly, out is not None, gather).run(x, out)
@@ -285,12 +292,22 @@ def run_torch(
 
     ``to_torch`` tries the quick plan first.
     """
+    if out is not None and not isinstance(out, torch.Tensor):
+        raise UnsupportedTensorError(
+            f"to_torch: out= is a {type(out).__qualname__}, not a torch.Tensor; pass "
+            "out=torch.empty(shape, dtype=...), or use tb.to_numpy(x, out=array) for an array"
+        )
     if dlpack.is_producer(x):  # JAX, CuPy, MLX, ... or a capsule: import once, then plan
         return dlpack.torch_from(
             x, _torch_call, dtype=dtype, device=device, copy=copy,
             requires_grad=requires_grad, out=out,
         )  # fmt: skip
     if not isinstance(x, (np.ndarray, torch.Tensor)):
+        if x is None or isinstance(x, (Mapping, str, bytes)):
+            raise UnsupportedTensorError(
+                f"to_torch expects an array, a number or a nested list of numbers, got "
+                f"{type(x).__qualname__}; pass tb.tree_to_torch(x) for a dict of arrays"
+            )
         x = np.asarray(x)
     return _torch_call(
         x, dtype=dtype, device=device, copy=copy, requires_grad=requires_grad, out=out,
@@ -316,6 +333,26 @@ def check_cast(src: DTypeRow, dst: DTypeRow) -> None:
             f"casting {src.name} to {dst.name} would discard the imaginary part; pass the real "
             "part (x.real) explicitly, or a complex dtype"
         )
+
+
+def device_of(device: Any) -> torch.device | None:
+    """``device=`` as a ``torch.device``, or the error naming the devices this torch has."""
+    if device is None:
+        return None
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InvalidArgumentError(
+            f"device={device!r} is not a device; pass 'cpu', 'cuda', 'cuda:1', 'mps' or a "
+            "torch.device"
+        ) from None
+    backend = getattr(torch, target.type, None)
+    if target.type != "meta" and not getattr(backend, "is_available", lambda: True)():
+        raise InvalidArgumentError(
+            f"device={device!r}: this torch has no {target.type} device; pass device='cpu' "
+            "(or leave out device=)"
+        )
+    return target
 
 
 def check_out(out: Any, shape: tuple[int, ...], what: str) -> None:
@@ -357,8 +394,9 @@ def plain_tensor(x: Any) -> torch.Tensor:
             "its storage; pass a plain tensor (x.as_subclass(torch.Tensor) if it does)"
         )
     raise UnsupportedTensorError(
-        f"to_numpy expects a torch.Tensor, got {cls.__qualname__}; pass torch.as_tensor(x) "
-        "for other array-likes"
+        f"to_numpy expects a torch.Tensor, got {cls.__qualname__}; pass "
+        "tb.tree_to_numpy(x) for a dict or list of tensors, torch.as_tensor(x) for other "
+        "array-likes"
     )
 
 
@@ -647,7 +685,7 @@ def _sparse_to_numpy(
     try:
         import scipy.sparse  # noqa: F401
     except ImportError:
-        raise UnsupportedTensorError(
+        raise MissingExtraError(
             f"converting a {t.layout} tensor needs scipy; pip install tensorbridge[sparse]"
         ) from None
     if into:
@@ -863,7 +901,7 @@ def decide_torch(
             raise UnsupportedDtypeError(explain_numpy(a.dtype))
     dst = src if dtype is None else resolve_dtype(dtype)
     check_cast(src, dst)
-    target = torch.device(device) if device is not None else None
+    target = device_of(device)
     remote = target is not None and target.type != "cpu"
     state = strides_state(a) if a.dtype.isnative else _VIEWABLE
     if reason is None:

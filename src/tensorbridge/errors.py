@@ -17,6 +17,7 @@ __all__ = [
     "CopyRequiredError",
     "DestinationExistsError",
     "FormatError",
+    "InvalidArgumentError",
     "MissingExtraError",
     "NoDataError",
     "QuantizationError",
@@ -64,6 +65,15 @@ class ShardedTensorError(UnsupportedTensorError):
 
 class CopyRequiredError(TensorBridgeError, ValueError):
     """``copy=False`` was passed, but the result cannot share memory with the input."""
+
+
+class InvalidArgumentError(TensorBridgeError, ValueError):
+    """An argument whose value the function does not take (``framework=``, ``device=``, ...).
+
+    Raised where a keyword names an option that does not exist (``framework='jax'``),
+    a size or tolerance out of range (``max_shard_size='lots'``, ``rtol=-1``), or
+    options that contradict each other; the message lists the values that work.
+    """
 
 
 class ShapeMismatchError(TensorBridgeError, ValueError):

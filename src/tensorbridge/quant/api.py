@@ -22,7 +22,7 @@ import torch
 from .. import _quantized as quantized
 from ..convert import to_numpy, to_torch
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
-from ..errors import QuantizationError
+from ..errors import QuantizationError, UnsupportedTensorError
 from ..io._common import Deferred, TensorFile, row_of
 from ..io._keys import flatten
 from .base import Group, Index, Scheme, as_torch
@@ -165,12 +165,23 @@ def dequantize(
         return out if isinstance(x, torch.Tensor) else to_numpy(out)
     if isinstance(x, torch.nn.Module):
         x = x.state_dict()
+    if not isinstance(x, (Mapping, list, tuple)):
+        raise UnsupportedTensorError(
+            f"dequantize expects codes (a tensor or array) or a state dict of them, got "
+            f"{type(x).__qualname__}; pass torch.as_tensor(codes) with scale= and scheme="
+        )
     flat = (
         flatten(x, where="dequantize")
         if not isinstance(x, Mapping)
         or any(not isinstance(v, (torch.Tensor, np.ndarray)) for v in x.values())
         else dict(x)
     )
+    for name, v in flat.items():
+        if not isinstance(v, (torch.Tensor, np.ndarray)):
+            raise UnsupportedTensorError(
+                f"at {name!r}: dequantize expects tensors or arrays, got "
+                f"{type(v).__qualname__}; pass torch.as_tensor(x) for each leaf"
+            )
     tree_index = {n: (_stored_row(v), tuple(v.shape)) for n, v in flat.items()}
     p = plan(tree_index, config_of(config), scheme, opts)
     result: dict[str, Any] = {}
