@@ -80,11 +80,6 @@ _FP8_TABLES = {
     getattr(torch, name): _BYTES.view(getattr(ml_dtypes, name)).astype(np.float32)
     for name in ("float8_e4m3fn", "float8_e5m2")
 }
-# one byte -> its two int4 codes (low nibble first) as float32
-_INT4_PAIRS = np.stack([_BYTES & 0xF, _BYTES >> 4], axis=1).astype(np.float32)
-_INT4_PAIRS_U64 = {  # by offset: the codes minus it, two float32 in one 8-byte item
-    off: (_INT4_PAIRS - np.float32(off)).view(np.uint64).reshape(256) for off in (0, 8)
-}
 # e8m0 byte -> 2**(byte - 127) in float32 (byte 0: 2**-127, a subnormal; 255: NaN)
 _E8M0 = torch.from_numpy(
     np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
@@ -276,21 +271,36 @@ def unpack_int32(
 def int_codes_f32(
     packed: torch.Tensor, bits: int, offset: int = 0, order: tuple[int, ...] | None = None
 ) -> torch.Tensor:
-    """:func:`unpack_int32`'s codes minus ``offset``, as float32, by one table lookup."""
-    if bits not in (4, 8) or sys.byteorder != "little":
+    """:func:`unpack_int32`'s codes minus ``offset``, as float32.
+
+    4- and 8-bit codes on little-endian hosts take vectorized integer passes, no
+    gather: each byte ``b`` widened to int16 becomes ``(b | b << 4) & 0x0F0F``, whose
+    two bytes are its low and high nibble in order; the offset is subtracted in int8
+    and one widening copy gives float32 (exact: the codes are small integers).
+    """
+    if bits not in (4, 8) or sys.byteorder != "little" or not -128 <= offset <= 255:
         return unpack_int32(packed, bits, order).to(torch.float32).sub_(offset)
     words = packed.contiguous().to(torch.int32)
-    raw = words.view(torch.uint8).numpy()
-    if bits == 4 and offset in _INT4_PAIRS_U64:
-        values = torch.from_numpy(_INT4_PAIRS_U64[offset][raw].view(np.float32))
-    else:
-        table = (_INT4_PAIRS if bits == 4 else _BYTES.astype(np.float32)) - np.float32(offset)
-        values = torch.from_numpy(np.take(table, raw, axis=0))
+    raw = words.view(torch.uint8)
     per = 32 // bits
-    codes = values.reshape(*words.shape, per)
+    if bits == 4:
+        x = raw.to(torch.int16)
+        x.bitwise_or_(x << 4).bitwise_and_(0x0F0F)
+        codes = x.view(torch.uint8)
+        if 0 < offset <= 15:  # 0..15 minus offset fits int8
+            codes = codes.view(torch.int8).sub_(offset)
+            offset = 0
+    elif offset == 128:  # u8 - 128 is the byte with its top bit flipped, as int8
+        codes = torch.bitwise_xor(raw, 0x80).view(torch.int8)
+        offset = 0
+    else:
+        codes = raw
+    values = codes.to(torch.float32)
+    if offset:
+        values.sub_(offset)
     if order is not None:
-        codes = codes[..., list(np.argsort(order))]
-    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+        values = values.reshape(*words.shape, per)[..., list(np.argsort(order))]
+    return values.reshape(*packed.shape[:-1], packed.shape[-1] * per)
 
 
 def group_scale_(
@@ -304,10 +314,10 @@ def group_scale_(
     w = w.contiguous()
     rows, cols = w.shape
     if isinstance(g, int) and cols % g == 0 and scale.shape[1] == cols // g:
-        v = w.view(rows, cols // g, g)
+        v = w.view(-1, g)  # one row per (row, group): the scale is a scalar along it
         if zero is not None:
-            v.sub_(zero[..., None])
-        v.mul_(scale[..., None])
+            v.sub_(zero.reshape(-1, 1))
+        v.mul_(scale.reshape(-1, 1))
         return w
     idx = g if isinstance(g, torch.Tensor) else torch.arange(cols) // g
     if zero is not None:
