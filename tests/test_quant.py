@@ -731,3 +731,78 @@ def test_convert_without_config_needs_the_block_size(
     with tb.open(out) as f:
         assert f.info("a.weight")[0] is tb.resolve_dtype("bf16")
     assert main(["convert", str(d), out, "--block-size", "128,128"]) == 2  # needs --dequantize
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+def test_fp8_codes_to_float32_every_bit_pattern(name: str) -> None:
+    """The integer-pass conversion gives torch's own cast bit for bit (NaN payloads too),
+    and the shifted values times the factor are the same numbers."""
+    from tensorbridge.quant.base import fp8_to_f32, fp8_to_f32_shifted
+
+    codes = torch.arange(256, dtype=torch.uint8).view(getattr(torch, name))
+    want = codes.to(torch.float32)
+    assert torch.equal(fp8_to_f32(codes).view(torch.int32), want.view(torch.int32))
+    values, factor = fp8_to_f32_shifted(codes)
+    assert factor == (256.0 if name == "float8_e4m3fn" else 1.0)
+    assert torch.equal((values * factor).view(torch.int32), want.view(torch.int32))
+    table = np.arange(256, dtype=np.uint8).view(getattr(ml_dtypes, name)).astype(np.float32)
+    assert np.array_equal(fp8_to_f32(codes).numpy(), table, equal_nan=True)
+
+
+def test_fp8_scale_factor_fold_is_exact_up_to_overflow() -> None:
+    """code x scale over every e4m3 code and scales from subnormal to the float32 limit
+    (where folding 2**8 into the scale would overflow) equals the float32 product."""
+    from tensorbridge.quant.base import fold_factor, fp8_to_f32_shifted
+
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    for s in (1e-45, 1.2e-38, 3e-3, 1.0, 7.5e35, 3.0e38, float("inf")):
+        scale = torch.tensor([s], dtype=torch.float32)
+        values, factor = fp8_to_f32_shifted(codes)
+        folded = fold_factor(values, factor, scale)
+        got = values * folded
+        want = codes.to(torch.float32) * scale
+        assert np.array_equal(got.numpy(), want.numpy(), equal_nan=True), s
+    values, huge = fp8_to_f32_shifted(codes)[0], torch.tensor([3.0e38])
+    assert fold_factor(values, 256.0, huge) is huge  # not folded: the values took 2**8
+    assert np.array_equal(values.numpy(), codes.to(torch.float32).numpy(), equal_nan=True)
+
+
+def test_pack_quantized_int8_matches_compressed_tensors() -> None:
+    """W8A16 exports (RedHatAI/...-quantized.w8a16): 8-bit codes, per-channel scales."""
+    pytest.importorskip("compressed_tensors", reason="reference")
+    from compressed_tensors.compressors.pack_quantized.base import (
+        PackedQuantizationCompressor,
+    )
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    args = QuantizationArgs(num_bits=8, type="int", strategy="channel")
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    w = torch.randn(48, 128, generator=torch.Generator().manual_seed(5)).bfloat16()
+    scale = (w.float().abs().amax(-1, keepdim=True) / 127).bfloat16()
+    packed = PackedQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme)
+    ref = PackedQuantizationCompressor.decompress(dict(packed), scheme)["weight"]
+    ours = tb.dequantize(packed["weight_packed"], packed["weight_scale"],
+                         scheme="pack-quantized", bits=8, dtype=ref.dtype)  # fmt: skip
+    assert ours.dtype == ref.dtype and torch.equal(ours, ref)
+
+
+def test_streamed_pieces_are_computed_ahead_and_errors_surface() -> None:
+    """``ahead`` yields every piece in order, raises a worker's error in the caller, and
+    a caller that stops early leaves no worker thread running."""
+    import threading
+
+    from tensorbridge.quant.api import ahead
+
+    def compute(i: int, piece: dict[str, torch.Tensor]) -> memoryview:
+        if i == 3:
+            raise tb.QuantizationError("piece 3 is broken")
+        return memoryview(piece["x"].numpy().tobytes())
+
+    pieces = ({"x": torch.full((2,), i, dtype=torch.uint8)} for i in range(3))
+    assert [bytes(c) for c in ahead(compute, pieces)] == [b"\0\0", b"\1\1", b"\2\2"]
+    with pytest.raises(tb.QuantizationError, match="piece 3 is broken"):
+        list(ahead(compute, ({"x": torch.zeros(1, dtype=torch.uint8)} for _ in range(5))))
+    gen = ahead(compute, ({"x": torch.zeros(1, dtype=torch.uint8)} for _ in range(3)))
+    next(gen)
+    gen.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("tensorbridge-dequant")]

@@ -47,9 +47,11 @@ __all__ = [
     "Scheme",
     "as_torch",
     "e8m0_to_f32",
+    "fold_factor",
     "fp4_codes_to_f32",
     "fp4_encode",
     "fp8_to_f32",
+    "fp8_to_f32_shifted",
     "group_scale_",
     "int_codes_f32",
     "require",
@@ -74,12 +76,6 @@ _FP4_PAIRS_U64 = (
     .reshape(256)
 )
 _FP4_ONE = torch.from_numpy(FP4_VALUES.copy())
-# fp8 byte -> its float32 value: a table lookup is 2-3x faster than torch's fp8 cast on CPU
-_BYTES = np.arange(256, dtype=np.uint8)
-_FP8_TABLES = {
-    getattr(torch, name): _BYTES.view(getattr(ml_dtypes, name)).astype(np.float32)
-    for name in ("float8_e4m3fn", "float8_e5m2")
-}
 # e8m0 byte -> 2**(byte - 127) in float32 (byte 0: 2**-127, a subnormal; 255: NaN)
 _E8M0 = torch.from_numpy(
     np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
@@ -202,8 +198,8 @@ class Scheme(abc.ABC):
         out = torch.empty(group.shape, dtype=dtype)
         flat = out.view(-1)
         at = 0
-        for piece in self.pieces(group, parts):
-            values = self.kernel({k: as_torch(v) for k, v in piece.items()}, group).reshape(-1)
+        for piece in self.pieces(group, {k: as_torch(v) for k, v in parts.items()}):
+            values = self.kernel(piece, group).reshape(-1)
             flat[at : at + values.numel()].copy_(values)
             at += values.numel()
         if at != flat.numel():  # pragma: no cover - a scheme's pieces disagree with its shape
@@ -233,12 +229,54 @@ def fp4_codes_to_f32(codes: torch.Tensor, packed: bool) -> torch.Tensor:
 
 
 def fp8_to_f32(codes: torch.Tensor) -> torch.Tensor:
-    """fp8 codes as float32 (exact), by table lookup; other dtypes by torch's cast."""
-    table = _FP8_TABLES.get(codes.dtype)
-    if table is None:
-        return codes.to(torch.float32)
-    u8 = codes.contiguous().view(torch.uint8).numpy()
-    return torch.from_numpy(np.take(table, u8))
+    """fp8 codes as float32 (exact); other dtypes by torch's cast."""
+    values, factor = fp8_to_f32_shifted(codes)
+    return values.mul_(factor) if factor != 1 else values  # a power of two: exact
+
+
+def fp8_to_f32_shifted(codes: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """fp8 codes as float32 short by a power of two: ``(values, factor)``, ``values *
+    factor`` exactly the codes' values.
+
+    Each code's bits are moved into a float16's (integer passes, then the hardware's
+    half-to-float conversion): 2-3x faster than a table gather, 4x faster than torch's
+    fp8 cast on CPU. e5m2 is float16's top byte (``factor`` 1). e4m3fn's 4-bit exponent
+    and 3-bit mantissa land in float16's fields as they are, subnormals included, which
+    reads each value 2**8 too small (``factor`` 256); its NaN codes (``0x7F``/``0xFF``)
+    get float16's all-ones exponent. Callers fold ``factor`` into their scale
+    (:func:`fold_factor`), so the product is rounded once as ``code x scale`` would be.
+
+    >>> import torch
+    >>> v, k = fp8_to_f32_shifted(torch.tensor([1.5, -448.0]).to(torch.float8_e4m3fn))
+    >>> (v * k).tolist(), k
+    ([1.5, -448.0], 256.0)
+    """
+    if codes.dtype == torch.float8_e5m2:
+        y = codes.view(torch.uint8).to(torch.int16).bitwise_left_shift_(8)
+        return y.view(torch.float16).to(torch.float32), 1.0
+    if codes.dtype != torch.float8_e4m3fn:
+        return codes.to(torch.float32), 1.0
+    y = codes.view(torch.int8).to(torch.int16)  # sign-extended: bit 15 is the sign
+    # s eeee mmm -> float16 s 0eeee mmm0000000 (0xBF80: the sign, four exponent bits,
+    # three mantissa bits; the shifted-in copies of the sign are cleared)
+    y.bitwise_left_shift_(7).bitwise_and_(-0x4080)
+    # exponent and mantissa all ones (NaN) is the one pattern that carries into bit 14
+    y.bitwise_or_(torch.add(y, 0x80).bitwise_and_(0x4000))
+    return y.view(torch.float16).to(torch.float32), 256.0
+
+
+def fold_factor(values: torch.Tensor, factor: float, scale: torch.Tensor) -> torch.Tensor:
+    """``scale * factor`` (exact: a power of two), so that ``values * result`` is ``code x
+    scale`` rounded once; where that would overflow, ``values`` takes the factor instead."""
+    if factor == 1:
+        return scale
+    folded = scale * factor
+    if not bool(torch.isfinite(folded).all()) and bool(
+        (torch.isinf(folded) & torch.isfinite(scale)).any()
+    ):
+        values.mul_(factor)
+        return scale
+    return folded
 
 
 def unpack_int32(
@@ -312,7 +350,7 @@ def group_scale_(
     group (act-order ``g_idx``: a gather).
     """
     w = w.contiguous()
-    rows, cols = w.shape
+    cols = w.shape[1]
     if isinstance(g, int) and cols % g == 0 and scale.shape[1] == cols // g:
         v = w.view(-1, g)  # one row per (row, group): the scale is a scalar along it
         if zero is not None:
