@@ -670,7 +670,7 @@ def test_string_arrays_are_walked_across_windows(
 ) -> None:
     from tensorbridge.io import _gguf_header
 
-    monkeypatch.setattr(_gguf_header, "_WINDOW", 24)  # shorter than some strings
+    monkeypatch.setattr(_gguf_header, "_SPAN", 24)  # windows shorter than some strings
     tokens = ["", "a", "x" * 50, "bc", "y" * 17, "z"] * 5
     path = tmp_path / "m.gguf"
     tb.save({"w": np.ones(3)}, path, metadata={**ARCH, "t": tokens, "after": "end"})
@@ -682,3 +682,33 @@ def test_string_arrays_are_walked_across_windows(
     cut.write_bytes(data[: data.index(b"x" * 50) + 300])  # inside the array: a walk fails
     with pytest.raises(FormatError, match=r"key 't''s 30 strings run past the end of the file"):
         tb.open(cut)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_string_array_walk_matches_a_plain_walk(seed: int) -> None:
+    """The vectorized walk over a string array ends where reading every length one by
+    one ends: empty strings, NUL bytes and runs of them inside the text (false starts),
+    strings of 255, 256 and 70,000 bytes, across window boundaries; one byte short of
+    the last string is reported truncated."""
+    from tensorbridge.io import _gguf_header
+
+    rng = np.random.default_rng(seed)
+    pool = [b"", b"\0", b"\0" * 8, b"a\0\0\0\0\0\0\0\0b", b"x" * 255, b"y" * 256, b"z" * 70_000]
+    items = []
+    for _ in range(3000):
+        if rng.random() < 0.2:
+            items.append(pool[rng.integers(len(pool))])
+        else:
+            items.append(rng.integers(0, 256, rng.integers(0, 40), dtype=np.uint8).tobytes())
+    data = b"".join(struct.pack("<Q", len(t)) + t for t in items) + bytes(64)
+    end = len(data) - 64
+    for span in (24, 1 << 16):
+        _gguf_header._SPAN = span
+        try:
+            assert _gguf_header._skip_strings(data, 0, len(items), len(data)) == end
+            assert _gguf_header._skip_strings(data, 0, len(items), end - 1) > end - 1
+            assert _gguf_header._strings(data, 0, len(items)) == [
+                t.decode("utf-8", "surrogateescape") for t in items
+            ]
+        finally:
+            _gguf_header._SPAN = 1 << 16
