@@ -44,6 +44,10 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 ALIGNMENT_KEY = "general.alignment"
 ARCHITECTURE_KEY = "general.architecture"
+# llama.cpp's gguf-split: shard NAME-00002-of-00003.gguf holds split.no = 1 (UINT16),
+# split.count = 3 (UINT16) and split.tensors.count (INT32, over the whole set)
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
+SPLIT_KEYS = (SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS)
 
 
 @dataclass(frozen=True)
