@@ -806,3 +806,56 @@ def test_streamed_pieces_are_computed_ahead_and_errors_surface() -> None:
     next(gen)
     gen.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("tensorbridge-dequant")]
+
+
+def _pack_bitstream(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """AutoGPTQ's 3-bit layout, written bit by bit (independently of the reader): along
+    the last axis, each run of 32 codes is one little-endian stream in ``bits`` int32
+    words, code k at bits [k * bits, (k + 1) * bits)."""
+    rows, n = codes.shape
+    out = np.zeros((rows, n // 32 * bits), np.uint32)
+    c = codes.numpy().astype(np.uint64)
+    for k in range(n):
+        for b in range(bits):
+            pos = (k // 32) * 32 * bits + (k % 32) * bits + b
+            out[:, pos // 32] |= (
+                ((c[:, k] >> np.uint64(b)) & np.uint64(1)) << np.uint64(pos % 32)
+            ).astype(np.uint32)
+    return torch.from_numpy(out.view(np.int32))
+
+
+def test_gptq_3bit_straddling_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    """AutoGPTQ 3-bit (e.g. TheBloke/...-GPTQ branches gptq-3bit-128g-actorder_True):
+    qweight I32 [in * 3 / 32, out], qzeros I32 [groups, out * 3 / 32], codes 10 and 21
+    of every 32 straddling a word boundary; v1 zeros stored minus 1."""
+    from tensorbridge.quant.base import unpack_int32
+
+    golden = torch.tensor([[(5 << 30) & 0xFFFFFFFF, 5 >> 2]], dtype=torch.int64).to(torch.int32)
+    assert unpack_int32(torch.cat([golden, torch.zeros(1, 1, dtype=torch.int32)], 1), 3)[0, 10] == 5
+    g = torch.Generator().manual_seed(3)
+    n_in, out, gs = 256, 64, 32
+    q = torch.randint(0, 8, (n_in, out), generator=g)
+    zeros = torch.randint(1, 8, (n_in // gs, out), generator=g)
+    scales = (torch.rand(n_in // gs, out, generator=g) / 50).half()
+    g_idx = (torch.randperm(n_in, generator=g) // gs).to(torch.int32)
+    pre = "model.layers.0.mlp.down_proj."
+    sd = {
+        pre + "qweight": _pack_bitstream(q.t().contiguous(), 3).t().contiguous(),
+        pre + "qzeros": _pack_bitstream((zeros - 1) & 7, 3),
+        pre + "scales": scales,
+        pre + "g_idx": g_idx,
+    }
+    assert sd[pre + "qweight"].shape == (24, 64) and sd[pre + "qzeros"].shape == (8, 6)
+    assert torch.equal(unpack_int32(sd[pre + "qweight"].t().contiguous(), 3).t().long(), q)
+    config = {"quant_method": "gptq", "bits": 3, "group_size": gs, "desc_act": True,
+              "checkpoint_format": "gptq"}  # fmt: skip
+    got = tb.dequantize(sd, config=config, dtype="f32")[pre + "weight"]
+    want = scales.float()[g_idx.long()] * (q - zeros[g_idx.long()]).float()  # [in, out]
+    assert got.shape == (64, 256) and torch.equal(got, want.t())
+    from tensorbridge.quant import base
+
+    monkeypatch.setattr(base, "PIECE_ELEMENTS", 96)  # pieces of 32 output columns
+    assert torch.equal(tb.dequantize(sd, config=config, dtype="f32")[pre + "weight"], got)
+    with pytest.raises(tb.QuantizationError, match=r"runs of 3 words"):
+        tb.dequantize({k: v[:-1] if k.endswith("qweight") else v for k, v in sd.items()},
+                      config=config)  # fmt: skip

@@ -54,6 +54,7 @@ __all__ = [
     "fp8_to_f32_shifted",
     "group_scale_",
     "int_codes_f32",
+    "packed_words",
     "require",
     "row_pieces",
     "shape_text",
@@ -289,6 +290,8 @@ def unpack_int32(
     bits ``[j * bits, (j + 1) * bits)`` (AWQ interleaves; GPTQ and compressed-tensors
     do not). 4- and 8-bit codes are split from the words' little-endian bytes.
     """
+    if 32 % bits:
+        return _unpack_straddling(packed, bits)
     per = 32 // bits
     words = packed.contiguous().to(torch.int32)
     if bits == 8 and sys.byteorder == "little":
@@ -304,6 +307,32 @@ def unpack_int32(
     if order is not None:
         codes = codes[..., list(np.argsort(order))]
     return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+
+
+def _unpack_straddling(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Codes of a width that does not divide 32 (AutoGPTQ's 3 bits): each run of
+    ``bits`` words is one little-endian bit stream of 32 codes, code ``k`` at bits
+    ``[k * bits, (k + 1) * bits)``, straddling a word boundary where it falls on one."""
+    words = packed.contiguous().to(torch.int64) & 0xFFFFFFFF
+    n = words.shape[-1]
+    if n % bits:
+        raise QuantizationError(
+            f"{n} int32 words do not hold whole runs of 32 {bits}-bit codes ({bits} words "
+            "each); the packed tensor is truncated or not this bit width"
+        )
+    runs = words.reshape(*words.shape[:-1], n // bits, bits)
+    following = torch.cat([runs[..., 1:], torch.zeros_like(runs[..., :1])], dim=-1)
+    pairs = runs | (following << 32)  # word i and the bits that spill into word i + 1
+    at = torch.arange(32) * bits
+    codes = (pairs[..., at // 32] >> (at % 32)) & ((1 << bits) - 1)
+    return codes.to(torch.uint8).reshape(*packed.shape[:-1], n // bits * 32)
+
+
+def packed_words(count: int, bits: int) -> int:
+    """int32 words that ``count`` codes of ``bits`` take (runs of 32 when bits straddle)."""
+    if 32 % bits:
+        return math.ceil(count / 32) * bits
+    return math.ceil(count / (32 // bits))
 
 
 def int_codes_f32(
