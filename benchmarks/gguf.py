@@ -1,8 +1,8 @@
 """Section: GGUF files against the ``gguf`` package (llama.cpp's own reader), issue 13's rows.
 
-On one GGUF file of BF16 weights (1 GiB; ``--quick``: 64 MiB) with a llama-like
-tokenizer in its metadata (32,000 tokens, their scores and types), written by
-``tb.save``:
+On one GGUF file of BF16 weights (1 GiB; ``--quick``: 64 MiB) with a tokenizer
+of 150,000 tokens in its metadata (the strings, their scores and types, as Qwen-sized
+vocabularies have), written by ``tb.save``:
 
 1. open + first tensor: ``tb.open(path)[first]`` vs ``gguf.GGUFReader(path).tensors[0]``
    (the page cache warm for both; each timed apart, GGUFReader's garbage would slow
@@ -43,10 +43,20 @@ def _metadata(vocab: int) -> dict[str, Any]:
         "llama.block_count": N_TENSORS,
         "llama.context_length": 4096,
         "tokenizer.ggml.model": "llama",
-        "tokenizer.ggml.tokens": [f"tok{i}" for i in range(vocab)],
+        "tokenizer.ggml.tokens": _tokens(vocab),
         "tokenizer.ggml.scores": [float(-i) for i in range(vocab)],
         "tokenizer.ggml.token_type": [1] * vocab,
     }
+
+
+def _tokens(vocab: int) -> list[str]:
+    """Byte-level BPE-like tokens (``Ġ`` + 1-15 letters, as Llama 3's 128k or Qwen's
+    150k vocabularies look), distinct, so the string array is a realistic size."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 16, vocab)
+    letters = rng.integers(97, 123, int(lengths.sum()), dtype=np.uint8).tobytes().decode()
+    ends = np.cumsum(lengths)
+    return [f"Ġ{letters[e - n : e]}{i}" for i, (e, n) in enumerate(zip(ends, lengths, strict=True))]
 
 
 def _blocks(name: str, rows: int) -> np.ndarray:
@@ -70,7 +80,7 @@ def _blocks(name: str, rows: int) -> np.ndarray:
 
 def run(ctx: Context, sec: Section) -> None:
     total = ctx.pick(1 << 30, 64 * MIB, 4 * MIB)
-    vocab = ctx.pick(32_000, 32_000, 1_000)
+    vocab = ctx.pick(150_000, 150_000, 1_000)
     values = ctx.pick(64 * MIB, 4 * MIB, 64 * 1024)
     repeats = ctx.pick(5, 3, 1)
     sec.intro(

@@ -670,7 +670,7 @@ def test_string_arrays_are_walked_across_windows(
 ) -> None:
     from tensorbridge.io import _gguf_header
 
-    monkeypatch.setattr(_gguf_header, "_WINDOW", 24)  # shorter than some strings
+    monkeypatch.setattr(_gguf_header, "_SPAN", 24)  # windows shorter than some strings
     tokens = ["", "a", "x" * 50, "bc", "y" * 17, "z"] * 5
     path = tmp_path / "m.gguf"
     tb.save({"w": np.ones(3)}, path, metadata={**ARCH, "t": tokens, "after": "end"})
@@ -682,3 +682,97 @@ def test_string_arrays_are_walked_across_windows(
     cut.write_bytes(data[: data.index(b"x" * 50) + 300])  # inside the array: a walk fails
     with pytest.raises(FormatError, match=r"key 't''s 30 strings run past the end of the file"):
         tb.open(cut)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_string_array_walk_matches_a_plain_walk(seed: int) -> None:
+    """The vectorized walk over a string array ends where reading every length one by
+    one ends: empty strings, NUL bytes and runs of them inside the text (false starts),
+    strings of 255, 256 and 70,000 bytes, across window boundaries; one byte short of
+    the last string is reported truncated."""
+    from tensorbridge.io import _gguf_header
+
+    rng = np.random.default_rng(seed)
+    pool = [b"", b"\0", b"\0" * 8, b"a\0\0\0\0\0\0\0\0b", b"x" * 255, b"y" * 256, b"z" * 70_000]
+    items = []
+    for _ in range(3000):
+        if rng.random() < 0.2:
+            items.append(pool[rng.integers(len(pool))])
+        else:
+            items.append(rng.integers(0, 256, rng.integers(0, 40), dtype=np.uint8).tobytes())
+    data = b"".join(struct.pack("<Q", len(t)) + t for t in items) + bytes(64)
+    end = len(data) - 64
+    for span in (24, 1 << 16):
+        _gguf_header._SPAN = span
+        try:
+            assert _gguf_header._skip_strings(data, 0, len(items), len(data)) == end
+            assert _gguf_header._skip_strings(data, 0, len(items), end - 1) > end - 1
+            assert _gguf_header._strings(data, 0, len(items)) == [
+                t.decode("utf-8", "surrogateescape") for t in items
+            ]
+        finally:
+            _gguf_header._SPAN = 1 << 16
+
+
+# --- split sets (llama.cpp's gguf-split) -----------------------------------------------------
+
+
+def write_split(d: Path, n_tensors: int = 5, per_shard: int = 2) -> list[Path]:
+    """A set written by the gguf package's own splitter (``split_max_tensors``):
+    ``m-00001-of-00003.gguf`` ... with split.no / split.count / split.tensors.count,
+    the model's metadata in the first shard only, as llama.cpp's gguf-split writes."""
+    d.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(d / "m.gguf"), "llama", split_max_tensors=per_shard)
+    w.add_uint32("llama.context_length", 2048)
+    for i in range(n_tensors):
+        w.add_tensor(f"blk.{i}.w", values(PLAIN["F16"], (3, 32), seed=i))
+    w.add_tensor("q", quantized_blocks("Q4_0", 2, 64), raw_dtype=Q.Q4_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return sorted(d.glob("*.gguf"))
+
+
+def test_split_set_opens_whole_from_any_shard(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shards = write_split(tmp_path / "set")
+    assert [p.name for p in shards] == [f"m-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    names = [f"blk.{i}.w" for i in range(5)] + ["q"]
+    for opened in [*shards, tmp_path / "set"]:
+        with tb.open(opened, dequantize="f32") as f:
+            assert f.keys() == names and f.paths == shards
+            assert not any(k.startswith("split.") for k in f.metadata)
+            assert f.metadata["llama.context_length"] == "2048"
+            for i in range(5):
+                assert np.array_equal(f[f"blk.{i}.w"], values(PLAIN["F16"], (3, 32), seed=i))
+            want = quants.dequantize(quantized_blocks("Q4_0", 2, 64), Q.Q4_0)
+            assert f["q"].tobytes() == want.tobytes()
+    got = tb.load(shards[2], dequantize="bf16")
+    assert list(got) == names and got["blk.4.w"].dtype == np.float16
+    assert main(["inspect", str(shards[1])]) == 0
+    out, err = capsys.readouterr()
+    assert "blk.0.w" in out and "blk.4.w" in out and "split set: 3 files" in err
+    dst = tmp_path / "one.gguf"
+    assert main(["convert", "--dequantize", "f32", str(shards[0]), str(dst)]) == 0
+    r = gguf.GGUFReader(str(dst))
+    assert [t.name for t in r.tensors] == names and "split.count" not in r.fields
+
+
+def test_split_set_missing_or_inconsistent_shard_is_refused(tmp_path: Path) -> None:
+    shards = write_split(tmp_path / "a")
+    shards[1].unlink()
+    with pytest.raises(FormatError, match=r"m-00002-of-00003.gguf', shard 2 of 3 .* is missing"):
+        tb.open(shards[0])
+    # a shard of another split of another model, renamed into the set
+    write_split(tmp_path / "b", n_tensors=7)
+    (tmp_path / "b" / "m-00002-of-00004.gguf").rename(shards[1])
+    with pytest.raises(
+        FormatError, match=r"says it is shard 2 of 4 with 8 tensors in all, .* shard 2 of 3 with 6"
+    ):
+        tb.open(shards[2])
+    renamed = tmp_path / "a" / "x.gguf"
+    shards[0].rename(renamed)
+    with pytest.raises(FormatError, match=r"is not named NAME-00001-of-00003.gguf"):
+        tb.open(renamed)

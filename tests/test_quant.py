@@ -731,3 +731,131 @@ def test_convert_without_config_needs_the_block_size(
     with tb.open(out) as f:
         assert f.info("a.weight")[0] is tb.resolve_dtype("bf16")
     assert main(["convert", str(d), out, "--block-size", "128,128"]) == 2  # needs --dequantize
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+def test_fp8_codes_to_float32_every_bit_pattern(name: str) -> None:
+    """The integer-pass conversion gives torch's own cast bit for bit (NaN payloads too),
+    and the shifted values times the factor are the same numbers."""
+    from tensorbridge.quant.base import fp8_to_f32, fp8_to_f32_shifted
+
+    codes = torch.arange(256, dtype=torch.uint8).view(getattr(torch, name))
+    want = codes.to(torch.float32)
+    assert torch.equal(fp8_to_f32(codes).view(torch.int32), want.view(torch.int32))
+    values, factor = fp8_to_f32_shifted(codes)
+    assert factor == (256.0 if name == "float8_e4m3fn" else 1.0)
+    assert torch.equal((values * factor).view(torch.int32), want.view(torch.int32))
+    table = np.arange(256, dtype=np.uint8).view(getattr(ml_dtypes, name)).astype(np.float32)
+    assert np.array_equal(fp8_to_f32(codes).numpy(), table, equal_nan=True)
+
+
+def test_fp8_scale_factor_fold_is_exact_up_to_overflow() -> None:
+    """code x scale over every e4m3 code and scales from subnormal to the float32 limit
+    (where folding 2**8 into the scale would overflow) equals the float32 product."""
+    from tensorbridge.quant.base import fold_factor, fp8_to_f32_shifted
+
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    for s in (1e-45, 1.2e-38, 3e-3, 1.0, 7.5e35, 3.0e38, float("inf")):
+        scale = torch.tensor([s], dtype=torch.float32)
+        values, factor = fp8_to_f32_shifted(codes)
+        folded = fold_factor(values, factor, scale)
+        got = values * folded
+        want = codes.to(torch.float32) * scale
+        assert np.array_equal(got.numpy(), want.numpy(), equal_nan=True), s
+    values, huge = fp8_to_f32_shifted(codes)[0], torch.tensor([3.0e38])
+    assert fold_factor(values, 256.0, huge) is huge  # not folded: the values took 2**8
+    assert np.array_equal(values.numpy(), codes.to(torch.float32).numpy(), equal_nan=True)
+
+
+def test_pack_quantized_int8_matches_compressed_tensors() -> None:
+    """W8A16 exports (RedHatAI/...-quantized.w8a16): 8-bit codes, per-channel scales."""
+    pytest.importorskip("compressed_tensors", reason="reference")
+    from compressed_tensors.compressors.pack_quantized.base import (
+        PackedQuantizationCompressor,
+    )
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    args = QuantizationArgs(num_bits=8, type="int", strategy="channel")
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    w = torch.randn(48, 128, generator=torch.Generator().manual_seed(5)).bfloat16()
+    scale = (w.float().abs().amax(-1, keepdim=True) / 127).bfloat16()
+    packed = PackedQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme)
+    ref = PackedQuantizationCompressor.decompress(dict(packed), scheme)["weight"]
+    ours = tb.dequantize(packed["weight_packed"], packed["weight_scale"],
+                         scheme="pack-quantized", bits=8, dtype=ref.dtype)  # fmt: skip
+    assert ours.dtype == ref.dtype and torch.equal(ours, ref)
+
+
+def test_streamed_pieces_are_computed_ahead_and_errors_surface() -> None:
+    """``ahead`` yields every piece in order, raises a worker's error in the caller, and
+    a caller that stops early leaves no worker thread running."""
+    import threading
+
+    from tensorbridge.quant.api import ahead
+
+    def compute(i: int, piece: dict[str, torch.Tensor]) -> memoryview:
+        if i == 3:
+            raise tb.QuantizationError("piece 3 is broken")
+        return memoryview(piece["x"].numpy().tobytes())
+
+    pieces = ({"x": torch.full((2,), i, dtype=torch.uint8)} for i in range(3))
+    assert [bytes(c) for c in ahead(compute, pieces)] == [b"\0\0", b"\1\1", b"\2\2"]
+    with pytest.raises(tb.QuantizationError, match="piece 3 is broken"):
+        list(ahead(compute, ({"x": torch.zeros(1, dtype=torch.uint8)} for _ in range(5))))
+    gen = ahead(compute, ({"x": torch.zeros(1, dtype=torch.uint8)} for _ in range(3)))
+    next(gen)
+    gen.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("tensorbridge-dequant")]
+
+
+def _pack_bitstream(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """AutoGPTQ's 3-bit layout, written bit by bit (independently of the reader): along
+    the last axis, each run of 32 codes is one little-endian stream in ``bits`` int32
+    words, code k at bits [k * bits, (k + 1) * bits)."""
+    rows, n = codes.shape
+    out = np.zeros((rows, n // 32 * bits), np.uint32)
+    c = codes.numpy().astype(np.uint64)
+    for k in range(n):
+        for b in range(bits):
+            pos = (k // 32) * 32 * bits + (k % 32) * bits + b
+            out[:, pos // 32] |= (
+                ((c[:, k] >> np.uint64(b)) & np.uint64(1)) << np.uint64(pos % 32)
+            ).astype(np.uint32)
+    return torch.from_numpy(out.view(np.int32))
+
+
+def test_gptq_3bit_straddling_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    """AutoGPTQ 3-bit (e.g. TheBloke/...-GPTQ branches gptq-3bit-128g-actorder_True):
+    qweight I32 [in * 3 / 32, out], qzeros I32 [groups, out * 3 / 32], codes 10 and 21
+    of every 32 straddling a word boundary; v1 zeros stored minus 1."""
+    from tensorbridge.quant.base import unpack_int32
+
+    golden = torch.tensor([[(5 << 30) & 0xFFFFFFFF, 5 >> 2]], dtype=torch.int64).to(torch.int32)
+    assert unpack_int32(torch.cat([golden, torch.zeros(1, 1, dtype=torch.int32)], 1), 3)[0, 10] == 5
+    g = torch.Generator().manual_seed(3)
+    n_in, out, gs = 256, 64, 32
+    q = torch.randint(0, 8, (n_in, out), generator=g)
+    zeros = torch.randint(1, 8, (n_in // gs, out), generator=g)
+    scales = (torch.rand(n_in // gs, out, generator=g) / 50).half()
+    g_idx = (torch.randperm(n_in, generator=g) // gs).to(torch.int32)
+    pre = "model.layers.0.mlp.down_proj."
+    sd = {
+        pre + "qweight": _pack_bitstream(q.t().contiguous(), 3).t().contiguous(),
+        pre + "qzeros": _pack_bitstream((zeros - 1) & 7, 3),
+        pre + "scales": scales,
+        pre + "g_idx": g_idx,
+    }
+    assert sd[pre + "qweight"].shape == (24, 64) and sd[pre + "qzeros"].shape == (8, 6)
+    assert torch.equal(unpack_int32(sd[pre + "qweight"].t().contiguous(), 3).t().long(), q)
+    config = {"quant_method": "gptq", "bits": 3, "group_size": gs, "desc_act": True,
+              "checkpoint_format": "gptq"}  # fmt: skip
+    got = tb.dequantize(sd, config=config, dtype="f32")[pre + "weight"]
+    want = scales.float()[g_idx.long()] * (q - zeros[g_idx.long()]).float()  # [in, out]
+    assert got.shape == (64, 256) and torch.equal(got, want.t())
+    from tensorbridge.quant import base
+
+    monkeypatch.setattr(base, "PIECE_ELEMENTS", 96)  # pieces of 32 output columns
+    assert torch.equal(tb.dequantize(sd, config=config, dtype="f32")[pre + "weight"], got)
+    with pytest.raises(tb.QuantizationError, match=r"runs of 3 words"):
+        tb.dequantize({k: v[:-1] if k.endswith("qweight") else v for k, v in sd.items()},
+                      config=config)  # fmt: skip

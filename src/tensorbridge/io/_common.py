@@ -218,7 +218,8 @@ class Deferred(abc.ABC):
 
     @abc.abstractmethod
     def chunks(self, chunk_bytes: int) -> Iterator[memoryview]:
-        """The values as ``row`` bytes in C order, a piece at a time."""
+        """The values as ``row`` bytes in C order, a piece at a time; each chunk may be a
+        reused buffer, valid until the next one is pulled (write it, don't keep it)."""
 
 
 # --- reading ----------------------------------------------------------------------------------

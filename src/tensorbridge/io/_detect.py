@@ -176,8 +176,8 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
         found = sorted(p for p in path.glob(pattern) if p.is_file())
         if not pattern.endswith(INDEX_SUFFIX):  # shards without their index
             found = [p for p in found if not _is_shard_name(p.name)] or found
-        if len(found) == 1:
-            return found[0]
+        if len(found) == 1 or (pattern == "*.gguf" and _one_split_set(found)):
+            return found[0]  # a GGUF split set opens from its first shard
         if found:
             raise FormatError(
                 f"{path} holds {len(found)} files matching {pattern} "
@@ -200,6 +200,14 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
         )
     wanted = ", ".join(patterns)
     raise FileNotFoundError(f"{path} holds no checkpoint file or index ({wanted})")
+
+
+def _one_split_set(found: list[Path]) -> bool:
+    """Whether sorted ``found`` are shards ``NAME-0000i-of-0000N`` of one set, from the first."""
+    if not all(_is_shard_name(p.name) for p in found):
+        return False
+    parts = [p.name.rsplit(".", 1)[0].rsplit("-", 3) for p in found]
+    return len({(q[0], q[3]) for q in parts}) == 1 and int(parts[0][1]) == 1
 
 
 def _is_shard_name(name: str) -> bool:

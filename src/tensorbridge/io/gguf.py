@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 import mmap as _mmap
 import os
+import re
 import struct
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -84,6 +85,10 @@ from ._gguf_header import (
     DEFAULT_ALIGNMENT,
     MAGIC,
     MAX_DIMS,
+    SPLIT_COUNT,
+    SPLIT_KEYS,
+    SPLIT_NO,
+    SPLIT_TENSORS,
     VERSION,
     GgmlType,
     TensorEntry,
@@ -309,7 +314,13 @@ class GGUFFile(TensorFile):
         dequantize: the dtype quantized tensors are read as, or ``None``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, dequantize: DTypeLike | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        dequantize: DTypeLike | None = None,
+        split: bool = True,
+    ):
         super().__init__()
         self.path = Path(path)
         self.dequantize = None if dequantize is None else _float_row(dequantize)
@@ -331,6 +342,15 @@ class GGUFFile(TensorFile):
         self._entries: dict[str, TensorEntry] = header.tensors
         self._metadata: dict[str, str] | None = None  # made from _values when first read
         self.metadata_types = {k: v.type_name for k, v in self._values.items()}
+        self.paths = [self.path]  # every file of a split set, in order
+        self._owner: dict[str, GGUFFile] = {}  # tensors held by another file of the set
+        self._shards: list[GGUFFile] = []
+        if split and SPLIT_COUNT in self._values and self._split_int(SPLIT_COUNT) > 1:
+            try:
+                self._open_set()
+            except BaseException:
+                self.close()
+                raise
         quantized: dict[str, int] = {}
         for e in self._entries.values():
             if e.type.quantized:
@@ -343,6 +363,74 @@ class GGUFFile(TensorFile):
                 else "read with dequantize='bf16' (or 'f32', 'f16'), or as blocks with raw()"
             )
             self.notes.append(f"{self.path.name} holds quantized tensors ({kinds}); {how}")
+
+    def _split_int(self, key: str) -> int:
+        v = self._values.get(key)
+        if v is None or not isinstance(v.value, int) or isinstance(v.value, bool):
+            raise FormatError(
+                f"{str(self.path)!r} is part of a split GGUF set but its {key} is "
+                f"{'missing' if v is None else v.type_name}; the file is corrupt or not "
+                "written by llama.cpp's gguf-split (re-split the model)"
+            )
+        return int(v.value)
+
+    def _open_set(self) -> None:
+        """Open every file of the split set this one belongs to (llama.cpp's gguf-split:
+        ``NAME-00001-of-00003.gguf``, the keys ``split.no`` (from 0), ``split.count`` and
+        ``split.tensors.count`` in each; the first holds the model's metadata) and merge
+        their tensors in shard order. A missing or inconsistent shard is refused."""
+        count, no = self._split_int(SPLIT_COUNT), self._split_int(SPLIT_NO)
+        total = self._split_int(SPLIT_TENSORS)
+        m = re.fullmatch(r"(.*)-(\d{5})-of-(\d{5})\.gguf", self.path.name, re.IGNORECASE)
+        if m is None or int(m.group(2)) != no + 1 or int(m.group(3)) != count:
+            raise FormatError(
+                f"{str(self.path)!r} is shard {no + 1} of {count} (split.no, split.count) but "
+                f"is not named NAME-{no + 1:05d}-of-{count:05d}.gguf as llama.cpp's gguf-split "
+                "names a set; rename the shards so the others can be found"
+            )
+        files: list[GGUFFile] = []
+        for i in range(count):
+            if i == no:
+                files.append(self)
+                continue
+            p = self.path.with_name(f"{m.group(1)}-{i + 1:05d}-of-{count:05d}.gguf")
+            if not p.is_file():
+                raise FormatError(
+                    f"{str(p)!r}, shard {i + 1} of {count} of the split GGUF set "
+                    f"{self.path.name} belongs to, is missing; put every shard in one directory"
+                )
+            other = GGUFFile(p, dequantize=self.dequantize, split=False)
+            self._shards.append(other)
+            said = {k: other._split_int(k) for k in (SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS)}
+            if said != {SPLIT_COUNT: count, SPLIT_NO: i, SPLIT_TENSORS: total}:
+                raise FormatError(
+                    f"{str(p)!r} says it is shard {said[SPLIT_NO] + 1} of {said[SPLIT_COUNT]} "
+                    f"with {said[SPLIT_TENSORS]} tensors in all, but {self.path.name} makes it "
+                    f"shard {i + 1} of {count} with {total}; the set is mixed from two splits"
+                )
+            files.append(other)
+        entries: dict[str, TensorEntry] = {}
+        for f in files:
+            for name, e in f._entries.items():
+                if name in entries:
+                    raise FormatError(
+                        f"tensor {name!r} is in two shards of {self.path.name}'s split set "
+                        f"({f.path.name} and another); the set is corrupt, split it again"
+                    )
+                entries[name] = e
+                if f is not self:
+                    self._owner[name] = f
+        if len(entries) != total:
+            raise FormatError(
+                f"the split GGUF set of {self.path.name} holds {len(entries)} tensors but "
+                f"split.tensors.count says {total}; a shard is truncated or from another split"
+            )
+        self._entries = entries
+        self.paths = [f.path for f in files]
+        # the model's metadata is the first shard's; the split.* keys describe the files
+        self._values = {k: v for k, v in files[0]._values.items() if k not in SPLIT_KEYS}
+        self.metadata_types = {k: v.type_name for k, v in self._values.items()}
+        self.notes.append(f"{self.path.name} is one of a split set: {count} files read as one")
 
     @property
     def metadata(self) -> dict[str, str]:
@@ -401,6 +489,8 @@ class GGUFFile(TensorFile):
         plain type's bytes are ``(*shape[:-1], shape[-1] * itemsize)``.
         """
         e = self.entry(name)
+        if name in self._owner:
+            return self._owner[name].raw(name)
         flat = np.frombuffer(self._map, np.uint8, e.nbytes, e.begin) if e.nbytes else None
         width = e.shape[-1] if e.shape else 1
         lead = e.shape[:-1]
@@ -412,6 +502,8 @@ class GGUFFile(TensorFile):
 
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
         e = self.entry(name)
+        if name in self._owner:
+            return self._owner[name]._array(name, copy_on_write=copy_on_write)
         if e.type.plain is None:
             row, shape = self.info(name)  # raises unless dequantize= was given
             values = dequantize_blocks(self.raw(name), e.type.name, shape, row)
@@ -440,14 +532,17 @@ class GGUFFile(TensorFile):
         return {k: v.typed() for k, v in self._values.items()}
 
     def close(self) -> None:
-        """Release the file; arrays already handed out keep their own mapping alive."""
+        """Release the file(s); arrays already handed out keep their own mapping alive."""
+        for f in self._shards:
+            f.close()
         self._close()
 
     def __enter__(self) -> GGUFFile:
         return self
 
     def __repr__(self) -> str:
-        return f"<GGUFFile {str(self.path)!r}: {len(self._entries)} tensors>"
+        files = f" in {len(self.paths)} files" if len(self.paths) > 1 else ""
+        return f"<GGUFFile {str(self.path)!r}: {len(self._entries)} tensors{files}>"
 
 
 def open(path: str | os.PathLike[str], *, dequantize: DTypeLike | None = None) -> GGUFFile:

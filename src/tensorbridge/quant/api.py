@@ -13,7 +13,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -28,7 +30,7 @@ from ..io._keys import flatten
 from .base import Group, Index, Scheme, as_torch
 from .detect import SCHEMES, Plan, config_of, plan, read_config, scheme_named
 
-__all__ = ["DequantizedFile", "DequantizedTensor", "dequantize", "quantize"]
+__all__ = ["DequantizedFile", "DequantizedTensor", "ahead", "dequantize", "quantize"]
 
 _ROLE_SUFFIX = {  # scheme -> role -> suffix of the stored name after the weight's name
     "fp8-block": {"codes": "", "scale": "_scale_inv"},
@@ -256,6 +258,36 @@ def quantize(
     return out
 
 
+# output buffers a streamed weight cycles through: the chunk being written, the one
+# waiting, the one being computed
+_BUFFERS = 3
+
+
+def ahead(
+    compute: Callable[[int, dict[str, torch.Tensor]], memoryview],
+    pieces: Iterator[dict[str, torch.Tensor]],
+) -> Iterator[memoryview]:
+    """``compute(i, piece)`` for each piece, the next one running in a worker thread
+    while the caller consumes this one; the worker's exceptions are raised here, and
+    a caller that stops early leaves no thread behind."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbridge-dequantize") as pool:
+        pending: Future[memoryview] | None = None
+        try:
+            for i, piece in enumerate(pieces):
+                submitted = pool.submit(compute, i, piece)
+                if pending is not None:
+                    yield pending.result()
+                pending = submitted
+            if pending is not None:
+                yield pending.result()
+                pending = None
+        finally:
+            if pending is not None:
+                pending.cancel()
+                with contextlib.suppress(Exception):
+                    pending.result()
+
+
 class DequantizedTensor(Deferred):
     """One dequantized weight, computed a piece (a block row) at a time as it is written."""
 
@@ -266,10 +298,25 @@ class DequantizedTensor(Deferred):
         self.shape = group.shape
 
     def chunks(self, chunk_bytes: int) -> Iterator[memoryview]:
-        for piece in self.scheme.pieces(self.group, self.parts):
-            values = self.scheme.kernel({k: as_torch(v) for k, v in piece.items()}, self.group)
-            out = values.to(self.row.torch).reshape(-1)
-            yield to_numpy(out).view(self.row.carrier_numpy).view(np.uint8).data
+        """Each piece's bytes, computed one piece ahead in a worker thread (torch's kernels
+        release the GIL, so the next piece is computed while this one is written) into
+        :data:`_BUFFERS` reused output buffers: a chunk is valid until the next is pulled."""
+        parts = {k: as_torch(v) for k, v in self.parts.items()}
+        buffers: list[torch.Tensor] = []
+
+        def compute(i: int, piece: dict[str, torch.Tensor]) -> memoryview:
+            values = self.scheme.kernel(piece, self.group).reshape(-1)
+            if len(buffers) < _BUFFERS:
+                buffers.append(torch.empty(0, dtype=self.row.torch))
+            buf = buffers[i % _BUFFERS]
+            if buf.numel() < values.numel():
+                buf = buffers[i % _BUFFERS] = torch.empty(values.numel(), dtype=self.row.torch)
+            out = buf[: values.numel()]
+            out.copy_(values)  # float32 -> the row's dtype: the one rounding
+            data: np.ndarray = to_numpy(out).view(self.row.carrier_numpy).view(np.uint8)
+            return data.data
+
+        yield from ahead(compute, self.scheme.pieces(self.group, parts))
 
     def materialize(self) -> torch.Tensor:
         return self.scheme.dequantize(self.parts, self.group, self.row.torch)

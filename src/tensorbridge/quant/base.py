@@ -47,11 +47,14 @@ __all__ = [
     "Scheme",
     "as_torch",
     "e8m0_to_f32",
+    "fold_factor",
     "fp4_codes_to_f32",
     "fp4_encode",
     "fp8_to_f32",
+    "fp8_to_f32_shifted",
     "group_scale_",
     "int_codes_f32",
+    "packed_words",
     "require",
     "row_pieces",
     "shape_text",
@@ -74,17 +77,6 @@ _FP4_PAIRS_U64 = (
     .reshape(256)
 )
 _FP4_ONE = torch.from_numpy(FP4_VALUES.copy())
-# fp8 byte -> its float32 value: a table lookup is 2-3x faster than torch's fp8 cast on CPU
-_BYTES = np.arange(256, dtype=np.uint8)
-_FP8_TABLES = {
-    getattr(torch, name): _BYTES.view(getattr(ml_dtypes, name)).astype(np.float32)
-    for name in ("float8_e4m3fn", "float8_e5m2")
-}
-# one byte -> its two int4 codes (low nibble first) as float32
-_INT4_PAIRS = np.stack([_BYTES & 0xF, _BYTES >> 4], axis=1).astype(np.float32)
-_INT4_PAIRS_U64 = {  # by offset: the codes minus it, two float32 in one 8-byte item
-    off: (_INT4_PAIRS - np.float32(off)).view(np.uint64).reshape(256) for off in (0, 8)
-}
 # e8m0 byte -> 2**(byte - 127) in float32 (byte 0: 2**-127, a subnormal; 255: NaN)
 _E8M0 = torch.from_numpy(
     np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
@@ -207,8 +199,8 @@ class Scheme(abc.ABC):
         out = torch.empty(group.shape, dtype=dtype)
         flat = out.view(-1)
         at = 0
-        for piece in self.pieces(group, parts):
-            values = self.kernel({k: as_torch(v) for k, v in piece.items()}, group).reshape(-1)
+        for piece in self.pieces(group, {k: as_torch(v) for k, v in parts.items()}):
+            values = self.kernel(piece, group).reshape(-1)
             flat[at : at + values.numel()].copy_(values)
             at += values.numel()
         if at != flat.numel():  # pragma: no cover - a scheme's pieces disagree with its shape
@@ -238,12 +230,54 @@ def fp4_codes_to_f32(codes: torch.Tensor, packed: bool) -> torch.Tensor:
 
 
 def fp8_to_f32(codes: torch.Tensor) -> torch.Tensor:
-    """fp8 codes as float32 (exact), by table lookup; other dtypes by torch's cast."""
-    table = _FP8_TABLES.get(codes.dtype)
-    if table is None:
-        return codes.to(torch.float32)
-    u8 = codes.contiguous().view(torch.uint8).numpy()
-    return torch.from_numpy(np.take(table, u8))
+    """fp8 codes as float32 (exact); other dtypes by torch's cast."""
+    values, factor = fp8_to_f32_shifted(codes)
+    return values.mul_(factor) if factor != 1 else values  # a power of two: exact
+
+
+def fp8_to_f32_shifted(codes: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """fp8 codes as float32 short by a power of two: ``(values, factor)``, ``values *
+    factor`` exactly the codes' values.
+
+    Each code's bits are moved into a float16's (integer passes, then the hardware's
+    half-to-float conversion): 2-3x faster than a table gather, 4x faster than torch's
+    fp8 cast on CPU. e5m2 is float16's top byte (``factor`` 1). e4m3fn's 4-bit exponent
+    and 3-bit mantissa land in float16's fields as they are, subnormals included, which
+    reads each value 2**8 too small (``factor`` 256); its NaN codes (``0x7F``/``0xFF``)
+    get float16's all-ones exponent. Callers fold ``factor`` into their scale
+    (:func:`fold_factor`), so the product is rounded once as ``code x scale`` would be.
+
+    >>> import torch
+    >>> v, k = fp8_to_f32_shifted(torch.tensor([1.5, -448.0]).to(torch.float8_e4m3fn))
+    >>> (v * k).tolist(), k
+    ([1.5, -448.0], 256.0)
+    """
+    if codes.dtype == torch.float8_e5m2:
+        y = codes.view(torch.uint8).to(torch.int16).bitwise_left_shift_(8)
+        return y.view(torch.float16).to(torch.float32), 1.0
+    if codes.dtype != torch.float8_e4m3fn:
+        return codes.to(torch.float32), 1.0
+    y = codes.view(torch.int8).to(torch.int16)  # sign-extended: bit 15 is the sign
+    # s eeee mmm -> float16 s 0eeee mmm0000000 (0xBF80: the sign, four exponent bits,
+    # three mantissa bits; the shifted-in copies of the sign are cleared)
+    y.bitwise_left_shift_(7).bitwise_and_(-0x4080)
+    # exponent and mantissa all ones (NaN) is the one pattern that carries into bit 14
+    y.bitwise_or_(torch.add(y, 0x80).bitwise_and_(0x4000))
+    return y.view(torch.float16).to(torch.float32), 256.0
+
+
+def fold_factor(values: torch.Tensor, factor: float, scale: torch.Tensor) -> torch.Tensor:
+    """``scale * factor`` (exact: a power of two), so that ``values * result`` is ``code x
+    scale`` rounded once; where that would overflow, ``values`` takes the factor instead."""
+    if factor == 1:
+        return scale
+    folded = scale * factor
+    if not bool(torch.isfinite(folded).all()) and bool(
+        (torch.isinf(folded) & torch.isfinite(scale)).any()
+    ):
+        values.mul_(factor)
+        return scale
+    return folded
 
 
 def unpack_int32(
@@ -256,6 +290,8 @@ def unpack_int32(
     bits ``[j * bits, (j + 1) * bits)`` (AWQ interleaves; GPTQ and compressed-tensors
     do not). 4- and 8-bit codes are split from the words' little-endian bytes.
     """
+    if 32 % bits:
+        return _unpack_straddling(packed, bits)
     per = 32 // bits
     words = packed.contiguous().to(torch.int32)
     if bits == 8 and sys.byteorder == "little":
@@ -273,24 +309,65 @@ def unpack_int32(
     return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
 
 
+def _unpack_straddling(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Codes of a width that does not divide 32 (AutoGPTQ's 3 bits): each run of
+    ``bits`` words is one little-endian bit stream of 32 codes, code ``k`` at bits
+    ``[k * bits, (k + 1) * bits)``, straddling a word boundary where it falls on one."""
+    words = packed.contiguous().to(torch.int64) & 0xFFFFFFFF
+    n = words.shape[-1]
+    if n % bits:
+        raise QuantizationError(
+            f"{n} int32 words do not hold whole runs of 32 {bits}-bit codes ({bits} words "
+            "each); the packed tensor is truncated or not this bit width"
+        )
+    runs = words.reshape(*words.shape[:-1], n // bits, bits)
+    following = torch.cat([runs[..., 1:], torch.zeros_like(runs[..., :1])], dim=-1)
+    pairs = runs | (following << 32)  # word i and the bits that spill into word i + 1
+    at = torch.arange(32) * bits
+    codes = (pairs[..., at // 32] >> (at % 32)) & ((1 << bits) - 1)
+    return codes.to(torch.uint8).reshape(*packed.shape[:-1], n // bits * 32)
+
+
+def packed_words(count: int, bits: int) -> int:
+    """int32 words that ``count`` codes of ``bits`` take (runs of 32 when bits straddle)."""
+    if 32 % bits:
+        return math.ceil(count / 32) * bits
+    return math.ceil(count / (32 // bits))
+
+
 def int_codes_f32(
     packed: torch.Tensor, bits: int, offset: int = 0, order: tuple[int, ...] | None = None
 ) -> torch.Tensor:
-    """:func:`unpack_int32`'s codes minus ``offset``, as float32, by one table lookup."""
-    if bits not in (4, 8) or sys.byteorder != "little":
+    """:func:`unpack_int32`'s codes minus ``offset``, as float32.
+
+    4- and 8-bit codes on little-endian hosts take vectorized integer passes, no
+    gather: each byte ``b`` widened to int16 becomes ``(b | b << 4) & 0x0F0F``, whose
+    two bytes are its low and high nibble in order; the offset is subtracted in int8
+    and one widening copy gives float32 (exact: the codes are small integers).
+    """
+    if bits not in (4, 8) or sys.byteorder != "little" or not -128 <= offset <= 255:
         return unpack_int32(packed, bits, order).to(torch.float32).sub_(offset)
     words = packed.contiguous().to(torch.int32)
-    raw = words.view(torch.uint8).numpy()
-    if bits == 4 and offset in _INT4_PAIRS_U64:
-        values = torch.from_numpy(_INT4_PAIRS_U64[offset][raw].view(np.float32))
-    else:
-        table = (_INT4_PAIRS if bits == 4 else _BYTES.astype(np.float32)) - np.float32(offset)
-        values = torch.from_numpy(np.take(table, raw, axis=0))
+    raw = words.view(torch.uint8)
     per = 32 // bits
-    codes = values.reshape(*words.shape, per)
+    if bits == 4:
+        x = raw.to(torch.int16)
+        x.bitwise_or_(x << 4).bitwise_and_(0x0F0F)
+        codes = x.view(torch.uint8)
+        if 0 < offset <= 15:  # 0..15 minus offset fits int8
+            codes = codes.view(torch.int8).sub_(offset)
+            offset = 0
+    elif offset == 128:  # u8 - 128 is the byte with its top bit flipped, as int8
+        codes = torch.bitwise_xor(raw, 0x80).view(torch.int8)
+        offset = 0
+    else:
+        codes = raw
+    values = codes.to(torch.float32)
+    if offset:
+        values.sub_(offset)
     if order is not None:
-        codes = codes[..., list(np.argsort(order))]
-    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+        values = values.reshape(*words.shape, per)[..., list(np.argsort(order))]
+    return values.reshape(*packed.shape[:-1], packed.shape[-1] * per)
 
 
 def group_scale_(
@@ -302,12 +379,12 @@ def group_scale_(
     group (act-order ``g_idx``: a gather).
     """
     w = w.contiguous()
-    rows, cols = w.shape
+    cols = w.shape[1]
     if isinstance(g, int) and cols % g == 0 and scale.shape[1] == cols // g:
-        v = w.view(rows, cols // g, g)
+        v = w.view(-1, g)  # one row per (row, group): the scale is a scalar along it
         if zero is not None:
-            v.sub_(zero[..., None])
-        v.mul_(scale[..., None])
+            v.sub_(zero.reshape(-1, 1))
+        v.mul_(scale.reshape(-1, 1))
         return w
     idx = g if isinstance(g, torch.Tensor) else torch.arange(cols) // g
     if zero is not None:

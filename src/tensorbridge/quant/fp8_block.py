@@ -23,7 +23,17 @@ from typing import Any
 import torch
 
 from ..errors import QuantizationError
-from .base import Config, Group, Index, Scheme, fp8_to_f32, require, row_pieces, shape_text
+from .base import (
+    Config,
+    Group,
+    Index,
+    Scheme,
+    fold_factor,
+    fp8_to_f32_shifted,
+    require,
+    row_pieces,
+    shape_text,
+)
 
 __all__ = ["FP8Block"]
 
@@ -108,10 +118,11 @@ class FP8Block(Scheme):
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
         br, bc = group.options["block_size"]
-        w, s = parts["codes"], parts["scale"].to(torch.float32)
-        n, cols = w.shape[-2:]
-        s_rows = s.repeat_interleave(br, dim=-2)[..., :n, :]
-        out = fp8_to_f32(w)
+        out, factor = fp8_to_f32_shifted(parts["codes"])
+        s = fold_factor(out, factor, parts["scale"].to(torch.float32))
+        n, cols = out.shape[-2:]
+        # a piece inside one block row (the streamed case) broadcasts its one scale row
+        s_rows = s if s.shape[-2] == 1 else s.repeat_interleave(br, dim=-2)[..., :n, :]
         full = cols // bc
         if full:
             out[..., : full * bc].unflatten(-1, (full, bc)).mul_(  # type: ignore[no-untyped-call]

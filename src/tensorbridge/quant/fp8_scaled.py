@@ -22,7 +22,17 @@ from typing import Any
 import torch
 
 from ..errors import QuantizationError
-from .base import Config, Group, Index, Scheme, fp8_to_f32, require, row_pieces, shape_text
+from .base import (
+    Config,
+    Group,
+    Index,
+    Scheme,
+    fold_factor,
+    fp8_to_f32_shifted,
+    require,
+    row_pieces,
+    shape_text,
+)
 
 __all__ = ["ACTIVATION_SCALES", "FP8Scaled", "activation_scales"]
 
@@ -120,7 +130,8 @@ class FP8Scaled(Scheme):
             yield {"codes": parts["codes"][at], "scale": scale if per_tensor else scale[at]}
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
-        w, s = fp8_to_f32(parts["codes"]), parts["scale"].to(torch.float32)
+        w, factor = fp8_to_f32_shifted(parts["codes"])
+        s = fold_factor(w, factor, parts["scale"].to(torch.float32))
         if group.options["granularity"] == "tensor":
             return w.mul_(s.reshape(()))
         return w.mul_(s.reshape(*w.shape[:-1], 1))

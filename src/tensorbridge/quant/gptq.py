@@ -7,7 +7,10 @@ TheBloke/Llama-2-7B-GPTQ): ``P.qweight`` ``I32 [in * bits / 32, out]`` (input ro
 output axis the same way), ``P.scales`` ``F16 [groups, out]``, optional ``P.g_idx``
 ``I32 [in]`` (each input row's group; act-order / ``desc_act`` checkpoints permute it,
 otherwise row ``i`` is in group ``i // group_size``). The model loads ``P.weight``
-``[out, in]``: ``scale * (code - zero)``, transposed.
+``[out, in]``: ``scale * (code - zero)``, transposed. 3-bit codes (AutoGPTQ's
+``pack``) do not divide a word: every 3 words along the packed axis are one
+little-endian stream of 32 codes (code ``k`` at bits ``[3k, 3k + 3)``, codes 10 and
+21 straddling a word boundary), for ``qweight`` and ``qzeros`` alike.
 
 Zero points: AutoGPTQ's format (``checkpoint_format: "gptq"``, v1) stores
 ``(zero - 1) & mask`` (a zero of 0 is stored as 15 at 4 bits); GPTQModel's
@@ -30,7 +33,17 @@ import torch
 
 from ..errors import QuantizationError
 from . import base
-from .base import Config, Group, Index, Scheme, group_scale_, require, shape_text, unpack_int32
+from .base import (
+    Config,
+    Group,
+    Index,
+    Scheme,
+    group_scale_,
+    packed_words,
+    require,
+    shape_text,
+    unpack_int32,
+)
 
 __all__ = ["GPTQ"]
 
@@ -40,7 +53,7 @@ _FORMATS = ("gptq", "gptq_v2")
 class GPTQ(Scheme):
     name = "gptq"
     summary = (
-        "int2/4/8 codes packed in int32 (P.qweight [in*bits/32, out]), per-group fp16 "
+        "int2/3/4/8 codes packed in int32 (P.qweight [in*bits/32, out]), per-group fp16 "
         "scales and packed zeros, optional act-order g_idx; loads as P.weight [out, in]."
     )
     numerics = "scale x (code - zero) in float32 (exact), rounded once to the requested dtype."
@@ -75,9 +88,9 @@ class GPTQ(Scheme):
         codes = parts["codes"]
         bits = int(options.get("bits", 4))
         require(
-            bits in (2, 4, 8),
-            f"{codes}: {bits}-bit GPTQ is not supported (2, 4 and 8 bits pack whole codes "
-            "into int32); dequantize it with GPTQModel",
+            bits in (2, 3, 4, 8),
+            f"{codes}: {bits}-bit GPTQ is not supported (2, 3, 4 and 8 bits are read); "
+            "dequantize it with GPTQModel",
         )
         missing = [r for r in ("zeros", "scale") if r not in parts]
         require(
@@ -99,11 +112,16 @@ class GPTQ(Scheme):
             f"{codes} {crow.name} {shape_text(cshape)} / {parts['zeros']} {zrow.name}: GPTQ packs "
             "codes and zeros in int32 matrices",
         )
-        rows_in, out = cshape[0] * per, cshape[1]
+        require(
+            per * bits == 32 or cshape[0] % bits == 0,
+            f"{codes} has {cshape[0]} rows: {bits}-bit codes come in runs of {bits} words "
+            f"(32 codes each); the tensor is truncated or not {bits}-bit",
+        )
+        rows_in, out = (cshape[0] * per if per * bits == 32 else cshape[0] // bits * 32), cshape[1]
         gs = int(options.get("group_size", 128))
         gs = rows_in if gs <= 0 else gs
         n_groups = math.ceil(rows_in / gs) if "g_idx" not in parts else sshape[0]
-        want_s, want_z = (n_groups, out), (n_groups, math.ceil(out / per))
+        want_s, want_z = (n_groups, out), (n_groups, packed_words(out, bits))
         if tuple(sshape) != want_s or tuple(zshape) != want_z:
             raise QuantizationError(
                 f"{parts['scale']} {shape_text(sshape)} / {parts['zeros']} {shape_text(zshape)} "
@@ -123,14 +141,15 @@ class GPTQ(Scheme):
 
     def pieces(self, group: Group, parts: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
         bits = group.options["bits"]
-        per = 32 // bits
+        per = 32 // bits if 32 % bits == 0 else 32  # output columns a run of zero words holds
+        words = packed_words(per, bits)
         out, rows_in = group.shape
         step = max(per, base.PIECE_ELEMENTS // max(1, rows_in) // per * per)
         for o0 in range(0, out, step):
             o1 = min(out, o0 + step)
             piece = {
                 "codes": parts["codes"][:, o0:o1],
-                "zeros": parts["zeros"][:, o0 // per : -(-o1 // per)],
+                "zeros": parts["zeros"][:, o0 // per * words : -(-o1 // per) * words],
                 "scale": parts["scale"][:, o0:o1],
             }
             if "g_idx" in parts:
