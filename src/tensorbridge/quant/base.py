@@ -197,6 +197,18 @@ class Scheme(abc.ABC):
             "one of the MX formats, nvfp4 or fp8-block"
         )
 
+    def block_index(self, group: Group, flat: torch.Tensor) -> torch.Tensor | None:
+        """Each output element's block: flat indices of the dequantized weight (C order)
+        -> flat indices into its scale tensor; ``None`` where scales are not a grid over
+        the weight (the integer schemes' act-order groups), so no per-block report.
+
+        >>> from tensorbridge.quant import SCHEMES, Group
+        >>> g = Group("w", "mxfp8", {}, (2, 64), {"layout": "ocp"})
+        >>> SCHEMES["mxfp8"].block_index(g, torch.tensor([0, 31, 32, 64])).tolist()
+        [0, 0, 1, 2]
+        """
+        return None
+
     def describe(self) -> str:
         return f"{self.name}: {self.summary} Numerics: {self.numerics}"
 

@@ -106,6 +106,14 @@ class FP8Block(Scheme):
             blocks_at = (*idx, slice(r0 // br, -(-r1 // br)))
             yield {"codes": parts["codes"][rows_at], "scale": parts["scale"][blocks_at]}
 
+    def block_index(self, group: Group, flat: torch.Tensor) -> torch.Tensor:
+        br, bc = (int(b) for b in group.options["block_size"])
+        rows, cols = group.shape[-2:]
+        nr, nc = -(-rows // br), -(-cols // bc)
+        lead, rest = flat // (rows * cols), flat % (rows * cols)
+        index: torch.Tensor = (lead * nr + rest // cols // br) * nc + rest % cols // bc
+        return index
+
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
         br, bc = group.options["block_size"]
         w, s = parts["codes"], parts["scale"].to(torch.float32)

@@ -119,6 +119,11 @@ class FP8Scaled(Scheme):
             at = (*idx, slice(r0, r1))
             yield {"codes": parts["codes"][at], "scale": scale if per_tensor else scale[at]}
 
+    def block_index(self, group: Group, flat: torch.Tensor) -> torch.Tensor:
+        if group.options["granularity"] == "tensor" or len(group.shape) < 1:
+            return torch.zeros_like(flat)
+        return flat // group.shape[-1]  # one scale a row (output channel)
+
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
         w, s = fp8_to_f32(parts["codes"]), parts["scale"].to(torch.float32)
         if group.options["granularity"] == "tensor":

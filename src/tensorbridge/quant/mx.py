@@ -184,6 +184,14 @@ class MX(Scheme):
         for r0 in range(0, rows, per):
             yield {"codes": c2[r0 : r0 + per], "scale": s2[r0 : r0 + per]}
 
+    def block_index(self, group: Group, flat: torch.Tensor) -> torch.Tensor:
+        if group.options["layout"] != "gpt-oss":
+            return flat // BLOCK
+        # output [*lead, in, out], scales [*lead, out, in / 32]: the transpose of the blocks
+        k, out = group.shape[-2:]
+        lead, rest = flat // (k * out), flat % (k * out)
+        return (lead * out + rest % out) * (k // BLOCK) + rest // out // BLOCK
+
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
         codes, scale = parts["codes"], e8m0_to_f32(parts["scale"])
         fp4 = self.fp4

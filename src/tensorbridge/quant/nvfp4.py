@@ -165,6 +165,9 @@ class NVFP4(Scheme):
                 "global_scale": parts["global_scale"],
             }
 
+    def block_index(self, group: Group, flat: torch.Tensor) -> torch.Tensor:
+        return flat // BLOCK
+
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
         values = fp4_codes_to_f32(parts["codes"], group.options["packed"])
         s = parts["scale"].to(torch.float32)
