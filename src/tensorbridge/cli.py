@@ -797,7 +797,7 @@ def _convert_quantized(
 ) -> int:
     """convert --quantize: each selected weight quantized as it is written, the rest as stored."""
     from . import io as tbio
-    from .quant.write import PendingWeight, QuantizedPart, skip_reason, stored_layout
+    from .quant.write import quantized_parts, skip_reason
 
     if _quant_plan(src, None, None).quantized:
         raise TensorBridgeError(
@@ -815,17 +815,15 @@ def _convert_quantized(
             if not why.startswith("not a floating-point"):
                 left[n] = why
             continue
-        layout = stored_layout(n, shape, scheme, block_size)
-        clash = [k for k in layout if k != n and k in taken]
+        load = functools.partial(src.__getitem__, n)
+        parts = quantized_parts(n, load, shape, scheme, block_size)
+        clash = [k for k in parts if k != n and k in taken]
         if clash:
             raise TensorBridgeError(
                 f"{n} quantizes into {clash[0]}, which {args.src} already holds; exclude one "
                 f"of them (--exclude {clash[0]})"
             )
-        pending = PendingWeight(
-            n, functools.partial(src.__getitem__, n), scheme, block_size, layout
-        )
-        values.update({k: QuantizedPart(pending, k) for k in layout})
+        values.update(parts)
         quantized.append(n)
     if not quantized:
         raise TensorBridgeError(

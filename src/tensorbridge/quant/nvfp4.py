@@ -178,6 +178,9 @@ class NVFP4(Scheme):
     def quantize(self, x: torch.Tensor, **options: Any) -> dict[str, torch.Tensor]:
         """torchao's ``nvfp4_quantize`` with ``per_tensor_scale = amax / (448 * 6)``.
 
+        ``amax`` (the whole weight's largest magnitude) lets a weight be quantized a
+        slice of rows at a time with the global scale of the whole.
+
         Returns packed ``uint8`` codes, ``float8_e4m3fn`` block scales and the global
         scale in this convention (ModelOpt: ``scale_2 = amax / 2688``;
         compressed-tensors: ``global_scale = 2688 / amax``, its reciprocal).
@@ -187,7 +190,8 @@ class NVFP4(Scheme):
             xf.ndim >= 1 and xf.shape[-1] % BLOCK == 0,
             f"NVFP4 quantizes rows of a multiple of 16 values; got {shape_text(tuple(xf.shape))}",
         )
-        amax = xf.abs().amax()
+        amax = options.get("amax")
+        amax = xf.abs().amax() if amax is None else torch.as_tensor(amax, dtype=torch.float32)
         per_tensor = amax / (_E4M3_MAX * _F4_MAX)
         blocks = xf.reshape(-1, xf.shape[-1] // BLOCK, BLOCK)
         block_scale = blocks.abs().amax(dim=-1) / _F4_MAX

@@ -26,8 +26,8 @@ scheme                          stored tensors, config
                                 ``W_global_scale`` F32 (``nvfp4-pack-quantized``)
 ==============================  =========================================================
 
-The values are those of :func:`tensorbridge.quantize` (one weight at a time: memory
-holds one weight and its codes, never the model).
+The values are those of :func:`tensorbridge.quantize`, computed a slice of rows at a
+time as the writer pulls them (:class:`QuantizedPart`): memory holds one slice.
 """
 
 from __future__ import annotations
@@ -38,19 +38,22 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
+from ..convert import to_numpy
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import QuantizationError
 from ..io._common import Deferred
-from .api import quantize
-from .detect import scheme_named
+from . import base
+from .base import as_torch, row_pieces
+from .detect import SCHEMES, scheme_named
 
 __all__ = [
     "DEFAULT_IGNORE",
     "LAYOUTS",
-    "PendingWeight",
     "QuantizedPart",
     "quantization_config",
+    "quantized_parts",
     "skip_reason",
     "stored_layout",
 ]
@@ -104,82 +107,107 @@ def skip_reason(
 
 def stored_layout(
     name: str, shape: tuple[int, ...], scheme: str, block_size: tuple[int, int] | None = None
-) -> dict[str, tuple[DTypeRow, tuple[int, ...]]]:
-    """The stored tensors (name -> dtype row, shape) one weight quantizes into, from its
-    shape alone: a streaming writer needs them for the header before any value."""
+) -> dict[str, tuple[str, DTypeRow, tuple[int, ...]]]:
+    """The stored tensors one weight quantizes into (name -> role, dtype row, shape), from
+    its shape alone: a streaming writer needs them for the header before any value.
+
+    >>> {k: (r, row.name, s) for k, (r, row, s) in stored_layout("w", (8, 64), "mxfp4").items()}
+    {'w_packed': ('codes', 'uint8', (8, 32)), 'w_scale': ('scale', 'uint8', (8, 2))}
+    """
     *lead, k = shape
     u8, e4m3, f32 = (resolve_dtype(n) for n in ("uint8", "float8_e4m3fn", "float32"))
     if scheme == "fp8-block":
         br, bc = block_size or (128, 128)
-        rows = shape[-2]
-        grid = (*shape[:-2], math.ceil(rows / br), math.ceil(k / bc))
-        return {name: (e4m3, shape), name + "_scale_inv": (f32, grid)}
+        grid = (*shape[:-2], math.ceil(shape[-2] / br), math.ceil(k / bc))
+        return {name: ("codes", e4m3, shape), name + "_scale_inv": ("scale", f32, grid)}
+    scale = ("scale", u8, (*lead, k // 32))
     if scheme == "mxfp8":
-        return {name: (e4m3, shape), name + "_scale": (u8, (*lead, k // 32))}
+        return {name: ("codes", e4m3, shape), name + "_scale": scale}
     if scheme == "mxfp4":
-        return {name + "_packed": (u8, (*lead, k // 2)), name + "_scale": (u8, (*lead, k // 32))}
+        return {name + "_packed": ("codes", u8, (*lead, k // 2)), name + "_scale": scale}
     codes, glob, gshape = (
         ("", "_scale_2", ()) if scheme == "nvfp4-modelopt" else ("_packed", "_global_scale", (1,))
     )
     return {
-        name + codes: (u8, (*lead, k // 2)),
-        name + "_scale": (e4m3, (*lead, k // 16)),
-        name + glob: (f32, gshape),
+        name + codes: ("codes", u8, (*lead, k // 2)),
+        name + "_scale": ("scale", e4m3, (*lead, k // 16)),
+        name + glob: ("global_scale", f32, gshape),
     }
 
 
-class PendingWeight:
-    """One weight, quantized when its first stored tensor is written, kept until its last.
+class QuantizedPart(Deferred):
+    """One stored tensor (codes, scales, global scale) of a weight quantized as it is written.
 
-    A safetensors writer pulls tensors in order, so a weight's codes and scales are
-    written one after the other: memory holds one weight's parts at a time.
+    The weight is read (mapped) and quantized a slice of rows at a time, whole block
+    rows for fp8-block: every scheme written here quantizes rows independently (NVFP4
+    given the whole weight's ``amax``, found in a first pass), so the slices' codes and
+    scales are those of :func:`~tensorbridge.quantize` on the whole weight, and memory
+    holds one slice, whatever the weight's size. A weight with two or three stored
+    tensors is read that many times.
     """
 
     def __init__(
         self,
-        name: str,
         load: Callable[[], Any],
         scheme: str,
-        block_size: tuple[int, int] | None,
-        layout: dict[str, tuple[DTypeRow, tuple[int, ...]]],
+        role: str,
+        row: DTypeRow,
+        shape: tuple[int, ...],
+        block_size: tuple[int, int] | None = None,
     ) -> None:
-        self.name, self.load, self.scheme, self.block_size = name, load, scheme, block_size
-        self.layout = layout
-        self.parts: dict[str, np.ndarray] | None = None
-        self.taken: set[str] = set()
+        self.load, self.scheme, self.role, self.block_size = load, scheme, role, block_size
+        self.row, self.shape = row, shape
 
-    def take(self, stored: str) -> np.ndarray:
-        if self.parts is None:
-            got = quantize(
-                np.asarray(self.load()),
-                self.scheme,
-                name=self.name,
-                block_size=self.block_size,
-                layout=LAYOUTS[self.scheme],
-            )
-            said = {k: (v.dtype, tuple(v.shape)) for k, v in got.items()}
-            want = {k: (row.numpy, shape) for k, (row, shape) in self.layout.items()}
-            if said != want:  # pragma: no cover - stored_layout disagrees with quantize
-                raise AssertionError(f"{self.name}: quantize gave {said}, the header says {want}")
-            self.parts = got
-        value = self.parts[stored]
-        self.taken.add(stored)
-        if self.taken == set(self.layout):
-            self.parts, self.taken = None, set()  # written: let it go
-        return value
+    def slices(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Each slice's parts by role, in the stored tensors' C order."""
+        w = as_torch(self.load())
+        block_rows = (self.block_size or (128, 128))[0] if self.scheme == "fp8-block" else 1
+        *lead, rows, cols = w.shape
+        opts: dict[str, Any] = {}
+        if self.scheme == "fp8-block":
+            opts["block_size"] = self.block_size or (128, 128)
+        if self.scheme.startswith("nvfp4"):
+            amax = torch.zeros((), dtype=torch.float32)
+            for idx, r0, r1 in row_pieces(tuple(lead), rows, cols, 1):
+                at: tuple[Any, ...] = (*idx, slice(r0, r1))
+                part = w[at].to(torch.float32)
+                amax = torch.maximum(amax, part.abs().amax())
+            opts["amax"] = amax
+        # whole block rows (fp8-block's tiles are block_rows high), about a piece's values
+        per = max(block_rows, base.PIECE_ELEMENTS // max(1, cols) // block_rows * block_rows)
+        for idx in np.ndindex(*lead):
+            for r0 in range(0, rows, per):
+                rows_at: tuple[Any, ...] = (*idx, slice(r0, r0 + per))
+                yield self.quantize_rows(w[rows_at], opts)
+                if self.role == "global_scale":
+                    return  # one value for the whole weight
 
-
-class QuantizedPart(Deferred):
-    """One stored tensor of a :class:`PendingWeight` (its codes, its scales)."""
-
-    def __init__(self, weight: PendingWeight, stored: str) -> None:
-        self.weight, self.stored = weight, stored
-        self.row, self.shape = weight.layout[stored]
+    def quantize_rows(self, rows: torch.Tensor, opts: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """One slice's parts by role, in the written layout (compressed-tensors: U8 e8m0)."""
+        parts = SCHEMES[self.scheme].quantize(rows, **opts)
+        if LAYOUTS[self.scheme] == "compressed-tensors":  # e8m0 exponents as U8
+            parts["scale"] = parts["scale"].view(torch.uint8)
+        return parts
 
     def chunks(self, chunk_bytes: int) -> Iterator[memoryview]:
-        raw = np.ascontiguousarray(self.weight.take(self.stored)).reshape(-1).view(np.uint8)
-        for at in range(0, raw.size, max(1, chunk_bytes)):
-            yield raw[at : at + chunk_bytes].data
+        for parts in self.slices():
+            raw = to_numpy(parts[self.role].contiguous()).reshape(-1).view(np.uint8)
+            for at in range(0, raw.size, max(1, chunk_bytes)):
+                yield raw[at : at + chunk_bytes].data
+
+
+def quantized_parts(
+    name: str,
+    load: Callable[[], Any],
+    shape: tuple[int, ...],
+    scheme: str,
+    block_size: tuple[int, int] | None = None,
+) -> dict[str, QuantizedPart]:
+    """The stored tensors of one weight, by name, each computed as it is written."""
+    return {
+        stored: QuantizedPart(load, scheme, role, row, shp, block_size)
+        for stored, (role, row, shp) in stored_layout(name, shape, scheme, block_size).items()
+    }
 
 
 def quantization_config(
