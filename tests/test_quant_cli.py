@@ -561,3 +561,76 @@ def test_quantize_layouts() -> None:
         tb.quantize(w, "mxfp4", layout="x")
     with pytest.raises(tb.QuantizationError, match="pass scheme= to see what quantizing"):
         tb.quant_report({"w": w})
+
+
+_QUANTIZE_CHILD = """
+import sys, threading, time
+import tensorbridge as tb
+import tensorbridge.io, tensorbridge.quant.write, tensorbridge.io.safetensors  # not measured
+from tensorbridge.cli import main
+import torch
+tb.quantize(torch.ones(16, 32), "nvfp4-modelopt")  # torch's and ml_dtypes' first-use setup
+
+peak = [0]
+def watch(stop):
+    while not stop.is_set():
+        peak[0] = max(peak[0], status("RssAnon"))
+        time.sleep(0.001)
+
+def measured(fn):
+    stop = threading.Event()
+    base = status("RssAnon")
+    peak[0] = base
+    t = threading.Thread(target=watch, args=(stop,))
+    t.start()
+    fn()
+    stop.set()
+    t.join()
+    return peak[0] - base
+
+def naive():
+    sd = tb.load(sys.argv[1], framework="torch")
+    out = {}
+    for k, v in sd.items():
+        out.update(tb.quantize(v, "nvfp4-modelopt", name=k))
+    tb.save(out, sys.argv[3])
+
+argv = ["convert", sys.argv[1], sys.argv[2], "--quantize", "nvfp4-modelopt", "-q"]
+import contextlib, io
+with contextlib.redirect_stdout(io.StringIO()):
+    streamed = measured(lambda: main(argv))
+print(streamed, measured(naive))
+"""
+
+
+def test_convert_quantize_peak_anonymous_memory_is_bounded(tmp_path: Path) -> None:
+    """64 MiB of bf16 weights quantized to NVFP4: the stream holds a slice, not a weight."""
+    from _peak_rss import run_child
+
+    g = torch.Generator().manual_seed(3)
+    sd = {f"layers.{i}.weight": torch.randn(2048, 4096, generator=g).bfloat16() for i in range(4)}
+    tb.save(sd, tmp_path / "w.safetensors")
+    del sd
+    out, naive_out = tmp_path / "o.safetensors", tmp_path / "n.safetensors"
+    child = run_child(_QUANTIZE_CHILD, str(tmp_path / "w.safetensors"), str(out), str(naive_out))
+    streamed, naive = map(int, child.split())
+    assert naive > 64 << 20, "the measure misses the naive route's weights"
+    assert streamed < 16 << 20, f"anonymous memory grew {streamed >> 20} MiB while streaming"
+    assert out.read_bytes() == naive_out.read_bytes()
+
+
+def test_integer_schemes_report_per_weight() -> None:
+    """GPTQ's act-order groups are no grid over the weight: no blocks, errors per weight."""
+    from test_quant import gptq_layer
+
+    sd = gptq_layer(4, v2=True)
+    config = {"quant_method": "gptq", "group_size": 32, "checkpoint_format": "gptq_v2"}
+    exact = tb.dequantize(sd, config=config, dtype="float32")
+    name = "model.layers.0.self_attn.q_proj.weight"
+    w = exact[name]
+    report = tb.quant_report(sd, {name: w * 2}, config=config)
+    got = report.weights[name]
+    assert got.blocks is None and got.saturated_blocks is None and got.worst_blocks == ()
+    assert got.e8m0_min is None and got.scheme == "gptq"
+    assert got.max_abs_err == float(w.abs().max()) and got.max_rel_err == 0.5
+    assert got.stats.max == float(w.max()) and report.ok

@@ -558,7 +558,7 @@ def _quantization(
                 from .diagnostics import QuantWeight
                 from .diagnostics._quant import weight_report
 
-                parts = {role: f[stored] for role, stored in g.parts.items()}
+                parts = {role: f.get(stored, framework="torch") for role, stored in g.parts.items()}
                 w: QuantWeight = weight_report(SCHEMES[g.scheme], g, parts)
                 if w.e8m0_min is not None:
                     entry["scales"]["e8m0_at_limits"] = {
@@ -815,7 +815,7 @@ def _convert_quantized(
             if not why.startswith("not a floating-point"):
                 left[n] = why
             continue
-        load = functools.partial(src.__getitem__, n)
+        load = functools.partial(src.get, n, framework="torch")  # mapped, not copied
         parts = quantized_parts(n, load, shape, scheme, block_size)
         clash = [k for k in parts if k != n and k in taken]
         if clash:

@@ -174,13 +174,13 @@ def quant_report(
         if p.quantized:
             for g in p.groups:
                 s = SCHEMES[g.scheme]
-                parts = {role: qx[stored] for role, stored in g.parts.items()}
+                parts = {role: _value(qx, stored) for role, stored in g.parts.items()}
                 r = None
                 if ref is not None:
                     if g.name not in _names(ref):
                         unmatched.append(g.name)
                     else:
-                        r = ref[g.name]
+                        r = _value(ref, g.name)
                 weights[g.name] = weight_report(s, g, parts, r, worst=worst)
                 if progress is not None:
                     progress(g.name)
@@ -234,6 +234,11 @@ def _names(f: Any) -> list[str]:
     return [n for n in f if n not in skip]
 
 
+def _value(f: Any, name: str) -> Any:
+    """A stored value; an open file's as a mapped (copy-on-write) tensor, not a copy."""
+    return f.get(name, framework="torch") if hasattr(f, "info") else f[name]
+
+
 def _info(f: Any, name: str) -> Any:
     if hasattr(f, "info"):
         return f.info(name)
@@ -262,7 +267,7 @@ def _what_if(
         if why is not None:
             skipped[n] = why
             continue
-        value = f[n]
+        value = _value(f, n)
         q = quantize(value, name, name=n, block_size=block_size, layout=LAYOUTS[name])
         qindex = {k: _info(q, k) for k in q}
         opts: dict[str, Any] = {"block_size": tuple(block_size or (128, 128))}
@@ -302,7 +307,7 @@ def weight_report(
             ref_flat = as_torch(reference).reshape(-1)
     acc = StatsAccumulator()
     nan = inf = 0
-    max_abs = 0.0
+    max_abs = ref_max = 0.0
     blk_err = torch.zeros(nblocks if blocked else 0, dtype=torch.float64)
     blk_ref = torch.zeros_like(blk_err)
     saturated = torch.zeros(nblocks if blocked and limit else 0, dtype=torch.bool)
@@ -320,7 +325,9 @@ def weight_report(
             bad_nan, bad_inf = bad_nan & rfin, bad_inf & rfin
             err = (values.to(torch.float64) - r).abs_()
             err = torch.where(err.isfinite(), err, torch.zeros_like(err))
-            max_abs = max(max_abs, float(err.max())) if n else max_abs
+            if n:
+                max_abs = max(max_abs, float(err.max()))
+                ref_max = max(ref_max, float(torch.where(rfin, r.abs(), 0.0).max()))
             if ids is not None:
                 mag = torch.where(rfin, r.abs(), torch.zeros_like(r))
                 blk_err.scatter_reduce_(0, ids, err, "amax")
@@ -349,8 +356,7 @@ def weight_report(
             for b in top
         )
     elif ref_flat is not None:
-        rmax = float(ref_flat.to(torch.float64).abs().nan_to_num(0, 0, 0).max())
-        rel = max_abs / rmax if rmax else (1.0 if max_abs else 0.0)
+        rel = max_abs / ref_max if ref_max else (1.0 if max_abs else 0.0)
     return QuantWeight(
         name=group.name,
         scheme=group.scheme,

@@ -191,7 +191,8 @@ class Scheme(abc.ABC):
         yield dict(parts)
 
     def quantize(self, x: torch.Tensor, **options: Any) -> dict[str, torch.Tensor]:
-        """Codes and scales by role, in this scheme's layout."""
+        """Codes and scales by role, in this scheme's layout (``scales_only=True``: the
+        scales alone, for a writer that streams the scale tensor apart from the codes)."""
         raise QuantizationError(
             f"tensorbridge dequantizes {self.name} but does not write it; quantize with "
             "one of the MX formats, nvfp4 or fp8-block"

@@ -145,6 +145,8 @@ class FP8Block(Scheme):
         safe = torch.where(max_abs > 0, max_abs, torch.ones_like(max_abs))
         scales = torch.where(max_abs > 0, _FP8_MAX / safe, torch.ones_like(safe))
         inv = (1.0 / scales).to(torch.float32)
+        if options.get("scales_only"):
+            return {"scale": inv}
         q = torch.clamp(tiles * scales[..., :, None, :, None], -_FP8_MAX, _FP8_MAX)
         codes = q.to(torch.float8_e4m3fn).reshape(*lead, nr * br, nc * bc)[..., :rows, :cols]
         return {"codes": codes.contiguous(), "scale": inv}

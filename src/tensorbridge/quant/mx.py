@@ -232,6 +232,13 @@ class MX(Scheme):
         biased = torch.where(torch.isnan(max_abs), torch.full_like(biased, 255), biased)
         scale = (biased.to(torch.int32) << 23).view(torch.float32)
         scale = torch.clamp(scale, min=torch.finfo(torch.float32).tiny)
+        if options.get("scales_only"):
+            scales_only = biased.squeeze(-1)
+            return {
+                "scale": scales_only
+                if layout == "gpt-oss"
+                else scales_only.view(torch.float8_e8m0fnu)
+            }
         scaled = blocks / scale
         if self.fp4:
             codes = fp4_encode(scaled.reshape(xf.shape))

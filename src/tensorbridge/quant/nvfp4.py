@@ -198,17 +198,17 @@ class NVFP4(Scheme):
         scaled_block = block_scale / per_tensor
         eps = torch.finfo(torch.float8_e4m3fn).tiny
         fp8 = torch.clamp(scaled_block, min=eps, max=_E4M3_MAX).to(torch.float8_e4m3fn)
+        glob = per_tensor if self.convention == "modelopt" else 1.0 / per_tensor
+        gshape = () if self.convention == "modelopt" else (1,)
+        scale = fp8.reshape(*xf.shape[:-1], -1)
+        global_scale = glob.reshape(gshape).to(torch.float32)
+        if options.get("scales_only"):
+            return {"scale": scale, "global_scale": global_scale}
         reciprocal = (1.0 / per_tensor) / fp8.to(torch.float32)
         scaled = torch.clamp(blocks * reciprocal[..., None], -_F4_MAX, _F4_MAX)
         codes = fp4_encode(scaled.reshape(xf.shape))
         packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
-        glob = per_tensor if self.convention == "modelopt" else 1.0 / per_tensor
-        shape = () if self.convention == "modelopt" else (1,)
-        return {
-            "codes": packed,
-            "scale": fp8.reshape(*xf.shape[:-1], -1),
-            "global_scale": glob.reshape(shape).to(torch.float32),
-        }
+        return {"codes": packed, "scale": scale, "global_scale": global_scale}
 
 
 def _count(shape: Any) -> int:

@@ -163,7 +163,7 @@ class QuantizedPart(Deferred):
         w = as_torch(self.load())
         block_rows = (self.block_size or (128, 128))[0] if self.scheme == "fp8-block" else 1
         *lead, rows, cols = w.shape
-        opts: dict[str, Any] = {}
+        opts: dict[str, Any] = {"scales_only": self.role != "codes"}
         if self.scheme == "fp8-block":
             opts["block_size"] = self.block_size or (128, 128)
         if self.scheme.startswith("nvfp4"):
