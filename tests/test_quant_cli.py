@@ -439,13 +439,15 @@ def test_convert_quantize_output_reads_in_the_reference_toolkit(
     out = tmp_path / "q.safetensors"
     assert main(["convert", str(src), str(out), "--quantize", scheme, "-q"]) == 0
     capsys.readouterr()
+    (tmp_path / "config.json").unlink()  # read by --scheme alone
     from safetensors.torch import load_file
 
     got = load_file(out)
     n = "model.layers.0.mlp.down_proj.weight"
     parts = {k[len(n) - len("weight") :]: v for k, v in got.items() if k.startswith(n)}
     ref = _reference_dequantize(scheme, parts)
-    ours = tb.load(out, dequantize="bf16", scheme=scheme, framework="torch")[n]
+    block = (128, 128) if scheme == "fp8-block" else None
+    ours = tb.dequantize(got, scheme=scheme, block_size=block, dtype="bf16")[n]
     assert ref.shape == ours.shape == sd[n].shape
     assert np.array_equal(bits(ref), bits(ours))
 
@@ -529,6 +531,26 @@ def test_convert_quantize_usage(
     assert main(["convert", str(src), str(tmp_path / "o.safetensors"), *argv]) == status
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_convert_quantize_without_a_config_says_how_to_read_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tb.save({"l.weight": torch.randn(64, 256)}, tmp_path / "w.safetensors")
+    out = tmp_path / "o" / "q.safetensors"
+    argv = ["convert", str(tmp_path / "w.safetensors"), str(out), "--quantize", "fp8-block"]
+    assert main([*argv, "--block-size", "64,128"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"note: no config.json beside {tmp_path / 'w.safetensors'}, so none says how {out} "
+        "is quantized: read it with --scheme fp8-block --block-size 64,128 "
+        "(tb.open(..., dequantize=..., scheme=...))\n"
+    )
+    assert not (tmp_path / "o" / "config.json").exists()
+    assert main(["compare", str(tmp_path / "w.safetensors"), str(out), "-q", "--json",
+                 "--scheme", "fp8-block", "--block-size", "64,128"]) == 0  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["report"]["weights"]["l.weight"]["scale_shape"] == [1, 2]
 
 
 def test_convert_quantize_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,7 +20,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .errors import TensorBridgeError
@@ -843,6 +843,15 @@ def _convert_quantized(
     )
     ignored = [n[: -len(".weight")] if n.endswith(".weight") else n for n in left]
     config = _write_quant_config(src, dst, scheme, block_size, ignored, args.overwrite)
+    if config is None and not args.quiet:
+        size = f" --block-size {','.join(map(str, block_size or (128, 128)))}"
+        print(
+            f"note: no config.json beside {args.src}, so none says how {args.dst} is "
+            f"quantized: read it with --scheme {scheme}"
+            + (size if scheme == "fp8-block" else "")
+            + " (tb.open(..., dequantize=..., scheme=...))",
+            file=sys.stderr,
+        )
     took = time.perf_counter() - start
     written = _written(dst)
     summary: dict[str, Any] = {
@@ -1379,7 +1388,7 @@ def _compare_quantized(args: argparse.Namespace, side: str, block_size: Any, out
     return 0 if ok else 1
 
 
-def _quant_weights(report: Any, out: TextIO, too_far: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+def _quant_weights(report: Any, out: TextIO, too_far: Set[str] = frozenset()) -> None:
     """The per-weight table of a QuantReport, and its worst blocks."""
     weights = report.weights
     e8m0 = any(w.e8m0_min is not None for w in weights.values())
@@ -1411,7 +1420,7 @@ def _quant_weights(report: Any, out: TextIO, too_far: set[str] = frozenset()) ->
             )
 
 
-def _quant_verdict(report: Any, ok: bool, too_far: set[str], rtol: float | None) -> str:
+def _quant_verdict(report: Any, ok: bool, too_far: Set[str], rtol: float | None) -> str:
     bad = [n for n, w in report.weights.items() if not w.ok]
     if ok:
         worst = report.worst_blocks[0] if report.worst_blocks else None
@@ -1538,7 +1547,7 @@ def _cast_report_scheme(args: argparse.Namespace, out: TextIO) -> int:
     for name, why in report.skipped.items():
         if "multiple" in why or "matches" in why:
             out.write(f"left unquantized: {name} ({why})\n")
-    verdict = _quant_verdict(report, report.ok, set(), None)
+    verdict = _quant_verdict(report, report.ok, frozenset(), None)
     out.write("verdict: " + _colour(verdict, report.ok, out) + "\n")
     return 0 if report.ok else 1
 
