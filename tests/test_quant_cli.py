@@ -656,3 +656,24 @@ def test_integer_schemes_report_per_weight() -> None:
     assert got.e8m0_min is None and got.scheme == "gptq"
     assert got.max_abs_err == float(w.abs().max()) and got.max_rel_err == 0.5
     assert got.stats.max == float(w.max()) and report.ok
+
+
+def test_compare_of_an_undecidable_checkpoint_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """U8 scales with no config: e8m0 or integers? compare says so and compares as stored."""
+    w = torch.randn(4, 64)
+    q = tb.quantize(w, "mxfp8", name="l.weight", layout="compressed-tensors")
+    tb.save(q, tmp_path / "q.safetensors")
+    tb.save({"l.weight": w}, tmp_path / "w.safetensors")
+    argv = ["compare", str(tmp_path / "w.safetensors"), str(tmp_path / "q.safetensors")]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith(
+        f"note: {tmp_path / 'q.safetensors'} looks quantized but l.weight_scale is U8: it "
+        "could hold e8m0 exponents"
+    )
+    assert captured.err.rstrip().endswith("; comparing the stored tensors")
+    assert f"only in {tmp_path / 'q.safetensors'}: l.weight_scale" in captured.out
+    assert main([*argv, "--scheme", "mxfp8", "-q"]) == 0
+    assert "verdict: no NaN or inf produced; worst block max rel " in capsys.readouterr().out
