@@ -25,7 +25,7 @@ pack-quantized) get statistics and errors per weight, not per block.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,7 +124,7 @@ def quant_report(
     block_size: tuple[int, int] | None = None,
     ignore: Sequence[str] = (),
     worst: int = 5,
-    progress: Any = None,
+    progress: Callable[[str], object] | None = None,
 ) -> QuantReport:
     """What ``scheme`` does to weights: errors per block, saturated blocks, e8m0 limits.
 
@@ -253,7 +253,7 @@ def _what_if(
     block_size: tuple[int, int] | None,
     ignore: Sequence[str],
     worst: int,
-    progress: Any,
+    progress: Callable[[str], object] | None,
 ) -> tuple[dict[str, QuantWeight], dict[str, str]]:
     """Quantize each weight ``convert --quantize`` would, dequantize it, report."""
     from ..quant.api import quantize
