@@ -119,7 +119,9 @@ def run(ctx: Context, sec: Section) -> None:
     sizes = ctx.pick([GIB, 2 * GIB, 4 * GIB], [64 * MIB, 128 * MIB, 256 * MIB], [4 * MIB, 8 * MIB])
     sec.intro(
         f"""A memory-mapped bfloat16 array exported to float32 `.npy` (the output is twice
-        the source). One run per cell (in the full run, each writes gigabytes). *Peak RSS +* is the
+        the source). The naive route runs once per size, tensorbridge's export and the raw
+        write twice each (mirrored order): the faster time, the larger memory growth.
+        *Peak RSS +* is the
         child's peak resident memory during the export above its level just before
         (mapped file pages included), *anon +* the same for anonymous memory; *vs raw*
         = raw write time / row time. Scratch directory free space at the start:
@@ -140,7 +142,10 @@ def run(ctx: Context, sec: Section) -> None:
         try:
             _write_source(src, n)
             routes = list(ROUTES)
-            for route in routes[i % 3 :] + routes[: i % 3]:  # rotated: no route always first
+            order = routes[i % 3 :] + routes[: i % 3]  # rotated: no route always first
+            # tb and raw twice, mirrored (a disk stall in one run is not the verdict): each
+            # keeps its faster time and its larger memory growth
+            for route in order + [r for r in reversed(order) if r != "naive"]:
                 if route == "naive":
                     need = 3 * size + GIB  # the mapped source, the float32 copy, a margin
                     if _mem_available() < need:
@@ -148,7 +153,7 @@ def run(ctx: Context, sec: Section) -> None:
                         continue
                 prepare, step = TASKS[route]
                 task = Task(prepare, step, (str(src), str(dst), 2 * size))
-                measured[route][size] = ctx.child(task)
+                measured[route][size] = _better(measured[route].get(size), ctx.child(task))
                 dst.unlink(missing_ok=True)
         finally:
             src.unlink(missing_ok=True)
@@ -198,6 +203,18 @@ def run(ctx: Context, sec: Section) -> None:
             + ": it needs about three times the source in free memory."
         )
     ctx.plot(sec, "streaming.png", "peak memory against source size", _drawer(measured))
+
+
+def _better(seen: ChildRun | None, new: ChildRun) -> ChildRun:
+    """The faster run's time with the larger memory growth of the two."""
+    if seen is None:
+        return new
+    return ChildRun(
+        min(seen.seconds, new.seconds),
+        max(seen.anon_growth, new.anon_growth),
+        max(seen.rss_growth, new.rss_growth),
+        seen.extra if seen.seconds <= new.seconds else new.extra,
+    )
 
 
 def _rows(

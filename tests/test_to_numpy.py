@@ -377,6 +377,28 @@ def test_out_casts_with_torchs_kernel(src: torch.dtype, dst: object) -> None:
     assert out.tobytes() == tensor_bytes(expected)
 
 
+@pytest.mark.parametrize("src", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("dst", ["f64", "f32", "f16", "bf16"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "negated"])
+def test_float8_casts_give_torchs_bits_for_every_code(
+    src: torch.dtype, dst: str, layout: str
+) -> None:
+    # 2^16 elements: large enough for the float8 fast kernels (table, float16 widening)
+    t = torch.arange(256, dtype=torch.uint8).repeat(256).view(src).reshape(256, 256)
+    if layout == "transposed":
+        t = t.t()
+    row = tb.resolve_dtype(dst)
+    reference = t.to(row.torch)  # torch's own cast, NaN payloads as torch gives them
+    if layout == "negated":
+        t = torch._neg_view(t)
+        reference = torch._neg_view(reference).resolve_neg()
+
+    a = tb.to_numpy(t, dtype=dst)
+
+    assert a.dtype == row.numpy and a.flags.c_contiguous
+    assert a.tobytes() == tb.to_numpy(reference.contiguous()).tobytes()
+
+
 def test_out_shape_mismatch_raises() -> None:
     with pytest.raises(tb.ShapeMismatchError) as info:
         tb.to_numpy(torch.zeros(4), out=np.empty(3, np.float32))
@@ -755,7 +777,8 @@ def test_non_tensor_input_is_refused() -> None:
     with pytest.raises(tb.UnsupportedTensorError) as info:
         tb.to_numpy([1.0, 2.0])
     assert str(info.value) == (
-        "to_numpy expects a torch.Tensor, got list; pass torch.as_tensor(x) for other array-likes"
+        "to_numpy expects a torch.Tensor, got list; pass tb.tree_to_numpy(x) for a dict or "
+        "list of tensors, torch.as_tensor(x) for other array-likes"
     )
 
 

@@ -12,6 +12,8 @@ A page asks for generated content with an HTML comment on a line of its own,
 * ``cli-reference``: the ``--help`` of ``tensorbridge`` and of every subcommand, read
   from the argparse parser in ``tensorbridge.cli`` (``_parser()``).
 * ``versions``: the torch / NumPy / ml_dtypes versions the site was built with.
+* ``security-policy``: the repository's ``SECURITY.md`` without its title, so the
+  policy GitHub shows and the site's page are one text.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import os
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -171,11 +174,18 @@ def versions() -> str:
     )
 
 
+def security_policy() -> str:
+    text = (Path(__file__).resolve().parents[2] / "SECURITY.md").read_text(encoding="utf-8")
+    body = text.split("\n", 1)[1]  # the page has its own title
+    return body.replace("](docs/", "](").strip()
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "dtype-table": dtype_table,
     "unsupported-dtypes": unsupported_dtypes,
     "cli-reference": cli_reference,
     "versions": versions,
+    "security-policy": security_policy,
 }
 
 

@@ -36,9 +36,11 @@ if TYPE_CHECKING:
         CopyRequiredError,
         DestinationExistsError,
         FormatError,
+        InvalidArgumentError,
         MissingExtraError,
         NoDataError,
         QuantizationError,
+        QuantizedTensorError,
         ShapeMismatchError,
         ShardedTensorError,
         TensorBridgeError,
@@ -48,7 +50,7 @@ if TYPE_CHECKING:
     )
     from .io import load, open, save
     from .quant import dequantize, quantize
-    from .tree import tree_to_numpy, tree_to_torch
+    from .tree import QuantizedParts, tree_to_numpy, tree_to_torch
 
 __version__ = "0.1.0"
 
@@ -60,11 +62,14 @@ __all__ = [
     "Description",
     "DestinationExistsError",
     "FormatError",
+    "InvalidArgumentError",
     "LocalShard",
     "MissingExtraError",
     "NoDataError",
     "QuantReport",
     "QuantizationError",
+    "QuantizedParts",
+    "QuantizedTensorError",
     "SafetensorsReader",
     "SafetensorsWriter",
     "ShapeMismatchError",
@@ -124,9 +129,11 @@ _HOME = {
             "CopyRequiredError",
             "DestinationExistsError",
             "FormatError",
+            "InvalidArgumentError",
             "MissingExtraError",
             "NoDataError",
             "QuantizationError",
+            "QuantizedTensorError",
             "ShapeMismatchError",
             "ShardedTensorError",
             "TensorBridgeError",
@@ -140,7 +147,7 @@ _HOME = {
     **dict.fromkeys(["load", "open", "save"], ".io"),
     **dict.fromkeys(["SafetensorsReader", "SafetensorsWriter"], ".dcp.safetensors"),
     **dict.fromkeys(["dequantize", "quantize"], ".quant"),
-    **dict.fromkeys(["tree_to_numpy", "tree_to_torch"], ".tree"),
+    **dict.fromkeys(["QuantizedParts", "tree_to_numpy", "tree_to_torch"], ".tree"),
 }
 
 

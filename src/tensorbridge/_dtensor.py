@@ -364,6 +364,12 @@ def gather(x: Any) -> torch.Tensor:
     collectives. The result is new memory.
     """
     check_placements(x)
+    if not torch.distributed.is_initialized():
+        raise ShardedTensorError(
+            f"gather=True is a collective, but no process group is running ({_where(x)}); "
+            "call it before torch.distributed.destroy_process_group(), or pass "
+            "tb.local_shard(x) for this rank's block"
+        )
     mesh = x.device_mesh
     coordinate = mesh.get_coordinate()
     if coordinate is None:

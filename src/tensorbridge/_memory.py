@@ -118,7 +118,12 @@ def host_tensor(a: np.ndarray, row: DTypeRow) -> torch.Tensor:
 # 8-bit sources that torch converts one element at a time (no vector kernel): for
 # these, a 256-entry table of torch's own results, gathered by torch's index_select,
 # gives the same bits several times faster (measured: the benchmarks' cast table).
-LOOKUP_SOURCES = frozenset({torch.float8_e4m3fn})
+# float8_e5m2 is the high byte of a float16 (torch converts it so, one element at a
+# time): shifting the codes into float16s and widening those with torch's vector kernel
+# gives the same bits, NaN payloads included, from this many elements up (measured).
+LOOKUP_SOURCES = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
+SHIFT_FROM = 1 << 15
+WIDE = frozenset({torch.float32, torch.float64})  # float16 itself would keep signalling NaNs
 _TABLES: dict[tuple[torch.dtype, torch.dtype], torch.Tensor] = {}
 
 
@@ -132,8 +137,10 @@ def lookup_table(src: torch.dtype, dst: torch.dtype) -> torch.Tensor:
 
 
 def cast_into(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """``out.copy_(t)`` for host tensors; a C-contiguous floating-point ``out`` of another
-    dtype than an 8-bit lookup source's is filled from its table (torch's own bits).
+    """``out.copy_(t)`` for host tensors, with torch's own bits, faster for 8-bit floats.
+
+    A C-contiguous floating-point ``out`` of another dtype than a float8_e4m3fn source
+    is filled from its table; float8_e5m2 widens through float16.
 
     >>> t = torch.tensor([1.5, -448.0], dtype=torch.float8_e4m3fn)
     >>> cast_into(torch.empty(2), t).tolist()
@@ -143,12 +150,24 @@ def cast_into(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         t.dtype in LOOKUP_SOURCES
         and out.dtype is not t.dtype
         and out.dtype.is_floating_point
-        and out.is_contiguous()
+        and not t.is_neg()
     ):
+        if t.dtype is torch.float8_e5m2:
+            if t.numel() < SHIFT_FROM or out.dtype not in WIDE:
+                return out.copy_(t)
+            halves = np.left_shift(t.view(torch.uint8).numpy(), 8, dtype=np.uint16)
+            return out.copy_(torch.from_numpy(halves).view(torch.float16))
+        if not out.is_contiguous():
+            return out.copy_(t)
         codes = t.view(torch.uint8).to(torch.int32).reshape(-1)  # in C order, as out
         torch.index_select(lookup_table(t.dtype, out.dtype), 0, codes, out=out.view(-1))
         return out
     return out.copy_(t)
+
+
+def plain_cast(src: DTypeRow) -> bool:
+    """Whether torch's own ``copy_`` is the fastest cast from ``src`` (no lookup table)."""
+    return src.torch not in LOOKUP_SOURCES
 
 
 def empty(shape: tuple[int, ...], row: DTypeRow) -> torch.Tensor:

@@ -24,7 +24,7 @@ signature: converting a thousand tensors of three kinds makes three decisions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ import torch
 from . import _dlpack as dlpack
 from . import _dtensor as dtensor
 from . import _memory as mem
+from . import _quantized as quantized
 from .dtypes import (
     BY_NUMPY,
     BY_TORCH,
@@ -49,6 +50,8 @@ from .dtypes import (
 )
 from .errors import (
     CopyRequiredError,
+    InvalidArgumentError,
+    MissingExtraError,
     NoDataError,
     ShapeMismatchError,
     UnsupportedDtypeError,
@@ -107,8 +110,12 @@ def signature(x: Any) -> Hashable | None:
     if cls is np.ndarray or cls is np.memmap:
         return (cls, x.dtype, x.flags.writeable, strides_state(x))
     if isinstance(x, torch.Tensor):
-        if cls is not torch.Tensor and cls not in mem.PLAIN_SUBCLASSES and dtensor.is_dtensor(x):
-            return dtensor.signature(x)
+        if cls is not torch.Tensor and cls not in mem.PLAIN_SUBCLASSES:
+            if dtensor.is_dtensor(x):
+                return dtensor.signature(x)
+            kind = quantized.kind_of(x)
+            if kind is not None:  # a wrapper of codes and scales: its kind decides
+                return (kind, x.device)
         dtype = x.dtype
         conj = dtype.is_complex and x.is_conj()
         return (cls, dtype, x.device, x.layout, x.requires_grad, x.is_neg(), conj, x.is_nested)
@@ -243,6 +250,11 @@ def run_numpy(
     gather: bool = False,
 ) -> Any:
     """Plan ``to_numpy`` for ``x`` and run the plan (``to_numpy`` tries the quick plan first)."""
+    if out is not None and not isinstance(out, np.ndarray):
+        raise UnsupportedTensorError(
+            f"to_numpy: out= is a {type(out).__qualname__}, not a np.ndarray; pass "
+            "out=np.empty(shape, dtype), or use tb.to_torch(x, out=tensor) for a tensor"
+        )
     if dlpack.is_producer(x):  # JAX, CuPy, MLX, ... or a capsule: import once, then plan
         return dlpack.numpy_from(x, _numpy_call, dtype=dtype, copy=copy, readonly=readonly, out=out)
     return plan_numpy(x, dtype, copy, readonly, out is not None, gather).run(x, out)
@@ -280,12 +292,22 @@ def run_torch(
 
     ``to_torch`` tries the quick plan first.
     """
+    if out is not None and not isinstance(out, torch.Tensor):
+        raise UnsupportedTensorError(
+            f"to_torch: out= is a {type(out).__qualname__}, not a torch.Tensor; pass "
+            "out=torch.empty(shape, dtype=...), or use tb.to_numpy(x, out=array) for an array"
+        )
     if dlpack.is_producer(x):  # JAX, CuPy, MLX, ... or a capsule: import once, then plan
         return dlpack.torch_from(
             x, _torch_call, dtype=dtype, device=device, copy=copy,
             requires_grad=requires_grad, out=out,
         )  # fmt: skip
     if not isinstance(x, (np.ndarray, torch.Tensor)):
+        if x is None or isinstance(x, (Mapping, str, bytes)):
+            raise UnsupportedTensorError(
+                f"to_torch expects an array, a number or a nested list of numbers, got "
+                f"{type(x).__qualname__}; pass tb.tree_to_torch(x) for a dict of arrays"
+            )
         x = np.asarray(x)
     return _torch_call(
         x, dtype=dtype, device=device, copy=copy, requires_grad=requires_grad, out=out,
@@ -311,6 +333,26 @@ def check_cast(src: DTypeRow, dst: DTypeRow) -> None:
             f"casting {src.name} to {dst.name} would discard the imaginary part; pass the real "
             "part (x.real) explicitly, or a complex dtype"
         )
+
+
+def device_of(device: Any) -> torch.device | None:
+    """``device=`` as a ``torch.device``, or the error naming the devices this torch has."""
+    if device is None:
+        return None
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InvalidArgumentError(
+            f"device={device!r} is not a device; pass 'cpu', 'cuda', 'cuda:1', 'mps' or a "
+            "torch.device"
+        ) from None
+    backend = getattr(torch, target.type, None)
+    if target.type != "meta" and not getattr(backend, "is_available", lambda: True)():
+        raise InvalidArgumentError(
+            f"device={device!r}: this torch has no {target.type} device; pass device='cpu' "
+            "(or leave out device=)"
+        )
+    return target
 
 
 def check_out(out: Any, shape: tuple[int, ...], what: str) -> None:
@@ -352,8 +394,9 @@ def plain_tensor(x: Any) -> torch.Tensor:
             "its storage; pass a plain tensor (x.as_subclass(torch.Tensor) if it does)"
         )
     raise UnsupportedTensorError(
-        f"to_numpy expects a torch.Tensor, got {cls.__qualname__}; pass torch.as_tensor(x) "
-        "for other array-likes"
+        f"to_numpy expects a torch.Tensor, got {cls.__qualname__}; pass "
+        "tb.tree_to_numpy(x) for a dict or list of tensors, torch.as_tensor(x) for other "
+        "array-likes"
     )
 
 
@@ -394,6 +437,9 @@ def decide_numpy(
         return _array_to_numpy(x, dtype, copy, readonly, into)
     if type(x) is not torch.Tensor and dtensor.is_dtensor(x):
         return _dtensor_to_numpy(x, dtype, copy, readonly, into, gather)
+    kind = quantized.kind_of(x) if type(x) is not torch.Tensor else None
+    if kind is not None:
+        return _subclass_to_numpy(x, kind, dtype, copy, readonly, into)
     t = plain_tensor(x)
     detach: tuple[str, ...] = ("detach",) if t is not x else ()
     if t.is_nested:
@@ -484,17 +530,53 @@ def _strided_to_numpy(
     shown = ("resolve",) if resolve else ()
     if dst is not src:
         shown = (*shown, "cast")
-    run = _fresh(dst, detach, readonly, keep_order=False)
+    run = _fresh(dst, detach, readonly, keep_order=False, src=src)
     quick = None if detach or resolve else run
     return Plan("numpy", (*steps, *shown, *tail), reason, True, src, dst, not resolve, run, quick)
 
 
-def _fresh(dst: DTypeRow, detach: bool, readonly: bool, keep_order: bool) -> Run:
+def _fresh(
+    dst: DTypeRow, detach: bool, readonly: bool, keep_order: bool, src: DTypeRow | None = None
+) -> Run:
     """The host copy / cast executor: NumPy allocates, torch's kernel converts.
 
     It refuses a tensor off the host (raising ``TypeError``), so that it can serve as
-    the plan's quick executor; conj/neg bits are resolved by the copy itself.
+    the plan's quick executor; conj/neg bits are resolved by the copy itself. A C-order
+    cast from a source torch converts itself is written out inline: it is every
+    ``dtype=`` call's hot path.
     """
+    if src is not None and not (detach or readonly or keep_order):
+        ndt, tdt = dst.numpy, dst.torch
+        if not mem.plain_cast(src):
+
+            def cast_table(x: torch.Tensor, out: Any) -> np.ndarray:
+                if not x.is_cpu:
+                    raise TypeError("not a host tensor")
+                fresh = np.empty(x.shape, ndt)
+                mem.cast_into(mem.as_tensor(fresh, dst), x)
+                return fresh
+
+            return cast_table
+        if dst.carrier is None:
+
+            def cast(x: torch.Tensor, out: Any) -> np.ndarray:
+                if not x.is_cpu:
+                    raise TypeError("not a host tensor")
+                fresh = np.empty(x.shape, ndt)
+                torch.from_numpy(fresh).copy_(x)
+                return fresh
+
+            return cast
+        bits = dst.carrier_numpy
+
+        def cast_carried(x: torch.Tensor, out: Any) -> np.ndarray:
+            if not x.is_cpu:
+                raise TypeError("not a host tensor")
+            fresh = np.empty(x.shape, ndt)
+            torch.from_numpy(fresh.view(bits)).view(tdt).copy_(x)
+            return fresh
+
+        return cast_carried
 
     def run(x: torch.Tensor, out: Any) -> np.ndarray:
         if not x.is_cpu:
@@ -603,7 +685,7 @@ def _sparse_to_numpy(
     try:
         import scipy.sparse  # noqa: F401
     except ImportError:
-        raise UnsupportedTensorError(
+        raise MissingExtraError(
             f"converting a {t.layout} tensor needs scipy; pip install tensorbridge[sparse]"
         ) from None
     if into:
@@ -689,6 +771,42 @@ def _quantized_to_numpy(
     return Plan("numpy", steps, reason, True, None, dst, False, run)
 
 
+def _dequantizing(x: Any, kind: quantized.Kind, dtype: Any, where: str) -> tuple[str, torch.device]:
+    """The reason a quantized subclass is copied, and where its float32 values are made."""
+    if dtype is None:
+        raise quantized.refusal(x, kind, where)
+    if kind.scheme is None and not kind.call:
+        raise quantized.undequantizable(x, kind)
+    if x.device.type == "meta":
+        raise NoDataError(
+            f"a meta {kind.name} ({kind.dtype}, shape {tuple(x.shape)}) holds no codes or "
+            "scales; materialise it first"
+        )
+    return (
+        f"is a quantized {kind.name} (dequantizing makes new values)",
+        torch.device("cpu") if kind.scheme is not None else x.device,
+    )
+
+
+def _subclass_to_numpy(
+    x: Any, kind: quantized.Kind, dtype: Any, copy: bool | None, readonly: bool, into: bool
+) -> Plan:
+    """A quantized tensor subclass: refused without dtype=, else dequantized (float32) and cast."""
+    reason, made_on = _dequantizing(x, kind, dtype, "to_numpy")
+    needs_copy("to_numpy", reason, copy)
+    src = BY_TORCH[torch.float32]
+    dst = resolve_dtype(dtype)
+    check_cast(src, dst)
+    rest = _strided_to_numpy(torch.empty(0, device=made_on), src, dst, (), None, readonly, into)
+
+    def run(v: Any, out: Any) -> Any:
+        return rest.run(quantized.dequantize(v, kind), out)
+
+    fetch = ("transfer",) if made_on != x.device else ()
+    steps = (*fetch, "dequantize", *(s for s in rest.steps if s != "view"))
+    return Plan("numpy", steps, reason, True, None, dst, False, run)
+
+
 def _unpack_to_numpy(
     packed: PackedRow, t: torch.Tensor, dtype: Any, copy: bool | None, readonly: bool, into: bool
 ) -> Plan:
@@ -756,6 +874,9 @@ def decide_torch(
     if type(x) is not torch.Tensor and dtensor.is_dtensor(x):
         return _dtensor_to_torch(x, dtype, device, copy, requires_grad, into, gather)
     if isinstance(x, torch.Tensor):
+        kind = quantized.kind_of(x) if type(x) is not torch.Tensor else None
+        if kind is not None:
+            return _subclass_to_torch(x, kind, dtype, device, copy, requires_grad, into)
         return _tensor_to_torch(x, dtype, device, copy, requires_grad, into)
     if isinstance(x, np.ma.MaskedArray):
         raise UnsupportedTensorError(
@@ -780,7 +901,7 @@ def decide_torch(
             raise UnsupportedDtypeError(explain_numpy(a.dtype))
     dst = src if dtype is None else resolve_dtype(dtype)
     check_cast(src, dst)
-    target = torch.device(device) if device is not None else None
+    target = device_of(device)
     remote = target is not None and target.type != "cpu"
     state = strides_state(a) if a.dtype.isnative else _VIEWABLE
     if reason is None:
@@ -954,6 +1075,31 @@ def _tensor_to_torch(
         return finish_tensor(x.to(device=device, dtype=target), requires_grad, out)
 
     return Plan("torch", (*moves, *grad), reason, True, row, dst or row, batch, run_move)
+
+
+def _subclass_to_torch(
+    x: Any,
+    kind: quantized.Kind,
+    dtype: Any,
+    device: Any,
+    copy: bool | None,
+    requires_grad: bool,
+    into: bool,
+) -> Plan:
+    """A quantized tensor subclass: as :func:`_subclass_to_numpy`, on ``x``'s device by default."""
+    reason, made_on = _dequantizing(x, kind, dtype, "to_torch")
+    needs_copy("to_torch", reason, copy)
+    if device is None and x.device != made_on:
+        device = x.device
+    rest = plan_torch(torch.empty(0, device=made_on), dtype, device, None, requires_grad, into)
+
+    def run(v: Any, out: Any) -> torch.Tensor:
+        made: torch.Tensor = rest.run(quantized.dequantize(v, kind), out)
+        return made
+
+    fetch = ("transfer",) if made_on != x.device else ()
+    steps = (*fetch, "dequantize", *(s for s in rest.steps if s != "view"))
+    return Plan("torch", steps, reason, True, None, rest.dst, False, run)
 
 
 def _dtensor_to_torch(

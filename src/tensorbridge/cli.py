@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .errors import TensorBridgeError
+from .errors import MissingExtraError, TensorBridgeError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -690,7 +690,10 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         if not src.keys():
             raise TensorBridgeError(f"{args.src} holds no arrays or tensors; nothing to convert")
         if not names:
-            raise _UsageError(f"no tensor of {args.src} matches --include/--exclude")
+            raise _UsageError(
+                f"no tensor of {args.src} matches --include/--exclude; "
+                f"'tensorbridge inspect {args.src}' lists the names"
+            )
         names, unsupported = _convertible(src, names, args)
         if not dst.format.many_arrays and len(names) != 1:
             raise _UsageError(
@@ -1026,7 +1029,7 @@ def _executor(args: argparse.Namespace) -> Iterator[Any]:
         try:
             from distributed import Client
         except ImportError:
-            raise TensorBridgeError(
+            raise MissingExtraError(
                 "--dask-scheduler needs dask.distributed; pip install tensorbridge[dask]"
             ) from None
         with Client(args.dask_scheduler) as client:  # type: ignore[no-untyped-call]
@@ -1061,7 +1064,10 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
             )
         names = _select(src.keys(), args.include, args.exclude)
         if not names:
-            raise _UsageError(f"no tensor of {args.src} matches --include/--exclude")
+            raise _UsageError(
+                f"no tensor of {args.src} matches --include/--exclude; "
+                f"'tensorbridge inspect {args.src}' lists the names"
+            )
         names, unsupported = _convertible(src, names, args)
         if not names:
             raise _UsageError(f"no tensor of {args.src} is left to convert")
@@ -1568,7 +1574,7 @@ def _pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise _UsageError(
+        raise MissingExtraError(
             "--plot needs matplotlib; pip install 'tensorbridge[plot]' (or matplotlib)"
         ) from None
     return plt

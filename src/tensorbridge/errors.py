@@ -17,9 +17,11 @@ __all__ = [
     "CopyRequiredError",
     "DestinationExistsError",
     "FormatError",
+    "InvalidArgumentError",
     "MissingExtraError",
     "NoDataError",
     "QuantizationError",
+    "QuantizedTensorError",
     "ShapeMismatchError",
     "ShardedTensorError",
     "TensorBridgeError",
@@ -45,6 +47,14 @@ class NoDataError(UnsupportedTensorError):
     """A meta or fake tensor: it describes a shape and dtype but holds no values."""
 
 
+class QuantizedTensorError(UnsupportedTensorError):
+    """A quantized tensor subclass (torchao's ``MXTensor``, ``NVFP4Tensor``, ...) given as is.
+
+    Its storage holds codes and scales, not values: pass ``dtype=np.float32`` to
+    dequantize it, or ``keep_quantized=True`` to a tree function for its parts.
+    """
+
+
 class ShardedTensorError(UnsupportedTensorError):
     """A DTensor asked for as a whole: its storage on this rank holds only a part of it.
 
@@ -55,6 +65,15 @@ class ShardedTensorError(UnsupportedTensorError):
 
 class CopyRequiredError(TensorBridgeError, ValueError):
     """``copy=False`` was passed, but the result cannot share memory with the input."""
+
+
+class InvalidArgumentError(TensorBridgeError, ValueError):
+    """An argument whose value the function does not take (``framework=``, ``device=``, ...).
+
+    Raised where a keyword names an option that does not exist (``framework='jax'``),
+    a size or tolerance out of range (``max_shard_size='lots'``, ``rtol=-1``), or
+    options that contradict each other; the message lists the values that work.
+    """
 
 
 class ShapeMismatchError(TensorBridgeError, ValueError):

@@ -16,6 +16,11 @@ They map ``to_numpy`` / ``to_torch`` over a pytree's leaves and promise four mor
 * **Batched transfers.** Device leaves reach the host through one pinned staging
   buffer, every copy ``non_blocking``, one wait per device for the whole tree; host
   leaves bound for a device are staged likewise, and nothing waits.
+
+A quantized tensor subclass leaf (torchao's ``MXTensor``, ``NVFP4Tensor``,
+``Float8Tensor``, ...) follows ``to_numpy`` / ``to_torch``: refused without a cast,
+dequantized by ``dtype=`` or ``float_dtype=``; ``keep_quantized=True`` instead gives
+its parts, a :class:`QuantizedParts`, and the cast applies to the other leaves.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import dataclasses
 import itertools
 import threading
 from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,6 +40,7 @@ import torch
 
 from . import _dlpack as dlpack
 from . import _memory as mem
+from . import _quantized as quantized
 from ._plan import (
     QUICK_NUMPY,
     QUICK_SHARES,
@@ -48,6 +55,7 @@ from ._plan import (
 from ._staging import Cursor, Leaf, array_layout, convert_planned, tensor_layout
 from .dtypes import (
     BY_TORCH,
+    PACKED_BY_TORCH,
     DeviceLike,
     DTypeLike,
     DTypeRow,
@@ -58,7 +66,7 @@ from .dtypes import (
 )
 from .errors import UnsupportedDtypeError
 
-__all__ = ["tree_to_numpy", "tree_to_torch"]
+__all__ = ["QuantizedParts", "tree_to_numpy", "tree_to_torch"]
 
 _NAMESPACE = "tensorbridge"
 _CPU = torch.device("cpu")
@@ -76,6 +84,7 @@ def tree_to_numpy(
     copy: bool | None = None,
     readonly: bool = False,
     gather: bool = False,
+    keep_quantized: bool = False,
 ) -> Any:
     """Convert every tensor in a nested structure to a NumPy array, keeping the structure.
 
@@ -94,6 +103,12 @@ def tree_to_numpy(
             :func:`~tensorbridge.to_numpy`: one collective per DTensor leaf, in leaf
             order, so every rank must pass the same structure. Without it a DTensor
             leaf raises :class:`~tensorbridge.ShardedTensorError`.
+        keep_quantized: turn each quantized tensor subclass leaf (torchao's
+            ``MXTensor``, ``NVFP4Tensor``, ``Float8Tensor``, ...) into a
+            :class:`QuantizedParts` of its codes and scales as arrays (ml_dtypes for
+            float8 / e8m0), zero-copy on the host. Without it such a leaf raises
+            :class:`~tensorbridge.QuantizedTensorError` unless ``dtype=`` or
+            ``float_dtype=`` asks for it dequantized.
 
     Returns:
         The same structure with arrays in place of tensors. Tied leaves (one object, or
@@ -114,7 +129,7 @@ def tree_to_numpy(
     cast = _Cast.of(dtype, float_dtype)
 
     def convert(leaves: list[Any], cursor: Cursor) -> list[Any]:
-        return _numpy_pass(leaves, cast, copy, readonly, cursor, gather)
+        return _numpy_pass(leaves, cast, copy, readonly, cursor, gather, keep_quantized)
 
     return _converted(tree, convert)
 
@@ -127,6 +142,7 @@ def tree_to_torch(
     device: DeviceLike | None = None,
     copy: bool | None = None,
     gather: bool = False,
+    keep_quantized: bool = False,
 ) -> Any:
     """Convert every NumPy array in a nested structure to a tensor, keeping the structure.
 
@@ -143,6 +159,9 @@ def tree_to_torch(
         copy: as in :func:`~tensorbridge.to_torch`.
         gather: gather every DTensor leaf whole onto every rank (one collective per
             DTensor leaf, in leaf order), as in :func:`~tensorbridge.to_torch`.
+        keep_quantized: turn each quantized tensor subclass leaf into a
+            :class:`QuantizedParts` of its inner tensors (moved to ``device=``,
+            copied by ``copy=True``), as in :func:`tree_to_numpy`.
 
     Returns:
         The same structure with tensors in place of arrays; tied leaves stay tied.
@@ -163,12 +182,67 @@ def tree_to_torch(
     target = None if device is None else torch.device(device)
 
     def convert(leaves: list[Any], cursor: Cursor) -> list[Any]:
-        return _torch_pass(leaves, cast, target, copy, cursor, gather)
+        return _torch_pass(leaves, cast, target, copy, cursor, gather, keep_quantized)
 
     return _converted(tree, convert)
 
 
 _ARRAY_TYPES = frozenset({torch.Tensor, np.ndarray})
+
+
+@dataclass(frozen=True)
+class QuantizedParts:
+    """A quantized tensor subclass taken apart (``keep_quantized=True``): codes, scales, metadata.
+
+    Example (with torchao installed)::
+
+        w = MXTensor.to_mx(torch.randn(4, 64), torch.float8_e4m3fn, 32)
+        p = tb.tree_to_numpy({"w": w}, keep_quantized=True)["w"]
+        p.scheme, p.shape  # ('mxfp8', (4, 64))
+        p.parts["qdata"].dtype, p.parts["scale"].dtype  # float8_e4m3fn, float8_e8m0fnu
+
+    Attributes:
+        kind: the subclass (``"torchao.prototype.mx_formats.mx_tensor.MXTensor"``).
+        scheme: the :mod:`tensorbridge.quant` scheme of its layout (``"mxfp8"``,
+            ``"mxfp4"``, ``"nvfp4-modelopt"``, ``"fp8"``), or ``None``.
+        shape: the shape of the values it stands for.
+        dtype: their dtype (the subclass's own dtype), NumPy's or torch's.
+        parts: its inner tensors by name, in ``__tensor_flatten__``'s order, each
+            converted as a leaf without ``dtype=`` (float8 and e8m0 as ml_dtypes arrays,
+            packed fp4 as its ``uint8`` bytes on the NumPy side), sharing memory where
+            that leaf would; a nested quantized part is a ``QuantizedParts`` itself.
+        attributes: its other metadata as ``__tensor_flatten__`` gives it
+            (``block_size``, ``elem_dtype``, ``orig_dtype``, ...).
+    """
+
+    kind: str
+    scheme: str | None
+    shape: tuple[int, ...]
+    dtype: Any
+    parts: dict[str, Any]
+    attributes: dict[str, Any]
+
+
+def _parts(
+    x: Any, kind: quantized.Kind, convert: Callable[[torch.Tensor], Any], numpy: bool
+) -> QuantizedParts:
+    """``x`` taken apart through ``__tensor_flatten__``, each inner tensor converted."""
+    found = quantized.flatten(x)
+    assert found is not None  # x has a Kind
+    inner, attributes = found
+    parts: dict[str, Any] = {}
+    for name, t in inner:
+        sub = quantized.kind_of(t)
+        parts[name] = convert(t) if sub is None else _parts(t, sub, convert, numpy)
+    cls = kind.cls
+    return QuantizedParts(
+        f"{cls.__module__}.{cls.__qualname__}",
+        kind.scheme,
+        tuple(x.shape),
+        _numpy_dtype(x.dtype) if numpy else x.dtype,
+        parts,
+        attributes,
+    )
 
 
 def _converted(tree: Any, convert: Callable[[list[Any], Cursor], list[Any]]) -> Any:
@@ -341,6 +415,9 @@ class _Cast(NamedTuple):
         if self.none:
             return None
         if isinstance(x, torch.Tensor):
+            if type(x) is not torch.Tensor and quantized.kind_of(x) is not None:
+                wanted = self.every or self.floats  # dequantized, even to its own dtype
+                return self.given if wanted is None else wanted.torch
             return self.spec(BY_TORCH.get(x.dtype))
         return self.spec(native_row(x.dtype))
 
@@ -367,6 +444,7 @@ def _numpy_pass(
     readonly: bool,
     cursor: Cursor,
     gather: bool = False,
+    keep_quantized: bool = False,
 ) -> list[Any]:
     """Plan every array leaf (once per signature), run the plans that share, batch the copies."""
     out = list(leaves)
@@ -400,6 +478,9 @@ def _numpy_pass(
                     except REFUSALS:
                         pass  # a flag the quick plan does not cover: the full signature decides
                 spec = keys[dt][1]
+            elif keep_quantized and (kind := quantized.kind_of(x)) is not None:
+                out[i] = _parts(x, kind, lambda t: _numpy_part(t, copy, readonly), True)
+                continue
             elif dlpack.is_producer(x):  # another library's array: import it, then cast it
                 made = run_numpy(x, cast.every, copy, readonly)
                 out[i] = made if cast.none else run_numpy(made, cast.spec_of(made), None, readonly)
@@ -435,6 +516,7 @@ def _torch_pass(
     copy: bool | None,
     cursor: Cursor,
     gather: bool = False,
+    keep_quantized: bool = False,
 ) -> list[Any]:
     """As :func:`_numpy_pass`, towards torch (and ``device=``)."""
     out = list(leaves)
@@ -476,6 +558,9 @@ def _torch_pass(
                 continue
             if isinstance(x, np.generic):
                 x = np.asarray(x)
+            elif keep_quantized and (kind := quantized.kind_of(x)) is not None:
+                out[i] = _parts(x, kind, lambda t: run_torch(t, None, device, copy), False)
+                continue
             elif dlpack.is_producer(x):  # another library's array: import it, then cast it
                 imported = run_torch(x, cast.every, device, copy)
                 out[i] = (
@@ -509,6 +594,18 @@ def _torch_pass(
     for i, j in repeats.items():
         out[i] = out[j]
     return out
+
+
+def _numpy_dtype(dtype: torch.dtype) -> Any:
+    row = BY_TORCH.get(dtype)
+    return dtype if row is None else row.numpy
+
+
+def _numpy_part(t: torch.Tensor, copy: bool | None, readonly: bool) -> Any:
+    """One inner tensor of a quantized subclass as an array: its bits, packed fp4 as bytes."""
+    if PACKED_BY_TORCH.get(t.dtype) is not None:
+        t = t.view(torch.uint8)
+    return run_numpy(t, None, copy, readonly)
 
 
 def _firsts(leaves: list[Any], torch_side: bool = False) -> tuple[Iterable[int], dict[int, int]]:

@@ -74,7 +74,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from ..dtypes import PACKED_BY_TORCH
-from ..errors import FormatError, UnsupportedTensorError
+from ..errors import FormatError, InvalidArgumentError, UnsupportedTensorError
 from ..io._common import iter_bytes
 from ..io._safetensors_header import PACKED_ROWS
 from ..io.safetensors import parse_size
@@ -166,7 +166,10 @@ class SafetensorsWriter(StorageWriter):
         self.path = Path(path)
         self.max_shard_size = parse_size(max_shard_size)
         if buffer_size <= 0:
-            raise ValueError(f"buffer_size={buffer_size} must be a positive number of bytes")
+            raise InvalidArgumentError(
+                f"buffer_size={buffer_size!r} is not a positive number of bytes; pass an int "
+                "such as 64 << 20 (64 MiB)"
+            )
         self.buffer_size = buffer_size
         self.map_small_writes = map_small_writes
         self.is_coordinator = False

@@ -66,7 +66,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from ..convert import to_numpy, to_torch
-from ..errors import UnsupportedTensorError
+from ..errors import InvalidArgumentError, UnsupportedTensorError
 from ..io import zarr as zstore
 from ..io._common import DEFAULT_CHUNK
 from ._tiling import check_tiles
@@ -95,6 +95,12 @@ class ZarrWriter(StorageWriter):
     ) -> None:
         super().__init__()
         zstore.require_zarr()
+        for label, value in (("max_chunk_bytes", max_chunk_bytes), ("buffer_bytes", buffer_bytes)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise InvalidArgumentError(
+                    f"{label}={value!r} is not a positive number of bytes; pass an int such "
+                    "as 16 << 20 (16 MiB)"
+                )
         self.path = Path(path)
         self.max_chunk_bytes = max_chunk_bytes
         self.buffer_bytes = buffer_bytes

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..dtypes import DTypeRow, resolve_dtype
-from ..errors import TensorBridgeError
+from ..errors import InvalidArgumentError, TensorBridgeError
 from ..io._common import progress_bar
 from ..tree import flatten_with_paths
 from ._record import Record
@@ -142,7 +142,16 @@ def compare(
     Returns:
         A :class:`Comparison`; problems (shape differences, missing keys, unreadable
         leaves) are reported in it, not raised.
+
+    Raises:
+        InvalidArgumentError: a negative or NaN ``rtol`` / ``atol``.
     """
+    for label, tol in (("rtol", rtol), ("atol", atol)):
+        if tol is not None and not tol >= 0:
+            raise InvalidArgumentError(
+                f"{label}={tol!r} is not a tolerance; pass a number >= 0, or None for the "
+                "dtype's default"
+            )
     if _is_tree(a) or _is_tree(b):
         fa, fb = flatten_with_paths(a), flatten_with_paths(b)
         paths = [p for p in fa if p in fb]

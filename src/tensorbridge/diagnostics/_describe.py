@@ -21,6 +21,7 @@ import torch
 
 from .. import _dlpack as dlpack
 from .. import _dtensor as dtensor
+from .. import _quantized as quantized
 from .._plan import Plan, plan_numpy, plan_torch
 from ..dtypes import BY_NUMPY, DTypeRow, explain_numpy, resolve_dtype
 from ..errors import (
@@ -65,6 +66,12 @@ class Description(Record):
         requires_grad / is_leaf / grad_fn: autograd state (``None`` for arrays).
         to_numpy / to_torch: what ``tb.to_numpy(x)`` / ``tb.to_torch(x)`` would do, and why.
         notes: aliasing and autograd caveats worth knowing before sharing memory.
+        quantized: for a quantized tensor subclass (torchao's ``MXTensor``, ...), what
+            it holds: ``"MXTensor (mxfp8): qdata (float8_e4m3fn [8, 64]) and scale
+            (float8_e8m0fnu [8, 2])"``; its storage facts are ``None`` (its storage is
+            not its values).
+        dequantize: for such a tensor, the plan of ``to_numpy(x, dtype=np.float32)``
+            (steps ``("dequantize",)``, and how: the ``reason``).
     """
 
     kind: str
@@ -95,6 +102,8 @@ class Description(Record):
     to_numpy: ConversionPlan
     to_torch: ConversionPlan
     notes: tuple[str, ...] = ()
+    quantized: str | None = None
+    dequantize: ConversionPlan | None = None
 
 
 def _plan(make: Callable[[], Plan], share_reason: str) -> ConversionPlan:
@@ -216,7 +225,9 @@ def _describe_tensor(t: torch.Tensor) -> Description:
     if strided and shape is not None and strides is not None:
         c, f = _contiguous(shape, strides, False), _contiguous(shape, strides, True)
     sharded = dtensor.is_dtensor(t)
-    offset = int(t.storage_offset()) if strided and not sharded else None
+    kind = quantized.kind_of(t) if type(t) is not torch.Tensor else None
+    wrapper = sharded or kind is not None  # its storage is not its values
+    offset = int(t.storage_offset()) if strided and not wrapper else None
     numel = t.numel() if shape is not None else None
     notes = _aliasing_notes(shape, strides, c, f)
     if sharded:  # its storage is this rank's local tensor: no storage facts about the whole
@@ -241,7 +252,7 @@ def _describe_tensor(t: torch.Tensor) -> Description:
         strides_bytes=tuple(s * itemsize for s in strides) if strides is not None else None,
         storage_offset=offset,
         storage_offset_bytes=offset * itemsize if offset is not None else None,
-        storage_nbytes=t.untyped_storage().nbytes() if strided and not sharded else None,
+        storage_nbytes=t.untyped_storage().nbytes() if strided and not wrapper else None,
         nbytes=numel * itemsize if numel is not None else None,
         device=str(t.device),
         layout=str(t.layout).removeprefix("torch."),
@@ -257,7 +268,21 @@ def _describe_tensor(t: torch.Tensor) -> Description:
         to_numpy=_plan(lambda: plan_numpy(t), share),
         to_torch=_plan(lambda: plan_torch(t), "already a tensor: to_torch returns it as is"),
         notes=tuple(notes),
+        **(_quantized_facts(t, kind) if kind is not None else {}),
     )
+
+
+def _quantized_facts(t: torch.Tensor, kind: quantized.Kind) -> dict[str, Any]:
+    """What a quantized subclass holds, and the plan that dequantizes it."""
+    scheme = f" ({kind.scheme})" if kind.scheme else ""
+    try:
+        plan = plan_numpy(t, "float32")
+        how = ConversionPlan(
+            "copy", f"the input {plan.reason}; dequantized by {kind.route}", plan.steps
+        )
+    except TensorBridgeError as e:
+        how = ConversionPlan("error", str(e))
+    return {"quantized": f"{kind.name}{scheme}: {quantized.parts_text(t)}", "dequantize": how}
 
 
 def _address(a: Array) -> int:

@@ -51,8 +51,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import _quantized as quantized
 from ..dtypes import DeviceLike, DTypeLike
-from ..errors import DestinationExistsError, FormatError
+from ..errors import (
+    DestinationExistsError,
+    FormatError,
+    InvalidArgumentError,
+    UnsupportedTensorError,
+)
 from . import dcp, gguf, npy, npz, pt, safetensors, zarr  # noqa: F401 - tb.io.<format> without an import
 from ._common import Deferred, TensorFile
 from ._detect import describe, detect, kind_by_suffix, mismatch_note, resolve
@@ -161,13 +167,13 @@ def _reader(
     if fmt is None and kind != "index":
         raise FormatError(_refusal(kind, where))
     if dtype is not None and not (fmt is None or fmt.raw_dtype):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"dtype= names the type of raw bytes np.save wrote from ml_dtypes arrays "
             f"({listing(lambda f: f.raw_dtype)}); {where} is {describe(kind)}: to cast "
-            "values pass float_dtype="
+            "values pass float_dtype= (command line: --float-dtype)"
         )
     if dequantize is not None and (fmt is None or fmt.name != "gguf"):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"dequantize= is read here for GGUF files only; {where} is {describe(kind)} "
             "(open it with tb.open(path, dequantize=...))"
         )
@@ -211,7 +217,7 @@ def _tensors(obj: Any, where: str) -> dict[str, Any]:
     if isinstance(obj, torch.nn.Module):
         obj = obj.state_dict()
     if not isinstance(obj, Mapping):
-        raise TypeError(
+        raise UnsupportedTensorError(
             f"expected a mapping of names to tensors or arrays, got {type(obj).__qualname__}; "
             "pass a state dict, e.g. {'weight': tensor}"
         )
@@ -219,12 +225,22 @@ def _tensors(obj: Any, where: str) -> dict[str, Any]:
     for name, value in flat.items():
         if isinstance(value, np.generic):
             flat[name] = np.asarray(value)
+        elif type(value) is not torch.Tensor and isinstance(value, torch.Tensor):
+            _refuse_quantized(value, f"at {name!r}: ")
         elif not isinstance(value, (torch.Tensor, np.ndarray, Deferred)):
-            raise TypeError(
+            raise UnsupportedTensorError(
                 f"at {name!r}: {type(value).__qualname__} is not a tensor or array; file "
                 "formats store tensors only (put other values in metadata=)"
             )
     return flat
+
+
+def _refuse_quantized(value: torch.Tensor, at: str) -> None:
+    """A quantized tensor subclass (torchao's ``MXTensor``, ...) is not saved as its storage."""
+    kind = quantized.kind_of(value)
+    if kind is not None:
+        error = quantized.refusal(value, kind, "save")
+        raise type(error)(f"{at}{error}")
 
 
 def save(
@@ -295,7 +311,7 @@ def save(
         )
         return
     if executor is not None or format is not None:
-        raise ValueError(
+        raise InvalidArgumentError(
             "executor= and format= apply to saving an opened chunked checkpoint "
             "(tb.save(tb.open(dcp_dir), path)); other saves take neither"
         )
@@ -305,13 +321,13 @@ def save(
     suffix = dst.path.suffix.lower()
     if max_shard_size is not None and not fmt.sharding:
         sharding = [f for f in FORMATS if f.sharding]
-        raise ValueError(
+        raise InvalidArgumentError(
             f"max_shard_size= needs the {' or '.join(f.name for f in sharding)} format; "
             f"{suffix!r} files are not sharded (save to a "
             f"{listing(lambda f: f.sharding, ' or ')} path or a directory)"
         )
     if metadata and not fmt.metadata:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"{suffix!r} files have no place for metadata; save to "
             f"{listing(lambda f: f.metadata, ' or ')} to keep it, or leave out metadata= "
             f"({', '.join(map(str, list(metadata)[:5]))})"
@@ -323,7 +339,7 @@ def save(
         options.update(max_shard_size=max_shard_size, index=dst.sharded)
     if quantize is not None:
         if fmt.name != "gguf":
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"quantize= writes GGUF's Q8_0 blocks; {suffix!r} files hold plain tensors "
                 "(save to a .gguf path, or leave out quantize=)"
             )
@@ -331,6 +347,8 @@ def save(
     single = fmt.single_array and (
         not fmt.many_arrays or isinstance(obj, (torch.Tensor, np.ndarray))
     )
+    if single and type(obj) is not torch.Tensor and isinstance(obj, torch.Tensor):
+        _refuse_quantized(obj, "")
     fmt.save(
         obj if single else _tensors(obj, repr(str(dst.path))),
         dst.path,
@@ -364,7 +382,7 @@ def _save_chunked(
     text = os.fspath(path)
     if format == "npy":
         if max_shard_size is not None or metadata:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "a directory of .npy files has no shards and no metadata; leave out "
                 "max_shard_size= and metadata=, or save to a directory for safetensors"
             )
@@ -391,7 +409,7 @@ def _save_chunked(
     if dst.format.name == "zarr":
         dst.check_overwrite(overwrite)
         if max_shard_size is not None:
-            raise ValueError("a Zarr store has no shards; leave out max_shard_size=")
+            raise InvalidArgumentError("a Zarr store has no shards; leave out max_shard_size=")
         assemble.save(
             f,
             dst.path,
@@ -486,7 +504,7 @@ def open(
     resolved = resolve(Path(path))
     if detect(resolved) == "gguf":  # its tensors name their own block types
         if scheme is not None:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "scheme= names the scheme of a safetensors checkpoint; a GGUF file's "
                 "tensors name their own types: leave out scheme="
             )
@@ -495,7 +513,9 @@ def open(
     if dequantize is None:
         if scheme is not None:
             f.close()
-            raise ValueError("scheme= says how to dequantize; pass dequantize='bf16' with it")
+            raise InvalidArgumentError(
+                "scheme= says how to dequantize; pass dequantize='bf16' with it"
+            )
         return f
     from ..quant.api import DequantizedFile
 

@@ -31,7 +31,7 @@ from .. import _memory as mem
 from .._plan import numpy_row
 from ..convert import to_numpy, to_torch
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
-from ..errors import FormatError, UnsupportedDtypeError
+from ..errors import FormatError, InvalidArgumentError, UnsupportedDtypeError
 
 DEFAULT_CHUNK = 64 << 20
 _PAGE = mmap.PAGESIZE
@@ -100,7 +100,13 @@ def cast_target(src: DTypeRow, float_dtype: Any) -> DTypeRow:
     """``float_dtype`` applies to floating-point values only; everything else keeps its dtype."""
     if float_dtype is None or not src.is_floating:
         return src
-    return resolve_dtype(float_dtype)
+    dst = resolve_dtype(float_dtype)
+    if not dst.is_floating:
+        raise UnsupportedDtypeError(
+            f"float_dtype={dst.name} is not a floating-point dtype; pass a float dtype such "
+            "as 'bfloat16' (integer tensors keep their dtype)"
+        )
+    return dst
 
 
 def iter_bytes(
@@ -374,7 +380,9 @@ class TensorFile(abc.ABC):
         if name not in self:
             raise KeyError(f"{name!r} is not in this file; its keys are {self.keys()[:10]}")
         if framework not in ("numpy", "torch"):
-            raise ValueError(f"framework={framework!r} is not supported; pass 'numpy' or 'torch'")
+            raise InvalidArgumentError(
+                f"framework={framework!r} is not supported; pass 'numpy' or 'torch'"
+            )
         as_torch = framework == "torch"
         copy: bool | None = None
         if mmap:

@@ -159,7 +159,8 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
     Raises:
         FormatError: a directory holding several candidates of the same rank.
         UncommittedCheckpointError: a directory holding none, but a save's staging
-            directory (a save that is running, or died before its commit).
+            directory (a save that is running, or died before its commit), or DCP
+            .distcp files without their .metadata.
         FileNotFoundError: a directory holding none.
     """
     if path.suffix.lower() == ".distcp" and (path.parent / ".metadata").is_file():
@@ -189,6 +190,13 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
         raise UncommittedCheckpointError(
             f"{path} holds no committed checkpoint: {staged[0].name} is a save that is still "
             "running or died before its commit; wait for it to finish or save again"
+        )
+    shards = sorted(path.glob("*.distcp"))
+    if shards:  # torch's FileSystemWriter writes .metadata last: its commit
+        raise UncommittedCheckpointError(
+            f"{path} holds {len(shards)} .distcp files but no .metadata: a "
+            "torch.distributed.checkpoint save still running or killed before its commit; "
+            "wait for it to finish or save again"
         )
     wanted = ", ".join(patterns)
     raise FileNotFoundError(f"{path} holds no checkpoint file or index ({wanted})")

@@ -2,10 +2,11 @@
 
 The header (an 8-byte little-endian length ``N``, then ``N`` bytes of JSON) is all a
 reader has to go on before it maps the data, so :func:`parse` checks the whole of
-it first: the length against the file and ``MAX_HEADER``; strict JSON (no
-duplicate keys, no NaN or Infinity); string-to-string ``__metadata__``; for each
-tensor a known dtype code and a shape of non-negative integers whose size is the
-byte count its ``data_offsets`` give; and offsets that tile the data section
+it first: the length against the file and ``MAX_HEADER``; strict JSON (no duplicate
+keys, no NaN or Infinity, no nesting deeper than Python's recursion limit);
+string-to-string ``__metadata__``; for each tensor a known dtype code and a shape of
+at most ``MAX_RANK`` non-negative integers whose size is the byte count its
+``data_offsets`` give; and offsets that tile the data section
 exactly, with no gap and no overlap. A shard index (``*.safetensors.index.json``)
 gets the same strictness from :func:`read_index`. Every fault raises
 :class:`~tensorbridge.errors.FormatError` naming the file, the tensor and what is
@@ -29,6 +30,7 @@ from ..dtypes import BY_SAFETENSORS, PACKED, DTypeRow, PackedRow
 from ..errors import FormatError
 
 MAX_HEADER = 100_000_000  # the official reader's limit on the JSON header
+MAX_RANK = 64  # NumPy's NPY_MAXDIMS: no array of a higher rank can be made
 
 # The official writer orders tensors by its dtype enum, largest first, then by name. A new
 # code goes here at its place in that order (safetensors' src/tensor.rs, enum Dtype).
@@ -209,6 +211,11 @@ def _check_entry(
     shape = spec.get("shape")
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise FormatError(f"{where}: shape {short(shape)} is not a list of non-negative integers")
+    if len(shape) > MAX_RANK:
+        raise FormatError(
+            f"{where}: shape has {len(shape)} dimensions, over the {MAX_RANK} an array can "
+            "have; corrupt file"
+        )
     offsets = spec.get("data_offsets")
     if not (
         isinstance(offsets, list)

@@ -58,7 +58,14 @@ import torch
 
 from ..convert import to_numpy
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
-from ..errors import FormatError, NoDataError, UnsupportedDtypeError, UnsupportedTensorError
+from ..errors import (
+    FormatError,
+    InvalidArgumentError,
+    MissingExtraError,
+    NoDataError,
+    UnsupportedDtypeError,
+    UnsupportedTensorError,
+)
 from ._common import (
     DEFAULT_CHUNK,
     TensorFile,
@@ -95,7 +102,7 @@ def _gguf_quants() -> Any:
     try:
         from gguf import quants
     except ImportError:
-        raise ImportError(
+        raise MissingExtraError(
             f"dequantizing and writing quantized GGUF tensors uses the gguf package; {_EXTRA}"
         ) from None
     return quants
@@ -627,9 +634,10 @@ def _item(name: Any, value: Any, float_dtype: Any, quantize: str | None) -> _Ite
     if quantize is not None:
         qname = quantize.upper()
         if qname not in _WRITES_QUANTIZED:
-            raise ValueError(
-                f"quantize={quantize!r}: tensorbridge writes {', '.join(_WRITES_QUANTIZED)} "
-                "(llama.cpp's llama-quantize makes the other types from an F16/BF16 file)"
+            raise InvalidArgumentError(
+                f"quantize={quantize!r}: tensorbridge writes {', '.join(_WRITES_QUANTIZED)}; "
+                "pass quantize='q8_0', or make other types from an F16/BF16 file with "
+                "llama.cpp's llama-quantize"
             )
         gtype = BY_NAME[qname]
         if not src.is_floating:

@@ -53,7 +53,13 @@ from ..dtypes import (
     DTypeLike,
     DTypeRow,
 )
-from ..errors import FormatError, NoDataError, UnsupportedDtypeError, UnsupportedTensorError
+from ..errors import (
+    FormatError,
+    InvalidArgumentError,
+    NoDataError,
+    UnsupportedDtypeError,
+    UnsupportedTensorError,
+)
 from ._common import (
     DEFAULT_CHUNK,
     Deferred,
@@ -314,7 +320,7 @@ def parse_size(size: int | str | None) -> int | None:
         if m and m.group(2).upper() in _UNITS:
             value = int(Fraction(m.group(1)) * _UNITS[m.group(2).upper()])
     if value is None or value <= 0:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"max_shard_size={size!r} is not a positive size; pass bytes (an int) or a string "
             "such as '5GB' (10**9 bytes), '500MB' or '2GiB' (2**30 bytes)"
         )
@@ -620,7 +626,9 @@ class SafetensorsFile(TensorFile):
                 name, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype
             )
         if framework not in ("numpy", "torch"):
-            raise ValueError(f"framework={framework!r} is not supported; pass 'numpy' or 'torch'")
+            raise InvalidArgumentError(
+                f"framework={framework!r} is not supported; pass 'numpy' or 'torch'"
+            )
         as_torch = framework == "torch"
         dst = cast_target(e.row, float_dtype)
         if dst is not e.row:  # float4 values are exact in float32; torch's kernel does the rest

@@ -89,6 +89,7 @@ __all__ = [
 ]
 
 GROUP_FILE = "zarr.json"  # a node's metadata; the group's is the store's commit record
+MAX_NODE_JSON = 1 << 26  # a zarr.json larger than 64 MiB is not read as a store
 MAX_CHUNK_BYTES = 16 << 20  # chunks at most this large (a grid may make them smaller)
 RESERVED = "tensorbridge"  # the group attribute that holds the tensors' order
 _CONFIG = {"write_empty_chunks": True}
@@ -535,10 +536,10 @@ def store_kind(path: str | os.PathLike[str]) -> str | None:
     """
     doc = Path(path) / GROUP_FILE
     try:
-        if doc.stat().st_size > 1 << 26:
+        if doc.stat().st_size > MAX_NODE_JSON:
             return None
         meta = json.loads(doc.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if isinstance(meta, dict) and meta.get("zarr_format") == 3:
         kind = meta.get("node_type")

@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..convert import to_numpy
+from .. import _quantized as quantized
+from ..convert import to_numpy, to_torch
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
-from ..errors import QuantizationError
+from ..errors import QuantizationError, UnsupportedTensorError
 from ..io._common import Deferred, TensorFile, row_of
 from ..io._keys import flatten
 from .base import Group, Index, Scheme, as_torch
@@ -86,7 +87,9 @@ def dequantize(
     """Dequantize codes and scales, or every quantized weight of a state dict.
 
     One weight: ``dequantize(codes, scale, scheme=..., [global_scale=...])``; the
-    result is a tensor if ``codes`` is one, else a NumPy (ml_dtypes) array. A state
+    result is a tensor if ``codes`` is one, else a NumPy (ml_dtypes) array. A
+    quantized tensor subclass (torchao's ``MXTensor``, ``NVFP4Tensor``, ...) alone:
+    ``dequantize(x, dtype=...)``, as ``tb.to_torch(x, dtype=...)``. A state
     dict, module or nested mapping: ``dequantize(sd, config=...)`` returns a flat
     ``{name: value}`` under the unquantized model's names, weights dequantized,
     everything else passed through as it was, activation scales left out.
@@ -127,6 +130,8 @@ def dequantize(
     row = _float_row(dtype)
     opts = _options(block_size, layout, None)
     opts.update({k: v for k, v in (("bits", bits), ("group_size", group_size)) if v is not None})
+    if scale is None and _is_subclass(x):  # torchao's MXTensor, ...: it knows its scheme
+        return to_torch(x, dtype=row.torch)
     if isinstance(x, (torch.Tensor, np.ndarray)):
         if scheme is None:
             raise QuantizationError(
@@ -163,24 +168,41 @@ def dequantize(
         return out if isinstance(x, torch.Tensor) else to_numpy(out)
     if isinstance(x, torch.nn.Module):
         x = x.state_dict()
+    if not isinstance(x, (Mapping, list, tuple)):
+        raise UnsupportedTensorError(
+            f"dequantize expects codes (a tensor or array) or a state dict of them, got "
+            f"{type(x).__qualname__}; pass torch.as_tensor(codes) with scale= and scheme="
+        )
     flat = (
         flatten(x, where="dequantize")
         if not isinstance(x, Mapping)
         or any(not isinstance(v, (torch.Tensor, np.ndarray)) for v in x.values())
         else dict(x)
     )
+    for name, v in flat.items():
+        if not isinstance(v, (torch.Tensor, np.ndarray)):
+            raise UnsupportedTensorError(
+                f"at {name!r}: dequantize expects tensors or arrays, got "
+                f"{type(v).__qualname__}; pass torch.as_tensor(x) for each leaf"
+            )
     tree_index = {n: (_stored_row(v), tuple(v.shape)) for n, v in flat.items()}
     p = plan(tree_index, config_of(config), scheme, opts)
     result: dict[str, Any] = {}
     for name in p.names:
         g = p.group(name)
         if g is None:
-            result[name] = flat[name]
+            v = flat[name]
+            result[name] = to_torch(v, dtype=row.torch) if _is_subclass(v) else v
             continue
         parts = {role: _host(flat[stored]) for role, stored in g.parts.items()}
         out = SCHEMES[g.scheme].dequantize(parts, g, row.torch)
         result[name] = out if isinstance(flat[g.parts["codes"]], torch.Tensor) else to_numpy(out)
     return result
+
+
+def _is_subclass(x: Any) -> bool:
+    """A quantized tensor subclass (torchao's ``MXTensor``, ...): dequantized by its kind."""
+    return type(x) is not torch.Tensor and quantized.kind_of(x) is not None
 
 
 def _stored_row(v: Any) -> DTypeRow:

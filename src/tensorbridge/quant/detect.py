@@ -181,13 +181,25 @@ def config_of(config: Any) -> Config | None:
     )
 
 
+MAX_CONFIG = 1 << 26  # a config.json over 64 MiB is no model's configuration
+
+
 def _json(path: Path) -> Any:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return None
+    if size > MAX_CONFIG:
+        raise QuantizationError(
+            f"{path} is over {MAX_CONFIG:,} bytes, too large for a model config; pass "
+            "config= the quantization_config dict instead"
+        )
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise QuantizationError(f"{path} is not readable JSON ({e}); fix or remove it") from None
 
 
