@@ -619,7 +619,6 @@ def test_debug_reraises(capsys: pytest.CaptureFixture[str], small: Path) -> None
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         ([], "the following arguments are required: COMMAND"),
         (["compare", "a.npz"], "the following arguments are required: B"),
-        (["cast-report", "a.npz"], "the following arguments are required: --dtype"),
         (["compare", "a.npz", "b.npz", "--rtol", "loose"], "invalid float value: 'loose'"),
     ],
 )

@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fnmatch
+import functools
 import json
 import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .errors import MissingExtraError, TensorBridgeError
@@ -41,9 +42,11 @@ _EXAMPLES = {
     "  tensorbridge convert deepseek-fp8/ out/model.safetensors --dequantize bf16\n"
     "  tensorbridge convert dcp_checkpoint/ hf_model/ --max-shard-size 5GB --workers 4",
     "compare": "examples:\n  tensorbridge compare a.safetensors b.safetensors\n"
-    "  tensorbridge compare ref.npz out.npz --rtol 1e-3 --plot errors.png",
+    "  tensorbridge compare ref.npz out.npz --rtol 1e-3 --plot errors.png\n"
+    "  tensorbridge compare bf16_model/ mxfp4_model/ --scheme mxfp4",
     "cast-report": "examples:\n  tensorbridge cast-report model.safetensors --dtype bf16\n"
-    "  tensorbridge cast-report model.safetensors --dtype float8_e4m3fn --plot ulps.png",
+    "  tensorbridge cast-report model.safetensors --dtype float8_e4m3fn --plot ulps.png\n"
+    "  tensorbridge cast-report model.safetensors --scheme nvfp4-modelopt",
     "demo": "example:\n  tensorbridge demo",
 }
 
@@ -91,6 +94,14 @@ def _parser() -> argparse.ArgumentParser:
             "--quiet", "-q", action="store_true", help="no progress bar and no notes on stderr"
         )
 
+    def scheme_options(p: argparse.ArgumentParser, help: str) -> None:
+        p.add_argument("--scheme", metavar="NAME", help=help)
+        p.add_argument(
+            "--block-size",
+            metavar="R,C",
+            help="fp8 block-wise scales' block, when no config.json gives it (128,128)",
+        )
+
     p = command(
         "inspect",
         "list the tensors of checkpoint files, shard indexes and checkpoint directories",
@@ -120,9 +131,23 @@ def _parser() -> argparse.ArgumentParser:
         help="the quantization scheme, when no config says it (fp8-block, mxfp4, ...)",
     )
     p.add_argument(
+        "--quantize",
+        metavar="SCHEME",
+        help="write 2-D+ weights quantized (mxfp8, mxfp4, nvfp4-modelopt, "
+        "nvfp4-compressed-tensors, fp8-block) in the scheme's published layout",
+    )
+    p.add_argument(
         "--block-size",
         metavar="R,C",
-        help="fp8 block-wise scales' block, when no config.json gives it (128,128)",
+        help="fp8 block-wise block: to read when no config.json gives it, or to write "
+        "(default 128,128)",
+    )
+    p.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="with --quantize: keep weights matching PATTERN unquantized (glob; repeatable)",
     )
     p.add_argument(
         "--include",
@@ -176,13 +201,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, help="absolute tolerance (default: by dtype)")
     p.add_argument("--plot", metavar="PNG", help="draw the error distributions (matplotlib)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    scheme_options(p, "the quantized side's scheme, when no config says it (mxfp4, ...)")
     reading(p)
 
     p = command("cast-report", "what casting every tensor of a file to DTYPE would do")
     p.add_argument("file", metavar="FILE")
-    p.add_argument("--dtype", required=True, metavar="DTYPE", help="bf16, f16, float8_e4m3fn, ...")
+    p.add_argument("--dtype", metavar="DTYPE", help="bf16, f16, float8_e4m3fn, ...")
     p.add_argument("--plot", metavar="PNG", help="draw the ULP histograms (matplotlib)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    scheme_options(
+        p, "quantize with NAME and dequantize again (mxfp8, mxfp4, nvfp4-modelopt, fp8-block)"
+    )
+    p.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="with --scheme: leave weights matching PATTERN unquantized (glob; repeatable)",
+    )
     reading(p)
 
     command("demo", "convert a small bf16 model's weights both ways and report, offline")
@@ -405,7 +441,7 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
                     "file": str(path),
                     "metadata": dict(f.metadata),
                     "notes": list(f.notes),
-                    "quantization": _quantization(f, unsupported),
+                    "quantization": _quantization(f, unsupported, args),
                     "tensors": tensors,
                 }
             )
@@ -445,7 +481,39 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         for t in file["tensors"]:
             if "unsupported" in t:
                 out.write(f"unsupported: {t['unsupported']}\n")
+        if quant is not None and quant.get("details"):
+            out.write("\n")
+            _quant_table(quant["details"], args.stats, out)
     return 0
+
+
+def _quant_table(details: Mapping[str, Any], stats: bool, out: TextIO) -> None:
+    """inspect's table of quantized weights: codes, scales, and with --stats their values."""
+    e8m0 = any("e8m0_at_limits" in d["scales"] for d in details.values())
+    headers = ["quantized weight", "scheme", "codes", "scales"]
+    if stats:
+        headers += ["blocks", "saturated"]
+        headers += ["e8m0 0x00", "e8m0 0xfe", "e8m0 NaN"] if e8m0 else []
+        headers += ["min", "max", "mean", "std", "nan", "inf"]
+    rows = []
+    for name, d in details.items():
+        c, sc = d["codes"], d["scales"]
+        cells = [
+            name,
+            d["scheme"],
+            f"{c['dtype']} {tuple(c['shape'])}",
+            f"{sc['dtype']} {tuple(sc['shape'])}",
+        ]
+        if stats:
+            cells += [_num(d["blocks"]), _num(d["saturated_blocks"])]
+            if e8m0:
+                limits = sc.get("e8m0_at_limits", {})
+                cells += [_num(limits.get(k)) for k in ("0x00", "0xfe", "nan")]
+            st = d["stats"]
+            cells += [_num(st.get(k)) for k in ("min", "max", "mean", "std")]
+            cells += [_num(d["nan_produced"]), _num(d["inf_produced"])]
+        rows.append(cells)
+    _table(rows, headers, out)
 
 
 def _clip(text: str, limit: int = 200) -> str:
@@ -455,10 +523,14 @@ def _clip(text: str, limit: int = 200) -> str:
     return f"{text[: limit // 2]}... ({len(text):,} characters; --json shows them all)"
 
 
-def _quantization(f: TensorFile, unsupported: Mapping[str, str]) -> dict[str, Any] | None:
-    """The scheme a checkpoint is quantized with (None when it is not), or why it is refused."""
+def _quantization(
+    f: TensorFile, unsupported: Mapping[str, str], args: argparse.Namespace
+) -> dict[str, Any] | None:
+    """The scheme a checkpoint is quantized with (None when it is not), or why it is refused;
+    with ``--stats``, each weight's dequantized values, computed a block row at a time."""
     from .errors import QuantizationError
-    from .quant import plan, read_config
+    from .io._common import progress_bar
+    from .quant import SCHEMES, plan, read_config
 
     index = {n: f.info(n) for n in f if n not in unsupported}
     try:
@@ -467,11 +539,48 @@ def _quantization(f: TensorFile, unsupported: Mapping[str, str]) -> dict[str, An
         return {"refused": str(e)}
     if not p.quantized:
         return None
+    details: dict[str, Any] = {}
+    bar = progress_bar(
+        sum(f.nbytes(g.parts["codes"]) for g in p.groups) if args.stats else 0,
+        "dequantized stats",
+        _progress(args),
+    )
+    try:
+        for g in p.groups:
+            (crow, cshape), (srow, sshape) = index[g.parts["codes"]], index[g.parts["scale"]]
+            entry: dict[str, Any] = {
+                "scheme": g.scheme,
+                "shape": list(g.shape),
+                "codes": {"name": g.parts["codes"], "dtype": crow.name, "shape": list(cshape)},
+                "scales": {"name": g.parts["scale"], "dtype": srow.name, "shape": list(sshape)},
+            }
+            if args.stats:
+                from .diagnostics import QuantWeight
+                from .diagnostics._quant import weight_report
+
+                parts = {role: f.get(stored, framework="torch") for role, stored in g.parts.items()}
+                w: QuantWeight = weight_report(SCHEMES[g.scheme], g, parts)
+                if w.e8m0_min is not None:
+                    entry["scales"]["e8m0_at_limits"] = {
+                        "0x00": w.e8m0_min,
+                        "0xfe": w.e8m0_max,
+                        "nan": w.e8m0_nan,
+                    }
+                entry["blocks"] = w.blocks
+                entry["saturated_blocks"] = w.saturated_blocks
+                entry["nan_produced"] = w.nan_produced
+                entry["inf_produced"] = w.inf_produced
+                entry["stats"] = w.stats.to_dict()
+                bar.update(f.nbytes(g.parts["codes"]))
+            details[g.name] = entry
+    finally:
+        bar.close()
     return {
         "summary": p.summary(),
         "schemes": list(p.schemes),
         "weights": {g.name: {"scheme": g.scheme, **dict(g.parts)} for g in p.groups},
         "dropped": list(p.dropped),
+        "details": details,
     }
 
 
@@ -492,6 +601,19 @@ def _convertible(
     return [n for n in names if n not in unsupported], unsupported
 
 
+def _block_size(args: argparse.Namespace) -> tuple[int, int] | None:
+    """``--block-size R,C`` as two positive ints (a usage error otherwise)."""
+    if args.block_size is None:
+        return None
+    try:
+        sizes = tuple(int(b) for b in args.block_size.split(","))
+    except ValueError:
+        sizes = ()
+    if len(sizes) != 2 or min(sizes) <= 0:
+        raise _UsageError(f"--block-size {args.block_size}: pass two positive sizes, 128,128")
+    return sizes[0], sizes[1]
+
+
 def _convert(args: argparse.Namespace, out: TextIO) -> int:
     from . import io as tbio
     from .io._formats import listing  # what each format can hold, for the messages
@@ -499,18 +621,12 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
 
     float_dtype = _dtype_arg(args.float_dtype, "--float-dtype", floating=True)
     dequantize = _dtype_arg(args.dequantize, "--dequantize", floating=True)
-    if (args.scheme or args.block_size) is not None and dequantize is None:
+    block_size = _block_size(args)
+    quantize = _quantize_arg(args, dequantize, float_dtype, block_size)
+    if (args.scheme or args.block_size) is not None and dequantize is None and not quantize:
         raise _UsageError(
             "--scheme / --block-size say how to dequantize; pass --dequantize bf16 with them"
         )
-    block_size = None
-    if args.block_size is not None:
-        try:
-            block_size = tuple(int(b) for b in args.block_size.split(","))
-        except ValueError:
-            block_size = ()
-        if len(block_size) != 2 or min(block_size) <= 0:
-            raise _UsageError(f"--block-size {args.block_size}: pass two positive sizes, 128,128")
     if dequantize is not None and float_dtype is not None:
         raise _UsageError("--dequantize already sets the weights' dtype; leave out --float-dtype")
     if args.workers is not None and args.workers < 1:
@@ -518,6 +634,11 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
     if args.workers is not None and args.dask_scheduler is not None:
         raise _UsageError("pass --workers or --dask-scheduler, not both")
     if args.format == "npy" or _is_chunked(args.src):
+        if quantize is not None:
+            raise _UsageError(
+                "--quantize reads a safetensors (or .bin, .pt, .npz) checkpoint; convert the DCP "
+                "checkpoint to safetensors first"
+            )
         if dequantize is not None:
             raise _UsageError(
                 "--dequantize reads quantized checkpoints; a DCP checkpoint is converted as "
@@ -534,6 +655,11 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         raise _UsageError(
             f"--max-shard-size needs a {listing(lambda f: f.sharding, ' or ')} destination "
             f"(or a directory), not {args.dst}"
+        )
+    if quantize is not None and dst.format.name != "safetensors":
+        raise _UsageError(
+            f"--quantize writes the schemes' published safetensors layouts, not {args.dst}; "
+            "write a .safetensors file or a directory"
         )
     dst.check_overwrite(args.overwrite)  # before reading anything
     if args.workers is not None or args.dask_scheduler is not None or args.format:
@@ -552,7 +678,7 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 opened,
                 dequantize,
                 scheme=args.scheme,
-                block_size=block_size,  # type: ignore[arg-type]
+                block_size=block_size,
             )
         except BaseException:
             opened.close()
@@ -583,6 +709,8 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 file=sys.stderr,
             )
         progress = _progress(args)
+        if quantize is not None:
+            return _convert_quantized(args, src, dst, names, meta, quantize, block_size, start, out)
         if not dst.format.many_arrays:
             tbio.save(
                 src[names[0]], dst.path, float_dtype=float_dtype, progress=progress, overwrite=True
@@ -630,6 +758,198 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
     return _report(summary, args, out, ok, float_dtype)
 
 
+def _quantize_arg(
+    args: argparse.Namespace, dequantize: Any, float_dtype: Any, block_size: Any
+) -> str | None:
+    """``--quantize``'s scheme, checked against the options it cannot go with."""
+    from .errors import QuantizationError
+    from .quant.write import writable
+
+    if args.quantize is None:
+        if args.ignore:
+            raise _UsageError("--ignore says which weights --quantize leaves; pass --quantize")
+        return None
+    if dequantize is not None:
+        raise _UsageError("pass --quantize or --dequantize, not both")
+    if float_dtype is not None:
+        raise _UsageError(
+            "--quantize sets the weights' dtypes; cast the other tensors in a second convert "
+            "with --float-dtype"
+        )
+    if args.scheme is not None:
+        raise _UsageError("--quantize names the scheme; leave out --scheme")
+    try:
+        scheme = writable(args.quantize)
+    except QuantizationError as e:
+        raise _UsageError(str(e)) from None
+    if block_size is not None and scheme != "fp8-block":
+        raise _UsageError(f"--block-size is fp8-block's; {scheme} has fixed blocks")
+    return scheme
+
+
+def _convert_quantized(
+    args: argparse.Namespace,
+    src: TensorFile,
+    dst: tbio.Destination,
+    names: list[str],
+    meta: dict[str, Any],
+    scheme: str,
+    block_size: tuple[int, int] | None,
+    start: float,
+    out: TextIO,
+) -> int:
+    """convert --quantize: each selected weight quantized as it is written, the rest as stored."""
+    from . import io as tbio
+    from .quant.write import quantized_parts, skip_reason
+
+    if _quant_plan(src, None, None).quantized:
+        raise TensorBridgeError(
+            f"{args.src} is already quantized; dequantize it first (convert --dequantize bf16)"
+        )
+    values: dict[str, Any] = {}
+    quantized: list[str] = []
+    left: dict[str, str] = {}
+    taken = set(names)
+    for n in names:
+        row, shape = src.info(n)
+        why = skip_reason(n, row, shape, scheme, args.ignore)
+        if why is not None:
+            values[n] = src[n]
+            if not why.startswith("not a floating-point"):
+                left[n] = why
+            continue
+        load = functools.partial(src.get, n, framework="torch")  # mapped, not copied
+        parts = quantized_parts(n, load, shape, scheme, block_size)
+        clash = [k for k in parts if k != n and k in taken]
+        if clash:
+            raise TensorBridgeError(
+                f"{n} quantizes into {clash[0]}, which {args.src} already holds; exclude one "
+                f"of them (--exclude {clash[0]})"
+            )
+        values.update(parts)
+        quantized.append(n)
+    if not quantized:
+        raise TensorBridgeError(
+            f"no weight of {args.src} is one {scheme} quantizes (2-D+ float weights, not "
+            "embeddings, lm_head or norms); nothing to quantize"
+        )
+    if not args.quiet:
+        for n, why in left.items():
+            print(f"note: left {n} unquantized: {why}", file=sys.stderr)
+    tbio.save(
+        values,
+        args.dst,
+        metadata=meta or None,
+        max_shard_size=args.max_shard_size,
+        progress=_progress(args),
+        overwrite=True,
+    )
+    ignored = [n[: -len(".weight")] if n.endswith(".weight") else n for n in left]
+    config = _write_quant_config(src, dst, scheme, block_size, ignored, args.overwrite)
+    if config is None and not args.quiet:
+        size = f" --block-size {','.join(map(str, block_size or (128, 128)))}"
+        print(
+            f"note: no config.json beside {args.src}, so none says how {args.dst} is "
+            f"quantized: read it with --scheme {scheme}"
+            + (size if scheme == "fp8-block" else "")
+            + " (tb.open(..., dequantize=..., scheme=...))",
+            file=sys.stderr,
+        )
+    took = time.perf_counter() - start
+    written = _written(dst)
+    summary: dict[str, Any] = {
+        "src": args.src,
+        "quantized": f"{scheme}: {_plural(len(quantized), 'weight')}",
+        "quantized_weights": quantized,
+        "left_unquantized": left,
+        "config": config,
+        "dst": written,
+        "tensors": len(values),
+        "bytes_in": sum(src.nbytes(n) for n in names if n not in src.aliases),
+        "bytes_out": sum(p.stat().st_size for p in dst.existing()),
+        "seconds": round(took, 3),
+        "skipped": [],
+        "dropped_metadata": [],
+    }
+    ok = True
+    if args.verify:
+        problems = _verify_quantized(src, names, written, scheme, block_size, quantized, args)
+        summary["verified"] = not problems
+        summary["problems"] = problems
+        ok = not problems
+    return _report(summary, args, out, ok, None)
+
+
+def _write_quant_config(
+    src: TensorFile,
+    dst: tbio.Destination,
+    scheme: str,
+    block_size: tuple[int, int] | None,
+    ignored: list[str],
+    overwrite: bool,
+) -> str | None:
+    """A quantized checkpoint's config.json: the source's, with its ``quantization_config``
+    (written only when the source directory has a config.json; returns its path)."""
+    from .io._common import atomic_write
+    from .quant.write import quantization_config
+
+    source = getattr(src, "path", None)
+    if source is None:
+        return None
+    here = source if os.path.isdir(source) else os.path.dirname(os.path.abspath(source))
+    there = os.path.dirname(os.path.abspath(dst.path))
+    config = os.path.join(here, "config.json")
+    target = os.path.join(there, "config.json")
+    if os.path.abspath(here) == there or not os.path.isfile(config):
+        return None
+    if os.path.exists(target) and not overwrite:
+        print(f"note: kept the existing {target} (pass --overwrite to replace it)", file=sys.stderr)
+        return None
+    with open(config, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        return None
+    data["quantization_config"] = quantization_config(scheme, block_size, ignored)
+    with atomic_write(target) as f:
+        f.write((json.dumps(data, indent=2) + "\n").encode("utf-8"))
+    return target
+
+
+def _verify_quantized(
+    src: TensorFile,
+    names: list[str],
+    written: str,
+    scheme: str,
+    block_size: tuple[int, int] | None,
+    quantized: list[str],
+    args: argparse.Namespace,
+) -> list[str]:
+    """The output re-read: the same quantized weights as tb.quantize's, bit for bit, under
+    the same scheme, and every other tensor equal to the source."""
+    import numpy as np
+
+    from . import io as tbio
+    from .quant import quantize
+    from .quant.write import LAYOUTS
+
+    kept = [n for n in names if n not in quantized]
+    problems = _verify(src, kept, written, None, _progress(args)) if kept else []
+    with tbio.open(written) as f:
+        p = _quant_plan(f, scheme, block_size)
+        found = {g.name for g in p.groups}
+        problems += [
+            f"{n}: not read back as a {scheme} weight" for n in quantized if n not in found
+        ]
+        for n in quantized:
+            want = quantize(
+                np.asarray(src[n]), scheme, name=n, block_size=block_size, layout=LAYOUTS[scheme]
+            )
+            for k, v in want.items():
+                if k not in f or not np.array_equal(_bits(v), _bits(f[k])):
+                    problems.append(f"{k}: differs from tb.quantize({n})")
+    return problems
+
+
 def _report(
     summary: dict[str, Any], args: argparse.Namespace, out: TextIO, ok: bool, cast: Any
 ) -> int:
@@ -642,6 +962,9 @@ def _report(
         f"{_size(summary['bytes_out'])} out) {args.src} -> {summary['dst']} in "
         f"{summary['seconds']:.2f} s\n"
     )
+    if "quantized" in summary:
+        config = f"; {summary['config']} written" if summary["config"] else ""
+        out.write(f"quantized: {summary['quantized']}{config}\n")
     if args.verify:
         if not ok:
             verdict = f"{len(summary['problems'])} mismatch(es)"
@@ -897,6 +1220,10 @@ def _compare(args: argparse.Namespace, out: TextIO) -> int:
 
     _check_tolerance(args.rtol, "--rtol")
     _check_tolerance(args.atol, "--atol")
+    block_size = _block_size(args)
+    side = _quantized_side(args, block_size)
+    if side is not None:
+        return _compare_quantized(args, side, block_size, out)
     a, b = _as_mapping(args.a, args), _as_mapping(args.b, args)
     if len(a) == 1 and len(b) == 1 and a.keys() != b.keys():
         a, b = {"tensor": next(iter(a.values()))}, {"tensor": next(iter(b.values()))}
@@ -945,10 +1272,186 @@ def _compare(args: argparse.Namespace, out: TextIO) -> int:
     return 0 if result.ok else 1
 
 
+def _quant_plan(f: TensorFile, scheme: str | None, block_size: Any) -> Any:
+    """The quantization plan of an open file (``--scheme`` / ``--block-size`` applied)."""
+    from .quant import plan, read_config
+
+    index = {n: f.info(n) for n in f if n not in f.unsupported()}
+    opts = {"block_size": block_size} if block_size is not None else {}
+    return plan(index, read_config(getattr(f, "path", None)), scheme, opts)
+
+
+def _quantized_side(args: argparse.Namespace, block_size: Any) -> str | None:
+    """Which of compare's A and B is the quantized one ("a" / "b"), or None for a plain
+    comparison: the one side with quantized weights (--scheme's, or what the config
+    or the names say)."""
+    from .errors import QuantizationError
+
+    found: dict[str, bool] = {}
+    for key in ("a", "b"):
+        path = getattr(args, key)
+        with _open(path, argparse.Namespace(**{**vars(args), "quiet": True})) as f:
+            try:
+                found[key] = _quant_plan(f, args.scheme, block_size).quantized
+            except QuantizationError as e:
+                if args.scheme is not None or block_size is not None:
+                    raise
+                if not args.quiet:
+                    print(
+                        f"note: {path} looks quantized but {e}; comparing the stored tensors",
+                        file=sys.stderr,
+                    )
+                found[key] = False
+    sides = [k for k, q in found.items() if q]
+    if len(sides) == 1:
+        return sides[0]
+    if args.scheme is None and block_size is None:
+        return None
+    what = f"{args.scheme} weights" if args.scheme else "quantized weights"
+    if not sides:
+        raise _UsageError(f"neither {args.a} nor {args.b} holds {what}; leave out --scheme")
+    raise _UsageError(
+        f"both {args.a} and {args.b} hold {what}; compare a quantized checkpoint with its "
+        "unquantized reference (or leave out --scheme to compare the stored tensors)"
+    )
+
+
+def _compare_quantized(args: argparse.Namespace, side: str, block_size: Any, out: TextIO) -> int:
+    """compare of a quantized checkpoint with its reference: errors block by block."""
+    from . import diagnostics
+    from .io._common import progress_bar
+
+    qpath, rpath = (args.b, args.a) if side == "b" else (args.a, args.b)
+    with _open(qpath, args) as qf, _open(rpath, args) as rf:
+        p = _quant_plan(qf, args.scheme, block_size)
+        bar = progress_bar(
+            sum(qf.nbytes(g.parts["codes"]) for g in p.groups), "comparing", _progress(args)
+        )
+        nbytes = {g.name: qf.nbytes(g.parts["codes"]) for g in p.groups}
+        try:
+            report = diagnostics.quant_report(
+                qf,
+                rf,
+                scheme=args.scheme,
+                block_size=block_size,
+                progress=lambda name: bar.update(nbytes[name]),
+            )
+        finally:
+            bar.close()
+        ref_names = [n for n in rf if n not in rf.unsupported()]
+        shared = [n for n in p.passthrough if n in ref_names]
+        rest = diagnostics.compare(
+            {n: rf[n] for n in shared},
+            {n: qf[n] for n in shared},
+            rtol=args.rtol,
+            atol=args.atol,
+        )
+        only_ref = [n for n in ref_names if n not in p.passthrough and p.group(n) is None]
+        only_q = [n for n in p.passthrough if n not in ref_names]
+    too_far = {
+        n
+        for n, w in report.weights.items()
+        if args.rtol is not None and w.max_rel_err is not None and w.max_rel_err > args.rtol
+    }
+    ok = report.ok and rest.ok and not only_ref and not only_q and not too_far
+    if args.json:
+        _dump(
+            {
+                "quantized": qpath,
+                "reference": rpath,
+                "ok": ok,
+                "report": report.to_dict(),
+                "tensors": {_display(k): v.to_dict() for k, v in rest.leaves.items()},
+                "only_in_reference": only_ref,
+                "only_in_quantized": only_q,
+            },
+            out,
+        )
+        return 0 if ok else 1
+    out.write(f"quantized: {qpath}: {report.summary}; reference: {rpath}\n")
+    _quant_weights(report, out, too_far)
+    if rest.leaves:
+        out.write("\n")
+        rows = [
+            [
+                _display(k),
+                str(leaf.dtype_a),
+                _num(leaf.max_abs_err),
+                _num(leaf.max_rel_err),
+                _num(leaf.max_ulp),
+                _colour("ok" if leaf.ok else "DIFF", leaf.ok, out),
+            ]
+            for k, leaf in rest.leaves.items()
+        ]
+        _table(rows, ["tensor", "dtype", "max abs", "max rel", "max ulp", "verdict"], out)
+    for name in report.unmatched:
+        out.write(f"only in {qpath}: {name}\n")
+    for name in only_q:
+        out.write(f"only in {qpath}: {name}\n")
+    for name in only_ref:
+        out.write(f"only in {rpath}: {name}\n")
+    out.write("verdict: " + _colour(_quant_verdict(report, ok, too_far, args.rtol), ok, out) + "\n")
+    return 0 if ok else 1
+
+
+def _quant_weights(report: Any, out: TextIO, too_far: Set[str] = frozenset()) -> None:
+    """The per-weight table of a QuantReport, and its worst blocks."""
+    weights = report.weights
+    e8m0 = any(w.e8m0_min is not None for w in weights.values())
+    errors = any(w.max_abs_err is not None for w in weights.values())
+    headers = ["weight", "scheme", "blocks", "saturated"]
+    headers += ["e8m0 0x00", "e8m0 0xfe", "e8m0 NaN"] if e8m0 else []
+    headers += ["max abs", "max rel"] if errors else []
+    headers += ["nan", "inf", "verdict"]
+    rows = []
+    for name, w in weights.items():
+        cells = [name, w.scheme, _num(w.blocks), _num(w.saturated_blocks)]
+        if e8m0:
+            cells += [_num(w.e8m0_min), _num(w.e8m0_max), _num(w.e8m0_nan)]
+        if errors:
+            cells += [_num(w.max_abs_err), _num(w.max_rel_err)]
+        good = w.ok and name not in too_far
+        verdict = "ok" if good else "BAD" if not w.ok else "DIFF"
+        if w.problem:
+            verdict = f"BAD ({w.problem})"
+        cells += [_num(w.nan_produced), _num(w.inf_produced), _colour(verdict, good, out)]
+        rows.append(cells)
+    _table(rows, headers, out)
+    if report.worst_blocks:
+        out.write("worst blocks (max rel: the block's max abs error / its largest |reference|):\n")
+        for b in report.worst_blocks:
+            out.write(
+                f"  {b.tensor} block {tuple(b.block)}: max abs {_num(b.max_abs_err)}, "
+                f"max rel {_num(b.max_rel_err)}\n"
+            )
+
+
+def _quant_verdict(report: Any, ok: bool, too_far: Set[str], rtol: float | None) -> str:
+    bad = [n for n, w in report.weights.items() if not w.ok]
+    if ok:
+        worst = report.worst_blocks[0] if report.worst_blocks else None
+        where = f" ({worst.tensor} block {tuple(worst.block)})" if worst else ""
+        rels = [w.max_rel_err for w in report.weights.values() if w.max_rel_err is not None]
+        tail = f"; worst block max rel {_num(max(rels))}{where}" if rels else ""
+        return "no NaN or inf produced" + tail
+    problems = []
+    if bad:
+        problems.append(f"{_plural(len(bad), 'weight')} with NaN / inf or unreadable")
+    if too_far:
+        problems.append(f"{_plural(len(too_far), 'weight')} beyond --rtol {rtol}")
+    return ", ".join(problems) or "tensors differ or are missing"
+
+
 def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
     from . import diagnostics
     from .io._common import progress_bar
 
+    if args.dtype is not None and (args.scheme or args.block_size) is not None:
+        raise _UsageError("pass --dtype (a cast) or --scheme (a quantization), not both")
+    if args.dtype is None:
+        return _cast_report_scheme(args, out)
+    if args.ignore:
+        raise _UsageError("--ignore applies to --scheme; a cast applies to every tensor")
     target = _dtype_arg(args.dtype, "--dtype", floating=True)
     reports = {}
     with _open(args.file, args) as f:
@@ -1011,6 +1514,48 @@ def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
     verdict = f"safe to store in {target.name}" if safe else f"lossy in {target.name}"
     out.write("verdict: " + _colour(verdict, safe, out) + "\n")
     return 0 if safe else 1
+
+
+def _cast_report_scheme(args: argparse.Namespace, out: TextIO) -> int:
+    """cast-report --scheme: a quantized file's weights, or what quantizing a plain one does."""
+    from . import diagnostics
+    from .io._common import progress_bar
+
+    block_size = _block_size(args)
+    with _open(args.file, args) as f:
+        if args.scheme is None and not _quant_plan(f, None, block_size).quantized:
+            raise _UsageError(
+                f"{args.file} is not quantized: pass --dtype DTYPE for a cast or "
+                "--scheme NAME for what quantizing it would do"
+            )
+        names = [n for n in f if n not in f.unsupported()]
+        bar = progress_bar(sum(f.nbytes(n) for n in names), "cast-report", _progress(args))
+        try:
+            report = diagnostics.quant_report(
+                f,
+                scheme=args.scheme,
+                block_size=block_size,
+                ignore=args.ignore,
+                progress=lambda name: bar.update(f.nbytes(name) if name in f else 0),
+            )
+        finally:
+            bar.close()
+    if not report.weights:
+        raise _UsageError(
+            f"{args.file} has no weight {args.scheme} would quantize (2-D+ float weights, "
+            "not embeddings, lm_head or norms)"
+        )
+    if args.json:
+        _dump(report.to_dict(), out)
+        return 0 if report.ok else 1
+    out.write(f"{args.file}: {report.summary}\n")
+    _quant_weights(report, out)
+    for name, why in report.skipped.items():
+        if "multiple" in why or "matches" in why:
+            out.write(f"left unquantized: {name} ({why})\n")
+    verdict = _quant_verdict(report, report.ok, frozenset(), None)
+    out.write("verdict: " + _colour(verdict, report.ok, out) + "\n")
+    return 0 if report.ok else 1
 
 
 def _demo(args: argparse.Namespace, out: TextIO) -> int:

@@ -16,6 +16,9 @@
   kernel) and counts what happened: overflow, saturation, flush to zero, NaN sign
   and payload changes, errors in units of the target's ULP.
 * :func:`stats` summarises values in float64, so a bfloat16 sum does not stall.
+* :func:`quant_report` says what a quantization scheme does to weights, block by
+  block: errors against the unquantized weights, saturated blocks, e8m0 scales at
+  their limits, NaN / inf produced (``compare`` / ``cast-report --scheme``).
 
 Everything streams in chunks of about four million values, so a large tensor never
 needs several full-size float64 temporaries. Results are small frozen dataclasses;
@@ -27,17 +30,22 @@ from ._cast import ULP_BINS as ULP_BINS  # the keys of CastReport.ulp_histogram
 from ._cast import CastReport, cast_report
 from ._compare import Comparison, compare, default_tolerances
 from ._describe import ConversionPlan, Description, describe
+from ._quant import BlockError, QuantReport, QuantWeight, quant_report
 from ._stats import Stats, stats
 
 __all__ = [
+    "BlockError",
     "CastReport",
     "Comparison",
     "ConversionPlan",
     "Description",
+    "QuantReport",
+    "QuantWeight",
     "Stats",
     "cast_report",
     "compare",
     "default_tolerances",
     "describe",
+    "quant_report",
     "stats",
 ]

@@ -60,44 +60,69 @@ def stats(x: Any) -> Stats:
             values this library can read.
     """
     src = source(x)
-    numel = finite = nan = posinf = neginf = zeros = 0
-    lo, hi, total, mean, m2 = math.inf, -math.inf, 0.0, 0.0, 0.0
+    acc = StatsAccumulator()
     for chunk in chunks(src):
-        numel += chunk.numel()
+        acc.add(chunk)
+    return acc.result(src.row.name)
+
+
+class StatsAccumulator:
+    """:func:`stats` fed chunk by chunk (any order of values): for values computed piece by
+    piece, such as a quantized weight dequantized a block row at a time.
+
+    >>> import torch
+    >>> acc = StatsAccumulator()
+    >>> acc.add(torch.tensor([1.0, 2.0])); acc.add(torch.tensor([3.0, float("nan")]))
+    >>> s = acc.result("float32")
+    >>> s.mean, s.nan_count
+    (2.0, 1)
+    """
+
+    def __init__(self) -> None:
+        self.numel = self.finite = self.nan = self.posinf = self.neginf = self.zeros = 0
+        self.lo, self.hi, self.total, self.mean, self.m2 = math.inf, -math.inf, 0.0, 0.0, 0.0
+
+    def add(self, chunk: torch.Tensor) -> None:
+        """Take in one chunk's values."""
+        self.numel += chunk.numel()
         v = real_parts(chunk).to(torch.float64)
         finite_mask = v.isfinite()
         fin = v
         if not bool(finite_mask.all()):  # the common all-finite chunk skips these passes
-            nan += int(torch.count_nonzero(v.isnan()))
-            posinf += int(torch.count_nonzero(v == math.inf))
-            neginf += int(torch.count_nonzero(v == -math.inf))
+            self.nan += int(torch.count_nonzero(v.isnan()))
+            self.posinf += int(torch.count_nonzero(v == math.inf))
+            self.neginf += int(torch.count_nonzero(v == -math.inf))
             fin = v[finite_mask]
-        zeros += int(torch.count_nonzero(fin == 0))
+        self.zeros += int(torch.count_nonzero(fin == 0))
         n = fin.numel()
         if not n:
-            continue
-        lo, hi = min(lo, float(fin.min())), max(hi, float(fin.max()))
+            return
+        self.lo, self.hi = min(self.lo, float(fin.min())), max(self.hi, float(fin.max()))
         s = float(fin.sum())
         m = s / n
         chunk_m2 = float(((fin - m) ** 2).sum())
-        total += s
-        delta = m - mean  # Chan et al.'s pairwise update of the mean and the squared deviations
-        mean += delta * n / (finite + n)
-        m2 += chunk_m2 + delta * delta * finite * n / (finite + n)
-        finite += n
-    some = finite > 0
-    return Stats(
-        dtype=src.row.name,
-        numel=numel,
-        finite=finite,
-        nan_count=nan,
-        posinf_count=posinf,
-        neginf_count=neginf,
-        zeros=zeros,
-        min=lo if some else None,
-        max=hi if some else None,
-        absmax=max(abs(lo), abs(hi)) if some else None,
-        mean=mean if some else None,
-        std=math.sqrt(m2 / finite) if some else None,
-        sum=total if some else None,
-    )
+        self.total += s
+        # Chan et al.'s pairwise update of the mean and the squared deviations
+        delta = m - self.mean
+        self.mean += delta * n / (self.finite + n)
+        self.m2 += chunk_m2 + delta * delta * self.finite * n / (self.finite + n)
+        self.finite += n
+
+    def result(self, dtype: str) -> Stats:
+        """The :class:`Stats` of every value taken in, labelled ``dtype``."""
+        some = self.finite > 0
+        return Stats(
+            dtype=dtype,
+            numel=self.numel,
+            finite=self.finite,
+            nan_count=self.nan,
+            posinf_count=self.posinf,
+            neginf_count=self.neginf,
+            zeros=self.zeros,
+            min=self.lo if some else None,
+            max=self.hi if some else None,
+            absmax=max(abs(self.lo), abs(self.hi)) if some else None,
+            mean=self.mean if some else None,
+            std=math.sqrt(self.m2 / self.finite) if some else None,
+            sum=self.total if some else None,
+        )

@@ -38,6 +38,9 @@ _ROLE_SUFFIX = {  # scheme -> role -> suffix of the stored name after the weight
     "mxfp8": {"codes": "", "scale": "_scale"},
     "mxfp4": {"codes": "", "scale": "_scale"},
     "mxfp4/gpt-oss": {"codes": "_blocks", "scale": "_scales"},
+    # llm-compressor's MX layouts: e8m0 exponents stored as U8, fp4 codes as NAME_packed
+    "mxfp8/compressed-tensors": {"codes": "", "scale": "_scale"},
+    "mxfp4/compressed-tensors": {"codes": "_packed", "scale": "_scale"},
     "nvfp4-modelopt": {"codes": "", "scale": "_scale", "global_scale": "_scale_2"},
     "nvfp4-compressed-tensors": {
         "codes": "_packed",
@@ -237,7 +240,9 @@ def quantize(
     ``fp8-block`` (transformers' ``Fp8Quantize``: ``name`` + ``name_scale_inv``),
     ``mxfp8`` / ``mxfp4`` (torchao's ``to_mx``, FLOOR scales: ``name`` +
     ``name_scale`` as ``float8_e8m0fnu``; ``layout="gpt-oss"``: ``name_blocks`` +
-    ``name_scales`` from an ``[E, in, out]`` weight), ``nvfp4-modelopt`` /
+    ``name_scales`` from an ``[E, in, out]`` weight; ``layout="compressed-tensors"``:
+    llm-compressor's ``name`` (mxfp8) or ``name_packed`` (mxfp4) + ``name_scale`` as
+    ``uint8`` exponents), ``nvfp4-modelopt`` /
     ``nvfp4-compressed-tensors`` (torchao's ``nvfp4_quantize``). Arrays in, arrays out.
 
     >>> import torch, tensorbridge as tb
@@ -248,10 +253,19 @@ def quantize(
     s = scheme_named(scheme)
     if not s.writes:
         s.quantize(torch.empty(0))  # raises the scheme's own refusal
-    opts = _options(block_size, layout, element)
+    key = f"{s.name}/{layout}" if layout not in (None, "ocp") else s.name
+    if key not in _ROLE_SUFFIX:
+        others = [repr(k.split("/")[1]) for k in _ROLE_SUFFIX if k.startswith(s.name + "/")]
+        raise QuantizationError(
+            f"{s.name} has no layout {layout!r}; leave out layout= (the scheme's own)"
+            + (f" or pass {' or '.join(others)}" if others else "")
+        )
+    ct = layout == "compressed-tensors"
+    opts = _options(block_size, None if ct else layout, element)
     t = as_torch(x)
     parts = s.quantize(t, **opts)
-    key = "mxfp4/gpt-oss" if s.name == "mxfp4" and layout == "gpt-oss" else s.name
+    if ct:  # compressed-tensors reads the exponents as integers (decompress_mx_scale)
+        parts["scale"] = parts["scale"].view(torch.uint8)
     out: dict[str, Any] = {name + _ROLE_SUFFIX[key][role]: v for role, v in parts.items()}
     if isinstance(x, np.ndarray):
         return {k: to_numpy(v) for k, v in out.items()}

@@ -183,11 +183,24 @@ class Scheme(abc.ABC):
         yield dict(parts)
 
     def quantize(self, x: torch.Tensor, **options: Any) -> dict[str, torch.Tensor]:
-        """Codes and scales by role, in this scheme's layout."""
+        """Codes and scales by role, in this scheme's layout (``scales_only=True``: the
+        scales alone, for a writer that streams the scale tensor apart from the codes)."""
         raise QuantizationError(
             f"tensorbridge dequantizes {self.name} but does not write it; quantize with "
             "one of the MX formats, nvfp4 or fp8-block"
         )
+
+    def block_index(self, group: Group, flat: torch.Tensor) -> torch.Tensor | None:
+        """Each output element's block: flat indices of the dequantized weight (C order)
+        -> flat indices into its scale tensor; ``None`` where scales are not a grid over
+        the weight (the integer schemes' act-order groups), so no per-block report.
+
+        >>> from tensorbridge.quant import SCHEMES, Group
+        >>> g = Group("w", "mxfp8", {}, (2, 64), {"layout": "ocp"})
+        >>> SCHEMES["mxfp8"].block_index(g, torch.tensor([0, 31, 32, 64])).tolist()
+        [0, 0, 1, 2]
+        """
+        return None
 
     def describe(self) -> str:
         return f"{self.name}: {self.summary} Numerics: {self.numerics}"

@@ -116,6 +116,14 @@ class FP8Block(Scheme):
             blocks_at = (*idx, slice(r0 // br, -(-r1 // br)))
             yield {"codes": parts["codes"][rows_at], "scale": parts["scale"][blocks_at]}
 
+    def block_index(self, group: Group, flat: torch.Tensor) -> torch.Tensor:
+        br, bc = (int(b) for b in group.options["block_size"])
+        rows, cols = group.shape[-2:]
+        nr, nc = -(-rows // br), -(-cols // bc)
+        lead, rest = flat // (rows * cols), flat % (rows * cols)
+        index: torch.Tensor = (lead * nr + rest // cols // br) * nc + rest % cols // bc
+        return index
+
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
         br, bc = group.options["block_size"]
         out, factor = fp8_to_f32_shifted(parts["codes"])
@@ -148,6 +156,8 @@ class FP8Block(Scheme):
         safe = torch.where(max_abs > 0, max_abs, torch.ones_like(max_abs))
         scales = torch.where(max_abs > 0, _FP8_MAX / safe, torch.ones_like(safe))
         inv = (1.0 / scales).to(torch.float32)
+        if options.get("scales_only"):
+            return {"scale": inv}
         q = torch.clamp(tiles * scales[..., :, None, :, None], -_FP8_MAX, _FP8_MAX)
         codes = q.to(torch.float8_e4m3fn).reshape(*lead, nr * br, nc * bc)[..., :rows, :cols]
         return {"codes": codes.contiguous(), "scale": inv}

@@ -129,6 +129,11 @@ class FP8Scaled(Scheme):
             at = (*idx, slice(r0, r1))
             yield {"codes": parts["codes"][at], "scale": scale if per_tensor else scale[at]}
 
+    def block_index(self, group: Group, flat: torch.Tensor) -> torch.Tensor:
+        if group.options["granularity"] == "tensor" or len(group.shape) < 1:
+            return torch.zeros_like(flat)
+        return flat // group.shape[-1]  # one scale a row (output channel)
+
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
         w, factor = fp8_to_f32_shifted(parts["codes"])
         s = fold_factor(w, factor, parts["scale"].to(torch.float32))

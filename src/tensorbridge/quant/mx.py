@@ -184,6 +184,14 @@ class MX(Scheme):
         for r0 in range(0, rows, per):
             yield {"codes": c2[r0 : r0 + per], "scale": s2[r0 : r0 + per]}
 
+    def block_index(self, group: Group, flat: torch.Tensor) -> torch.Tensor:
+        if group.options["layout"] != "gpt-oss":
+            return flat // BLOCK
+        # output [*lead, in, out], scales [*lead, out, in / 32]: the transpose of the blocks
+        k, out = group.shape[-2:]
+        lead, rest = flat // (k * out), flat % (k * out)
+        return (lead * out + rest % out) * (k // BLOCK) + rest // out // BLOCK
+
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
         codes, scale = parts["codes"], e8m0_to_f32(parts["scale"])
         fp4 = self.fp4
@@ -224,6 +232,13 @@ class MX(Scheme):
         biased = torch.where(torch.isnan(max_abs), torch.full_like(biased, 255), biased)
         scale = (biased.to(torch.int32) << 23).view(torch.float32)
         scale = torch.clamp(scale, min=torch.finfo(torch.float32).tiny)
+        if options.get("scales_only"):
+            scales_only = biased.squeeze(-1)
+            return {
+                "scale": scales_only
+                if layout == "gpt-oss"
+                else scales_only.view(torch.float8_e8m0fnu)
+            }
         scaled = blocks / scale
         if self.fp4:
             codes = fp4_encode(scaled.reshape(xf.shape))

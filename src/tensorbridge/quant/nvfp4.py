@@ -165,6 +165,9 @@ class NVFP4(Scheme):
                 "global_scale": parts["global_scale"],
             }
 
+    def block_index(self, group: Group, flat: torch.Tensor) -> torch.Tensor:
+        return flat // BLOCK
+
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
         values = fp4_codes_to_f32(parts["codes"], group.options["packed"])
         s = parts["scale"].to(torch.float32)
@@ -175,6 +178,9 @@ class NVFP4(Scheme):
     def quantize(self, x: torch.Tensor, **options: Any) -> dict[str, torch.Tensor]:
         """torchao's ``nvfp4_quantize`` with ``per_tensor_scale = amax / (448 * 6)``.
 
+        ``amax`` (the whole weight's largest magnitude) lets a weight be quantized a
+        slice of rows at a time with the global scale of the whole.
+
         Returns packed ``uint8`` codes, ``float8_e4m3fn`` block scales and the global
         scale in this convention (ModelOpt: ``scale_2 = amax / 2688``;
         compressed-tensors: ``global_scale = 2688 / amax``, its reciprocal).
@@ -184,24 +190,25 @@ class NVFP4(Scheme):
             xf.ndim >= 1 and xf.shape[-1] % BLOCK == 0,
             f"NVFP4 quantizes rows of a multiple of 16 values; got {shape_text(tuple(xf.shape))}",
         )
-        amax = xf.abs().amax()
+        amax = options.get("amax")
+        amax = xf.abs().amax() if amax is None else torch.as_tensor(amax, dtype=torch.float32)
         per_tensor = amax / (_E4M3_MAX * _F4_MAX)
         blocks = xf.reshape(-1, xf.shape[-1] // BLOCK, BLOCK)
         block_scale = blocks.abs().amax(dim=-1) / _F4_MAX
         scaled_block = block_scale / per_tensor
         eps = torch.finfo(torch.float8_e4m3fn).tiny
         fp8 = torch.clamp(scaled_block, min=eps, max=_E4M3_MAX).to(torch.float8_e4m3fn)
+        glob = per_tensor if self.convention == "modelopt" else 1.0 / per_tensor
+        gshape = () if self.convention == "modelopt" else (1,)
+        scale = fp8.reshape(*xf.shape[:-1], -1)
+        global_scale = glob.reshape(gshape).to(torch.float32)
+        if options.get("scales_only"):
+            return {"scale": scale, "global_scale": global_scale}
         reciprocal = (1.0 / per_tensor) / fp8.to(torch.float32)
         scaled = torch.clamp(blocks * reciprocal[..., None], -_F4_MAX, _F4_MAX)
         codes = fp4_encode(scaled.reshape(xf.shape))
         packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
-        glob = per_tensor if self.convention == "modelopt" else 1.0 / per_tensor
-        shape = () if self.convention == "modelopt" else (1,)
-        return {
-            "codes": packed,
-            "scale": fp8.reshape(*xf.shape[:-1], -1),
-            "global_scale": glob.reshape(shape).to(torch.float32),
-        }
+        return {"codes": packed, "scale": scale, "global_scale": global_scale}
 
 
 def _count(shape: Any) -> int:
