@@ -141,7 +141,8 @@ def quant_report(
     >>> q = r.weights["l.weight"]
     >>> q.blocks, q.nan_produced, q.max_rel_err < 0.5
     (128, 0, True)
-    >>> r2 = tb.quant_report(tb.quantize(w, "mxfp4", name="l.weight"), {"l.weight": w})
+    >>> packed = tb.quantize(w, "mxfp4", name="l.weight")
+    >>> r2 = tb.quant_report(packed, {"l.weight": w})
     >>> r2.weights["l.weight"].max_abs_err == q.max_abs_err
     True
 
