@@ -67,7 +67,7 @@ import torch
 
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError
-from ._common import TensorFile
+from ._common import TensorFile, read_small
 
 __all__ = ["METADATA_FILE", "Chunk", "DcpFile", "load", "open", "read_metadata"]
 
@@ -125,10 +125,7 @@ def read_metadata(path: str | os.PathLike[str]) -> Any:
     p = Path(path)
     if p.is_dir():
         p = p / METADATA_FILE
-    with p.open("rb") as f:
-        raw = f.read(MAX_METADATA + 1)
-    if len(raw) > MAX_METADATA:
-        raise FormatError(f"{p}: over {MAX_METADATA:,} bytes; not a DCP .metadata file")
+    raw = read_small(p, MAX_METADATA, "DCP .metadata file")
     try:
         meta = _MetadataUnpickler(io.BytesIO(raw)).load()
     except pickle.UnpicklingError as err:

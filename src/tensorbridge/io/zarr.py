@@ -538,7 +538,7 @@ def store_kind(path: str | os.PathLike[str]) -> str | None:
         if doc.stat().st_size > 1 << 26:
             return None
         meta = json.loads(doc.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nesting too deep
         return None
     if isinstance(meta, dict) and meta.get("zarr_format") == 3:
         kind = meta.get("node_type")
@@ -584,7 +584,7 @@ class ZarrFile(TensorFile):
             )
             for name in names:
                 self._arrays[name] = group[name]
-        except (KeyError, ValueError, TypeError) as err:
+        except (KeyError, ValueError, TypeError, RecursionError) as err:
             raise FormatError(f"{where}: not a readable Zarr v3 store: {err}") from None
         self._values = attrs
         self._saved = saved if isinstance(saved, dict) else {}
