@@ -135,6 +135,7 @@ def child_rss(reader: Reader, data: bytes, directory: Path) -> tuple[str, int]:
 
     Catches what ``tracemalloc`` cannot see: torch's allocator and mapped pages touched.
     """
+    directory.mkdir(parents=True, exist_ok=True)
     src = directory / "input.bin"
     src.write_bytes(data)
     work = directory / "work"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import random
 import tempfile
 import time
@@ -28,7 +29,9 @@ class Campaign:
 
     def __init__(self, reader: Reader, failures: Path | None) -> None:
         self.reader = reader
-        self.scratch = Path(tempfile.mkdtemp(prefix=f"fuzz-{reader.name}-"))
+        # in memory where the platform has it: a write per input is most of the cost on disk
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"fuzz-{reader.name}-", dir=shm))
         self.seeds = seeds(reader, self.scratch / "seeds")
         self.work = self.scratch / "work"
         self.work.mkdir()

@@ -128,7 +128,8 @@ def _seeds_npy(scratch: Path) -> list[bytes]:
 
 def _seeds_npz(scratch: Path) -> list[bytes]:
     out = []
-    for save in (np.savez, np.savez_compressed):
+    savers: tuple[Any, ...] = (np.savez, np.savez_compressed)
+    for save in savers:
         for tensors in _sample_arrays()[::2]:
             buf = io.BytesIO()
             save(buf, **{k: np.asarray(v) for k, v in tensors.items()})
@@ -181,7 +182,7 @@ def _seeds_gguf(scratch: Path) -> list[bytes]:
 
 def _dcp_dir(directory: Path) -> None:
     import torch
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import state_dict_saver
 
     if (directory / ".metadata").exists():
         return
@@ -190,7 +191,7 @@ def _dcp_dir(directory: Path) -> None:
         "b": torch.ones(2, dtype=torch.bfloat16),
         "step": 5,
     }
-    dcp.save(state, checkpoint_id=str(directory), no_dist=True)
+    state_dict_saver.save(state, checkpoint_id=str(directory), no_dist=True)
 
 
 def _seeds_dcp(scratch: Path) -> list[bytes]:

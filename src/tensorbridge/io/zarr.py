@@ -583,7 +583,15 @@ class ZarrFile(TensorFile):
                 else sorted(group.array_keys())
             )
             for name in names:
-                self._arrays[name] = group[name]
+                node = group[name]
+                if not isinstance(node, zarr.Array):
+                    raise FormatError(
+                        f"{where}: {name!r} is a Zarr group, not an array; tensorbridge "
+                        "reads a group of arrays (open the subgroup's directory itself)"
+                    )
+                self._arrays[name] = node
+        except FormatError:
+            raise
         except (KeyError, ValueError, TypeError, RecursionError) as err:
             raise FormatError(f"{where}: not a readable Zarr v3 store: {err}") from None
         self._values = attrs
@@ -630,7 +638,13 @@ class ZarrFile(TensorFile):
 
     def _owned(self, name: str) -> np.ndarray:
         self.info(name)  # refuses what has no row before reading anything
-        out: np.ndarray = np.asarray(self._get(name)[...])
+        try:
+            out: np.ndarray = np.asarray(self._get(name)[...])
+        except (ValueError, TypeError, KeyError, IndexError) as err:  # zarr's codecs say so
+            raise FormatError(
+                f"{str(self.path)!r}: array {name!r}: its chunks do not match its zarr.json "
+                f"({err}); the store is corrupt"
+            ) from None
         if not out.dtype.isnative:
             out = out.astype(out.dtype.newbyteorder("="))
         return out
