@@ -369,8 +369,16 @@ def _pickle_ints(data: bytes, rng: random.Random) -> bytes:
     """An integer argument of a pickle opcode (a storage size, a shape, an offset) changed."""
     import pickletools
 
+    # legacy torch.save files are several pickles in a row: the magic, the system
+    # info, the object (its storages' sizes), the storage keys
+    starts = [m.start() for m in re.finditer(rb"\x80[\x02-\x05]", data[: 1 << 16])] or [0]
+    start = rng.choice(starts)
     try:
-        ops = [(op, arg, pos) for op, arg, pos in pickletools.genops(data)]
+        ops = [
+            (op, arg, start + pos)
+            for op, arg, pos in pickletools.genops(data[start:])
+            if pos is not None
+        ]
     except Exception:
         return _splice_int(data, rng)
     sized = {
@@ -421,7 +429,7 @@ def mutate(data: bytes, rng: random.Random, depth: int = 0) -> bytes:
         choices += [_json_tree] * 4 + [_json_text] * 2
     if _is_zip(data) and depth == 0:
         choices += [_zip_structure] * 5
-    if data[:1] == b"\x80":
+    if data[:1] == b"\x80" or (depth and data.find(b"\x80\x02") >= 0):
         choices += [_pickle_ints] * 4
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # zipfile warns about the duplicates it is asked for

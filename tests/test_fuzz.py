@@ -111,20 +111,26 @@ def test_zip_bomb_is_refused_before_inflating(tmp_path: Path) -> None:
 
 
 def test_rss_in_a_child_stays_within_the_file(tmp_path: Path) -> None:
-    """What tracemalloc cannot see (torch's allocator): peak RSS growth in a fresh process."""
-    rng = random.Random(7)
-    for reader in ("pt", "safetensors"):
-        data = mutate(_seeds(reader)[0], rng)
-        verdict, grown = child_rss(READERS[reader], data, tmp_path / reader)
-        assert verdict in ("ok", "refused"), verdict
-        assert grown <= len(data) + 64 * MARGIN  # RSS counts pages the reader's imports touch
+    """What tracemalloc cannot see (torch's allocator): peak RSS growth in a fresh process.
+
+    A legacy ``torch.save`` file (read into memory, storages allocated by torch) whose
+    storage size is damaged; the growth includes the reader's first-call costs.
+    """
+    legacy = _seeds("pt")[3]  # {"x": ..., "nested": ...} saved without the zip format
+    data = mutate(legacy, random.Random(11))
+    verdict, grown = child_rss(READERS["pt"], data, tmp_path)
+    assert verdict in ("ok", "refused"), verdict
+    assert grown <= len(data) + 4 * MARGIN
 
 
-@pytest.mark.parametrize("reader", ["npy", "safetensors", "gguf"])
+_ATHERIS = os.environ.get("TB_FUZZ_ATHERIS_READERS", "safetensors").split(",")
+
+
+@pytest.mark.parametrize("reader", _ATHERIS)
 def test_atheris_short_run(reader: str, tmp_path: Path) -> None:
     """A short coverage-guided run with atheris (skipped where it is not installed)."""
     pytest.importorskip("atheris", reason="atheris is not installed (pip install atheris)")
-    runs = os.environ.get("TB_FUZZ_ATHERIS_RUNS", "150")
+    runs = os.environ.get("TB_FUZZ_ATHERIS_RUNS", "300")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     out = subprocess.run(
         [sys.executable, "-m", "fuzz", "--engine", "atheris", "--reader", reader,
