@@ -638,6 +638,16 @@ class ZarrFile(TensorFile):
 
     def _owned(self, name: str) -> np.ndarray:
         self.info(name)  # refuses what has no row before reading anything
+        # zarr fills absent chunks with fill_value (a store written with
+        # write_empty_chunks=False has none for a zero tensor), so the declared shape,
+        # not the chunk files, sets what a read allocates: refuse what no read could hold
+        nbytes = self.nbytes(name)
+        if nbytes > _physical_memory():
+            raise FormatError(
+                f"{str(self.path)!r}: array {name!r} declares {nbytes:,} bytes, more than "
+                "this machine's memory; its zarr.json is corrupt (or read it in regions "
+                "with f.array(name)[...])"
+            )
         try:
             out: np.ndarray = np.asarray(self._get(name)[...])
         except (ValueError, TypeError, KeyError, IndexError) as err:  # zarr's codecs say so
@@ -648,6 +658,14 @@ class ZarrFile(TensorFile):
         if not out.dtype.isnative:
             out = out.astype(out.dtype.newbyteorder("="))
         return out
+
+
+def _physical_memory() -> int:
+    """This machine's RAM in bytes (no limit where the platform does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
 
 
 def open(path: str | os.PathLike[str]) -> TensorFile:
