@@ -99,7 +99,13 @@ _ALLOWED = {
 }
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+# The pure-Python unpickler, as torch's weights_only one: the C unpickler allocates
+# what a hostile stream claims before checking it (a memo index of 2**27 resizes its
+# memo table to 2 GB; a byte string's length is allocated before it is read)
+_Unpickler = pickle._Unpickler
+
+
+class _MetadataUnpickler(_Unpickler):
     """Builds the DCP metadata classes and refuses every other global, uncalled."""
 
     def find_class(self, module: str, name: str) -> Any:
@@ -135,7 +141,9 @@ def read_metadata(path: str | os.PathLike[str]) -> Any:
             "torch.distributed.checkpoint itself)"
         ) from None
     except Exception as err:  # a malformed stream raises anything from EOFError to TypeError
-        raise FormatError(f"{p}: not a valid DCP .metadata pickle ({err})") from None
+        raise FormatError(
+            f"{p}: not a valid DCP .metadata pickle ({type(err).__name__}: {err})"
+        ) from None
     _check_metadata(p, meta)
     return meta
 
@@ -270,7 +278,7 @@ def _storage_types() -> dict[str, torch.dtype]:
 _TYPED_STORAGES: dict[str, torch.dtype] = {}
 
 
-class _ItemUnpickler(pickle.Unpickler):
+class _ItemUnpickler(_Unpickler):
     """Reads a chunk's ``data.pkl`` into a :class:`_Rebuild`; any other global is refused."""
 
     def find_class(self, module: str, name: str) -> Any:
