@@ -211,29 +211,26 @@ def _zarr_store(directory: Path) -> None:
     store = directory / "s.zarr"
     if not store.exists():
         tb.save({"w": np.arange(12, dtype=np.float32).reshape(3, 4)}, store)
-        for node in (store, store / "w"):
-            (node / "zarr.json.orig").write_bytes((node / "zarr.json").read_bytes())
+        for kind, node in (("group", store), ("array", store / "w")):
+            (directory / f"{kind}.json").write_bytes((node / "zarr.json").read_bytes())
 
 
 def _seeds_zarr(scratch: Path) -> list[bytes]:
     d = scratch / "zarr"
     d.mkdir(exist_ok=True)
     _zarr_store(d)
-    store = d / "s.zarr"
-    return [
-        b"a" + (store / "w" / "zarr.json").read_bytes(),
-        b"g" + (store / "zarr.json").read_bytes(),
-    ]
+    return [b"a" + (d / "array.json").read_bytes(), b"g" + (d / "group.json").read_bytes()]
 
 
 def _zarr_place(data: bytes, directory: Path) -> Path:
     # the first byte picks the node whose zarr.json the rest replaces: "g" the group's,
-    # anything else the array's; the other node keeps its valid document
+    # anything else the array's; the other node keeps its valid document (kept outside
+    # the store, where zarr would take it for a node)
     _zarr_store(directory)
     store = directory / "s.zarr"
-    target = store if data[:1] == b"g" else store / "w"
-    for node in (store, store / "w"):
-        doc = data[1:] if node == target else (node / "zarr.json.orig").read_bytes()
+    target = "group" if data[:1] == b"g" else "array"
+    for kind, node in (("group", store), ("array", store / "w")):
+        doc = data[1:] if kind == target else (directory / f"{kind}.json").read_bytes()
         (node / "zarr.json").write_bytes(doc)
     return store
 

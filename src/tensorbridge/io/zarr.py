@@ -583,6 +583,11 @@ class ZarrFile(TensorFile):
                 else sorted(group.array_keys())
             )
             for name in names:
+                if "\x00" in name or any(len(part.encode()) > 255 for part in name.split("/")):
+                    raise FormatError(  # checked first: such a name is no path at all
+                        f"{where}: the group lists the array {name[:80]!r}, which is no "
+                        "valid file name; its zarr.json is corrupt"
+                    )
                 node = group[name]
                 if not isinstance(node, zarr.Array):
                     raise FormatError(
@@ -592,7 +597,7 @@ class ZarrFile(TensorFile):
                 self._arrays[name] = node
         except FormatError:
             raise
-        except (KeyError, ValueError, TypeError, RecursionError) as err:
+        except (KeyError, ValueError, TypeError, RecursionError, ArithmeticError) as err:
             raise FormatError(f"{where}: not a readable Zarr v3 store: {err}") from None
         self._values = attrs
         self._saved = saved if isinstance(saved, dict) else {}
@@ -650,7 +655,8 @@ class ZarrFile(TensorFile):
             )
         try:
             out: np.ndarray = np.asarray(self._get(name)[...])
-        except (ValueError, TypeError, KeyError, IndexError) as err:  # zarr's codecs say so
+        except (ValueError, TypeError, KeyError, IndexError, ArithmeticError) as err:
+            # zarr's codecs and indexers say so (a chunk of 0 elements divides by zero)
             raise FormatError(
                 f"{str(self.path)!r}: array {name!r}: its chunks do not match its zarr.json "
                 f"({err}); the store is corrupt"
