@@ -89,6 +89,22 @@ def fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
+def read_small(path: Path, limit: int, what: str) -> bytes:
+    """A small file's bytes (an index, a metadata pickle), refused past ``limit`` bytes.
+
+    The size is checked before the read, so the buffer is the file's size, never the
+    limit (``f.read(limit + 1)`` allocates the whole limit up front).
+
+    Raises:
+        FormatError: the file is over ``limit`` bytes.
+    """
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise FormatError(f"{path}: {size:,} bytes, over the {limit:,} of any {what}")
+        return f.read(size)
+
+
 def row_of(x: Any) -> DTypeRow:
     """The table row of a tensor's or array's dtype (byte-swapped arrays: their native row)."""
     if isinstance(x, torch.Tensor):

@@ -38,16 +38,30 @@ searched for come from those rows too.
 from __future__ import annotations
 
 import os
+import struct
 import zipfile
+import zlib
 from pathlib import Path
 
 from ..errors import FormatError, UncommittedCheckpointError
 from ._formats import FORMATS, INDEX_SUFFIX, by_kind, by_suffix
 
-__all__ = ["INDEX_SUFFIX", "describe", "detect", "kind_by_suffix", "mismatch_note", "resolve"]
+__all__ = [
+    "INDEX_SUFFIX",
+    "ZIP_ERRORS",
+    "describe",
+    "detect",
+    "kind_by_suffix",
+    "mismatch_note",
+    "resolve",
+]
 
 # torch.save's legacy format pickles this number first (torch/serialization.py, MAGIC_NUMBER)
 _LEGACY_MAGIC = (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
+# what zipfile and zlib raise for a garbled archive (NotImplementedError: a nonsense
+# version or compression field; struct.error: a record cut short)
+ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OverflowError,
+              struct.error, NotImplementedError)  # fmt: skip
 _PROTO = 0x80  # pickle's PROTO opcode: every pickle of protocol 2 or later starts with it
 
 # kinds no format's description covers: refused, or read by the shard-index reader
@@ -90,7 +104,7 @@ def detect(path: str | os.PathLike[str]) -> str:
     # before pickle: a header length of 128 + 256k also starts with the PROTO byte
     if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8:
         return "safetensors"
-    if head[:1] == bytes([_PROTO]) and 2 <= head[1] <= 5:
+    if len(head) >= 2 and head[0] == _PROTO and 2 <= head[1] <= 5:
         if head[2:4] == b"\x8a\x0a" and head[4:14] == _LEGACY_MAGIC:
             return "pt-legacy"
         return "dcp" if _is_dcp_metadata(path) else "pickle"
@@ -120,7 +134,7 @@ def _zip_kind(path: str | os.PathLike[str]) -> str:
     try:
         with zipfile.ZipFile(path) as zf:
             names = zf.namelist()
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+    except (*ZIP_ERRORS, OSError):
         return "zip"
     if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
         return "torchscript"
@@ -172,6 +186,11 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
         return path
     if _directory_kind(path) is not None:
         return path  # the directory is the store
+    if (path / "zarr.json").is_file():  # a store whose own document is damaged
+        raise FormatError(
+            f"{path}: its zarr.json is no Zarr v3 group or array document (not JSON, or "
+            "without zarr_format 3 and a node_type); the store is corrupt"
+        )
     for pattern in patterns:
         found = sorted(p for p in path.glob(pattern) if p.is_file())
         if not pattern.endswith(INDEX_SUFFIX):  # shards without their index

@@ -28,6 +28,7 @@ import torch
 
 from ..dtypes import BY_SAFETENSORS, PACKED, DTypeRow, PackedRow
 from ..errors import FormatError
+from ._common import read_small
 
 MAX_HEADER = 100_000_000  # the official reader's limit on the JSON header
 MAX_RANK = 64  # NumPy's NPY_MAXDIMS: no array of a higher rank can be made
@@ -261,10 +262,7 @@ def _count(shape: list[int], cap: int) -> int | None:
 
 
 def read_index(path: Path) -> dict[str, str]:
-    with path.open("rb") as f:
-        raw = f.read(MAX_HEADER + 1)
-    if len(raw) > MAX_HEADER:
-        raise FormatError(f"{path}: the index is over {MAX_HEADER:,} bytes; not a shard index")
+    raw = read_small(path, MAX_HEADER, "shard index")
     try:
         obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique, parse_constant=_no_nan)
     except (ValueError, RecursionError) as e:
@@ -273,9 +271,20 @@ def read_index(path: Path) -> dict[str, str]:
     if not isinstance(weight_map, dict):
         raise FormatError(f'{path}: the index has no "weight_map" object of names to files')
     for name, file in weight_map.items():
-        if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
+        if (
+            not isinstance(file, str)
+            or Path(file).name != file
+            or file in ("", ".", "..")
+            or "\x00" in file
+            or len(file.encode("utf-8", "surrogatepass")) > 255  # no filesystem's name is longer
+        ):
             raise FormatError(
                 f"{path}: weight_map[{short(name)}] = {short(file)} is not a file name in the "
                 "index's directory"
+            )
+        if file.endswith(".json"):  # an index naming an index (itself) would recurse
+            raise FormatError(
+                f"{path}: weight_map[{short(name)}] = {short(file)} names an index, not a "
+                "shard; the index is corrupt"
             )
     return weight_map

@@ -67,7 +67,7 @@ import torch
 
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError
-from ._common import TensorFile
+from ._common import TensorFile, read_small
 
 __all__ = ["METADATA_FILE", "Chunk", "DcpFile", "load", "open", "read_metadata"]
 
@@ -99,7 +99,13 @@ _ALLOWED = {
 }
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+# The pure-Python unpickler, as torch's weights_only one: the C unpickler allocates
+# what a hostile stream claims before checking it (a memo index of 2**27 resizes its
+# memo table to 2 GB; a byte string's length is allocated before it is read)
+_Unpickler = pickle._Unpickler
+
+
+class _MetadataUnpickler(_Unpickler):
     """Builds the DCP metadata classes and refuses every other global, uncalled."""
 
     def find_class(self, module: str, name: str) -> Any:
@@ -125,10 +131,7 @@ def read_metadata(path: str | os.PathLike[str]) -> Any:
     p = Path(path)
     if p.is_dir():
         p = p / METADATA_FILE
-    with p.open("rb") as f:
-        raw = f.read(MAX_METADATA + 1)
-    if len(raw) > MAX_METADATA:
-        raise FormatError(f"{p}: over {MAX_METADATA:,} bytes; not a DCP .metadata file")
+    raw = read_small(p, MAX_METADATA, "DCP .metadata file")
     try:
         meta = _MetadataUnpickler(io.BytesIO(raw)).load()
     except pickle.UnpicklingError as err:
@@ -138,7 +141,9 @@ def read_metadata(path: str | os.PathLike[str]) -> Any:
             "torch.distributed.checkpoint itself)"
         ) from None
     except Exception as err:  # a malformed stream raises anything from EOFError to TypeError
-        raise FormatError(f"{p}: not a valid DCP .metadata pickle ({err})") from None
+        raise FormatError(
+            f"{p}: not a valid DCP .metadata pickle ({type(err).__name__}: {err})"
+        ) from None
     _check_metadata(p, meta)
     return meta
 
@@ -273,7 +278,7 @@ def _storage_types() -> dict[str, torch.dtype]:
 _TYPED_STORAGES: dict[str, torch.dtype] = {}
 
 
-class _ItemUnpickler(pickle.Unpickler):
+class _ItemUnpickler(_Unpickler):
     """Reads a chunk's ``data.pkl`` into a :class:`_Rebuild`; any other global is refused."""
 
     def find_class(self, module: str, name: str) -> Any:

@@ -507,7 +507,10 @@ class GGUFFile(TensorFile):
         if e.type.plain is None:
             row, shape = self.info(name)  # raises unless dequantize= was given
             values = dequantize_blocks(self.raw(name), e.type.name, shape, row)
-            values.flags.writeable = copy_on_write
+            # new, writable memory; numpy refuses to set WRITEABLE again on a torch-owned
+            # view even when it already is, so only ever clear it
+            if not copy_on_write:
+                values.flags.writeable = False
             return values
         buf = self._cow_map() if copy_on_write and e.nbytes else self._map
         return array_at(buf, e.begin, e.shape, resolve_dtype(e.type.plain), name=name)

@@ -40,6 +40,7 @@ import numpy as np
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow
 from ..errors import FormatError, TensorBridgeError, UnsupportedTensorError
 from ._common import DEFAULT_CHUNK, TensorFile, atomic_write, progress_bar
+from ._detect import ZIP_ERRORS
 from .npy import (
     HEAD_LIMIT,
     Header,
@@ -60,10 +61,6 @@ _ALIGN_EXTRA_ID = 0xD935  # the zip extra field Android's zipalign pads with
 _ZIP64_EXTRA = 20  # the zip64 extra zipfile adds to a local header when forced
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... name length, extra length
 _DEFLATE_MAX_RATIO = 1032  # deflate cannot expand data more than this
-# what zipfile and zlib raise for a garbled archive (NotImplementedError: a nonsense
-# version or compression field)
-_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OverflowError,
-               struct.error, NotImplementedError)  # fmt: skip
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -157,7 +154,7 @@ class NpzFile(MappedFile):
         try:
             with zipfile.ZipFile(p) as zf:
                 infos = zf.infolist()
-        except _ZIP_ERRORS as err:
+        except ZIP_ERRORS as err:
             raise FormatError(f"{where}: not a readable .npz (zip) archive: {err}") from None
         super().__init__(p, os.stat(p).st_size)
         self._members: dict[str, zipfile.ZipInfo] = {}
@@ -265,7 +262,7 @@ def _member(path: Path, info: zipfile.ZipInfo, where: str) -> Iterator[BinaryIO]
     try:
         with zipfile.ZipFile(path) as zf, zf.open(info) as f:
             yield f  # type: ignore[misc]
-    except _ZIP_ERRORS as err:
+    except ZIP_ERRORS as err:
         raise FormatError(f"{where}: corrupt member data: {err}") from None
 
 

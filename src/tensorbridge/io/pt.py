@@ -31,9 +31,11 @@ stay tied), and a view saves its whole storage, as ``torch.save`` always does.
 from __future__ import annotations
 
 import builtins
+import io
 import os
 import pickle
 import re
+import struct
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any, NamedTuple, cast
@@ -73,8 +75,11 @@ def _torch_load(path: Path) -> tuple[Any, bool]:
         except RuntimeError as err:
             if "mmap can only be used" not in str(err):
                 raise
-        # the legacy (pre-1.6) format has no zip to map; weights_only still guards it
-        return torch.load(path, weights_only=True, map_location="cpu"), False
+        # the legacy (pre-1.6) format has no zip to map; weights_only still guards it. It
+        # is read into memory anyway, and from a BytesIO a string or storage length the
+        # file lies about reads what is there: a file's read(n) allocates n bytes first
+        data = io.BytesIO(path.read_bytes())
+        return torch.load(data, weights_only=True, map_location="cpu"), False
     except pickle.UnpicklingError as err:
         text = str(err)
         glob = re.search(r"GLOBAL ([\w.]+)", text)
@@ -97,7 +102,11 @@ def _torch_load(path: Path) -> tuple[Any, bool]:
         raise FormatError(
             f"{where} is not a readable torch.save archive: {msg.splitlines()[0]}"
         ) from None
-    except (EOFError, ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
+    except (
+        EOFError, ValueError, KeyError, IndexError, TypeError, AttributeError,
+        struct.error, OverflowError,  # a legacy file's record cut short, a size out of range
+        AssertionError,  # torch's legacy loader asserts on a storage key it never saw
+    ) as err:  # fmt: skip
         raise FormatError(f"{where} is a corrupt torch.save archive: {err}") from None
 
 

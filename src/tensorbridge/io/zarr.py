@@ -584,8 +584,21 @@ class ZarrFile(TensorFile):
                 else sorted(group.array_keys())
             )
             for name in names:
-                self._arrays[name] = group[name]
-        except (KeyError, ValueError, TypeError) as err:
+                if "\x00" in name or any(len(part.encode()) > 255 for part in name.split("/")):
+                    raise FormatError(  # checked first: such a name is no path at all
+                        f"{where}: the group lists the array {name[:80]!r}, which is no "
+                        "valid file name; its zarr.json is corrupt"
+                    )
+                node = group[name]
+                if not isinstance(node, zarr.Array):
+                    raise FormatError(
+                        f"{where}: {name!r} is a Zarr group, not an array; tensorbridge "
+                        "reads a group of arrays (open the subgroup's directory itself)"
+                    )
+                self._arrays[name] = node
+        except FormatError:
+            raise
+        except (KeyError, ValueError, TypeError, RecursionError, ArithmeticError) as err:
             raise FormatError(f"{where}: not a readable Zarr v3 store: {err}") from None
         self._values = attrs
         self._saved = saved if isinstance(saved, dict) else {}
@@ -631,10 +644,35 @@ class ZarrFile(TensorFile):
 
     def _owned(self, name: str) -> np.ndarray:
         self.info(name)  # refuses what has no row before reading anything
-        out: np.ndarray = np.asarray(self._get(name)[...])
+        # zarr fills absent chunks with fill_value (a store written with
+        # write_empty_chunks=False has none for a zero tensor), so the declared shape,
+        # not the chunk files, sets what a read allocates: refuse what no read could hold
+        nbytes = self.nbytes(name)
+        if nbytes > _physical_memory():
+            raise FormatError(
+                f"{str(self.path)!r}: array {name!r} declares {nbytes:,} bytes, more than "
+                "this machine's memory; its zarr.json is corrupt (or read it in regions "
+                "with f.array(name)[...])"
+            )
+        try:
+            out: np.ndarray = np.asarray(self._get(name)[...])
+        except (ValueError, TypeError, KeyError, IndexError, ArithmeticError) as err:
+            # zarr's codecs and indexers say so (a chunk of 0 elements divides by zero)
+            raise FormatError(
+                f"{str(self.path)!r}: array {name!r}: its chunks do not match its zarr.json "
+                f"({err}); the store is corrupt"
+            ) from None
         if not out.dtype.isnative:
             out = out.astype(out.dtype.newbyteorder("="))
         return out
+
+
+def _physical_memory() -> int:
+    """This machine's RAM in bytes (no limit where the platform does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
 
 
 def open(path: str | os.PathLike[str]) -> TensorFile:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import QuantizationError
+from ..errors import QuantizationError, TensorBridgeError
 from .awq import AWQ
 from .base import Config, Group, Index, Scheme
 from .ct_packed import PackQuantized
@@ -220,7 +220,17 @@ def plan(
     groups: list[Group] = []
     if chosen:
         for s in chosen:
-            groups += s.detect(index, config, opts)
+            try:
+                groups += s.detect(index, config, opts)
+            except TensorBridgeError:
+                raise
+            except (TypeError, ValueError, ArithmeticError) as err:
+                # a config value of the wrong type or range (a block size of "x", 0, null)
+                where = config.source if config is not None else "the options"
+                raise QuantizationError(
+                    f"{where} does not describe a {s.name} checkpoint: a value is malformed "
+                    f"({err}); fix it, or pass scheme= and block_size= to override it"
+                ) from None
     else:
         groups = _from_names(index, opts)
     return _assemble(index, groups, config, tuple(s.name for s in chosen))

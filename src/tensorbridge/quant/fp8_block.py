@@ -97,6 +97,11 @@ class FP8Block(Scheme):
                 "block_size=(128, 128) (command line: --block-size 128,128)"
             )
         br, bc = (int(b) for b in block)
+        if not (0 < br < 1 << 31 and 0 < bc < 1 << 31):
+            raise QuantizationError(
+                f"{codes}: block size [{br}, {bc}] is not two positive 32-bit sizes; check "
+                "weight_block_size in config.json or pass block_size="
+            )
         require(len(cshape) >= 2, f"{codes} {shape_text(cshape)} is not a matrix (rows, cols)")
         *lead, rows, cols = cshape
         want = (*lead, math.ceil(rows / br), math.ceil(cols / bc))
