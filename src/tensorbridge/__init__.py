@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .dtypes import DTypeRow, dtype_table, numpy_dtype, resolve_dtype, torch_dtype
     from .errors import (
         CopyRequiredError,
+        DestinationError,
         DestinationExistsError,
         FormatError,
         MissingExtraError,
@@ -56,6 +57,7 @@ __all__ = [
     "CopyRequiredError",
     "DTypeRow",
     "Description",
+    "DestinationError",
     "DestinationExistsError",
     "FormatError",
     "LocalShard",
@@ -116,6 +118,7 @@ _HOME = {
     **dict.fromkeys(
         [
             "CopyRequiredError",
+            "DestinationError",
             "DestinationExistsError",
             "FormatError",
             "MissingExtraError",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import errno
 import mmap
 import os
 import sys
@@ -31,7 +32,7 @@ from .. import _memory as mem
 from .._plan import numpy_row
 from ..convert import to_numpy, to_torch
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
-from ..errors import FormatError, UnsupportedDtypeError
+from ..errors import DestinationError, FormatError, UnsupportedDtypeError
 
 DEFAULT_CHUNK = 64 << 20
 _PAGE = mmap.PAGESIZE
@@ -44,7 +45,10 @@ _PAGE = mmap.PAGESIZE
 def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Open a temporary file beside ``path``; on success fsync it and rename it into place.
 
-    Missing parent directories are created (like ``save_pretrained``).
+    Missing parent directories are created (like ``save_pretrained``). A write that
+    fails (disk full, file size limit, no permission, a directory in the way) raises
+    :class:`~tensorbridge.errors.DestinationError` naming ``path`` and leaves the
+    previous file, or none, under that name.
 
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp()
@@ -53,30 +57,117 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     >>> os.listdir(d)
     ['x.bin']
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
+    with StagedFiles() as staged:
+        with staged.write(path) as f:
             yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        staged.commit()
+
+
+class StagedFiles:
+    """Files written to temporaries beside their final names, then renamed into place together.
+
+    A multi-file save (shards and their index) writes every file with :meth:`write`
+    (temporary, fsync) while the previous files stay untouched, then :meth:`commit`
+    renames them all; an exception or a kill before the commit leaves the previous
+    files as they were. Leaving the ``with`` block without a commit removes the
+    temporaries.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> with StagedFiles() as staged:
+    ...     for name in ("a.bin", "b.bin"):
+    ...         with staged.write(os.path.join(d, name)) as f:
+    ...             _ = f.write(b"abc")
+    ...     before = sorted(n for n in os.listdir(d) if not n.startswith("."))
+    ...     staged.commit()
+    >>> before, sorted(os.listdir(d))
+    ([], ['a.bin', 'b.bin'])
+    """
+
+    def __init__(self) -> None:
+        self.temps: dict[Path, str] = {}  # final path -> its written, fsynced temporary
+
+    @contextlib.contextmanager
+    def write(self, path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+        """A temporary file beside ``path``, fsynced when the block ends without an error."""
+        target = Path(path)
+        with destination_errors(target):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "Is a directory")
+            fd, tmp = tempfile.mkstemp(
+                prefix=f".{target.name}.", suffix=TEMP_SUFFIX, dir=target.parent
+            )
+        try:
+            with destination_errors(target, tmp):
+                umask = os.umask(0)
+                os.umask(umask)
+                os.fchmod(fd, 0o666 & ~umask)
+                with os.fdopen(fd, "wb") as f:
+                    yield f
+                    f.flush()
+                    os.fsync(f.fileno())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self.temps[target] = tmp
+
+    def commit(self) -> None:
+        """Rename every written file into place, then make the renames durable."""
+        directories = {p.parent for p in self.temps}
+        for target, tmp in list(self.temps.items()):
+            with destination_errors(target, tmp):
+                os.replace(tmp, target)
+            del self.temps[target]
+        for directory in directories:
+            fsync_dir(directory)
+
+    def discard(self) -> None:
+        """Remove the temporaries not yet committed."""
+        for tmp in self.temps.values():
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        self.temps.clear()
+
+    def __enter__(self) -> StagedFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()
+
+
+TEMP_SUFFIX = ".tmp"  # a temporary's name: ".NAME.<random>.tmp" beside NAME
+
+_NO_SPACE = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+@contextlib.contextmanager
+def destination_errors(target: Path, tmp: str | None = None) -> Iterator[None]:
+    """Turn an ``OSError`` while writing ``target`` into a :class:`DestinationError`.
+
+    Only errors of the destination itself (no file name, ``target`` or its temporary
+    ``tmp``) are turned: an error reading a source passes through. The temporary's
+    name means nothing to the user, so the message names ``target`` and the fix.
+    """
+    try:
+        yield
+    except DestinationError:
+        raise
     except OSError as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if err.errno is not None and err.filename in (tmp, None):
-            # the temporary name means nothing to the user: report the file they asked for
-            raise type(err)(err.errno, f"cannot write {target}: {err.strerror}") from None
-        raise
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(target.parent)
+        if err.errno is None or err.filename not in (None, tmp, str(target), target):
+            raise
+        if err.errno in _NO_SPACE:
+            fix = "free space (or raise the file size limit) or save to another disk"
+        elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            fix = "make the directory writable or save to another path"
+        elif err.errno == errno.EISDIR:
+            fix = "a directory has that name; remove it or save to another path"
+        elif err.errno == errno.ENOTDIR:
+            fix = "a file stands where a directory is needed; save to another path"
+        else:
+            fix = "check the destination or save to another path"
+        raise DestinationError(err.errno, f"cannot write {target}: {err.strerror}; {fix}") from None
 
 
 def fsync_dir(directory: Path) -> None:

@@ -173,8 +173,15 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
         return path  # the directory is the store
     for pattern in patterns:
         found = sorted(p for p in path.glob(pattern) if p.is_file())
-        if not pattern.endswith(INDEX_SUFFIX):  # shards without their index
-            found = [p for p in found if not _is_shard_name(p.name)] or found
+        if not pattern.endswith(INDEX_SUFFIX) and found:
+            whole = [p for p in found if not _is_shard_name(p.name)]
+            if not whole:  # shards without their index: never read one as the checkpoint
+                raise UncommittedCheckpointError(
+                    f"{path} holds shards ({', '.join(p.name for p in found[:3])}) but no "
+                    "index naming them: a save interrupted before its commit, or an "
+                    "incomplete download; save (or download) again, or pass one shard's path"
+                )
+            found = whole
         if len(found) == 1:
             return found[0]
         if found:
