@@ -19,6 +19,7 @@ import contextlib
 import errno
 import mmap
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -91,7 +92,7 @@ class StagedFiles:
     def write(self, path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
         """A temporary file beside ``path``, fsynced when the block ends without an error."""
         target = Path(path)
-        with destination_errors(target):
+        with destination_errors(target, only_destination=True):
             target.parent.mkdir(parents=True, exist_ok=True)
             if target.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "Is a directory")
@@ -120,6 +121,7 @@ class StagedFiles:
             with destination_errors(target, tmp):
                 os.replace(tmp, target)
             del self.temps[target]
+            remove_temps(target)
         for directory in directories:
             fsync_dir(directory)
 
@@ -139,23 +141,47 @@ class StagedFiles:
 
 TEMP_SUFFIX = ".tmp"  # a temporary's name: ".NAME.<random>.tmp" beside NAME
 
+
+def remove_temps(target: Path) -> None:
+    """Remove the temporaries that killed saves of ``target`` left beside it.
+
+    Called once a save of ``target`` has renamed its own file into place: a save
+    killed before its rename leaves a hidden ``.NAME.<8 random>.tmp`` that no reader
+    looks at but that holds the disk space of a whole file.
+    """
+    pattern = re.compile(re.escape(f".{target.name}.") + r"[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(target.parent):
+            if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
 _NO_SPACE = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
 @contextlib.contextmanager
-def destination_errors(target: Path, tmp: str | None = None) -> Iterator[None]:
+def destination_errors(
+    target: Path, tmp: str | None = None, *, only_destination: bool = False
+) -> Iterator[None]:
     """Turn an ``OSError`` while writing ``target`` into a :class:`DestinationError`.
 
-    Only errors of the destination itself (no file name, ``target`` or its temporary
-    ``tmp``) are turned: an error reading a source passes through. The temporary's
-    name means nothing to the user, so the message names ``target`` and the fix.
+    Only errors of the destination itself (no file name, ``target``, its temporary
+    ``tmp``, or a file inside ``target`` when it is a directory store) are turned:
+    an error reading a source passes through. The temporary's name means nothing
+    to the user, so the message names ``target`` and the fix. ``only_destination``:
+    the block touches nothing but the destination (creating its directory and
+    temporary), so every error is the destination's.
     """
     try:
         yield
     except DestinationError:
         raise
     except OSError as err:
-        if err.errno is None or err.filename not in (None, tmp, str(target), target):
+        name = None if err.filename is None else os.fspath(err.filename)
+        inside = name is not None and name.startswith(os.path.join(target, ""))  # a store
+        ours = only_destination or name in (None, tmp, str(target)) or inside
+        if err.errno is None or not ours:
             raise
         if err.errno in _NO_SPACE:
             fix = "free space (or raise the file size limit) or save to another disk"
@@ -317,6 +343,25 @@ def map_file(path: str | os.PathLike[str], *, copy_on_write: bool = False) -> mm
             return b""
         access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
         return mmap.mmap(f.fileno(), 0, access=access)
+
+
+def check_unchanged(file: int | str | os.PathLike[str], size: int, where: object) -> None:
+    """Refuse to hand out a view of a mapped file whose size changed since it was opened.
+
+    Touching a mapped page past the end of a file that another process truncated
+    raises SIGBUS, which kills the interpreter; this ``fstat`` (or ``stat`` of the
+    path) before each view turns the common case into a :class:`FormatError`. A
+    truncation that races a read already in progress can still SIGBUS: no check
+    can close that window (see docs/dev/robustness.md).
+
+    ``file`` is a descriptor of the mapped file or its path.
+    """
+    now = os.fstat(file).st_size if isinstance(file, int) else os.stat(file).st_size
+    if now != size:
+        raise FormatError(
+            f"{where} changed size since it was opened ({size} -> {now} bytes): another "
+            "process is writing it; open it again once that write is complete"
+        )
 
 
 def array_at(

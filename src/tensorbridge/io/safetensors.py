@@ -62,6 +62,7 @@ from ._common import (
     array_at,
     atomic_write,
     cast_target,
+    check_unchanged,
     fsync_dir,
     iter_bytes,
     progress_bar,
@@ -504,7 +505,9 @@ class _Shard:
 
     def buffer(self, copy_on_write: bool) -> _mmap.mmap:
         mm = self._maps.get(copy_on_write)
-        if mm is None:
+        if mm is not None:
+            check_unchanged(self.fd, self.size, self.path)
+        else:
             self._check_open()
             access = _mmap.ACCESS_COPY if copy_on_write else _mmap.ACCESS_READ
             mm = _mmap.mmap(self.fd, 0, access=access)
