@@ -349,7 +349,7 @@ def dcp_operation(
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world)
     )
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
     mesh = init_device_mesh("cpu", (world,))
     sd = {
         k: distribute_tensor(v, mesh, [Shard(0)])
@@ -406,20 +406,22 @@ def run_child(
         if delay is not None:
             time.sleep(delay)
             procs[victim].kill()
-        deadline = time.monotonic() + 120
-        procs[victim].join(max(0.0, deadline - time.monotonic()))
-        if procs[victim].exitcode is None:
-            raise RuntimeError(f"{sc.kind}: the child hangs")
-        if procs[victim].exitcode == -signal.SIGKILL:
+        results = []
+        for c in [conns[victim]] + [c for i, c in enumerate(conns) if i != victim]:
+            if not c.poll(120):
+                raise RuntimeError(f"{sc.kind}: the child hangs")
+            try:
+                results.append(c.recv())
+            except EOFError:  # the process died before reporting
+                break
+        if len(results) < len(conns):
+            procs[victim].join(30)
+            if procs[victim].exitcode != -signal.SIGKILL:
+                raise RuntimeError(f"{sc.kind}: a child died with {procs[victim].exitcode}")
             for p in procs:  # the other rank cannot finish alone
                 p.join(0.5)
                 p.kill()
             return Outcome("killed")
-        results = []
-        for c in conns:
-            if not c.poll(60):
-                raise RuntimeError(f"{sc.kind}: a rank reported nothing")
-            results.append(c.recv())
         for c in conns:
             c.send("bye")
         err = [r for r in results if r[0] != "ok"]
