@@ -83,6 +83,7 @@ SIZES = {"s": 4_000, "m": 400_000, "l": 4_000_000}  # about this many bytes a te
 MULTI_FILE = {"sharded", "zarr", "convert-sharded", "convert-dcp", "dcp-safetensors", "dcp-zarr"}
 TEMP = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")  # atomic writes' temporaries
 STAGING = ".tensorbridge-tmp-"
+HANG_S = 180  # a save not done after this long is killed and counted as a hang
 
 
 # --- the checkpoints ------------------------------------------------------------------------
@@ -370,7 +371,7 @@ def dcp_operation(
 
 @dataclass
 class Outcome:
-    status: str  # ok / error / killed
+    status: str  # ok / error / killed / hang
     calls: int = 0
     seconds: float = 0.0
     detail: str = ""
@@ -408,8 +409,10 @@ def run_child(
             procs[victim].kill()
         results = []
         for c in [conns[victim]] + [c for i, c in enumerate(conns) if i != victim]:
-            if not c.poll(120):
-                raise RuntimeError(f"{sc.kind}: the child hangs")
+            if not c.poll(HANG_S):  # judged like a kill; counted apart
+                for p in procs:
+                    p.kill()
+                return Outcome("hang")
             try:
                 results.append(c.recv())
             except EOFError:  # the process died before reporting
@@ -534,6 +537,7 @@ class Tally:
     trials: Counter[str] = field(default_factory=Counter)
     states: Counter[tuple[str, str]] = field(default_factory=Counter)
     lost: list[str] = field(default_factory=list)
+    hangs: list[str] = field(default_factory=list)
     litter_kinds: set[str] = field(default_factory=set)
 
     def report(self) -> str:
@@ -549,7 +553,8 @@ class Tally:
                 f"{s['uncommitted']:12} {s['LOST']:5}"
             )
         total = sum(self.trials.values())
-        lines.append(f"total {total} trials, {len(self.lost)} lost")
+        lines.append(f"total {total} trials, {len(self.lost)} lost, {len(self.hangs)} hangs")
+        lines.extend(self.hangs[:10])
         lines.extend(self.lost[:20])
         return "\n".join(lines)
 
@@ -601,12 +606,14 @@ class Harness:
         state, detail = judge(sc, root, old, new)
         if out.status == "ok" and state != "new":
             state, detail = "LOST", f"a save that finished left {state} {detail}"
+        how = f"k={kill_at}/{new.calls}" if delay is None else f"t={delay:.3f}s/{new.seconds:.3f}s"
+        if out.status == "hang":
+            tally.hangs.append(f"hang {sc.kind}/{sc.size} {how} fresh={fresh}")
         tally.trials[sc.kind] += 1
         tally.states[(sc.kind, state)] += 1
         if litter(root):
             tally.litter_kinds.add(sc.kind)
         if state == "LOST":
-            how = f"k={kill_at}" if delay is None else f"t={delay:.3f}s"
             tally.lost.append(f"LOST {sc.kind}/{sc.size} {how} fresh={fresh}: {detail}")
         shutil.rmtree(root, ignore_errors=True)
 
@@ -630,7 +637,11 @@ def run_trials(
             size = h.rng.choice(sizes if not kind.startswith("dcp-") else ("s", "m"))
             h.trial(Scenario(kind, size, work), tally)
             if progress and (i + 1) % 25 == 0:
-                print(f"{i + 1} trials, {len(tally.lost)} lost", file=sys.stderr, flush=True)
+                print(
+                    f"{i + 1} trials, {len(tally.lost)} lost, {len(tally.hangs)} hangs",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)
@@ -655,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
     print(tally.report())
     print(f"litter left by killed runs in: {sorted(tally.litter_kinds)}")
     print(f"{time.perf_counter() - t:.0f} s")
-    return 1 if tally.lost else 0
+    return 1 if tally.lost or tally.hangs else 0
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ def test_killed_save_leaves_the_previous_or_the_new_checkpoint(kind: str, tmp_pa
     tally = crash.run_trials(trials, (kind,), ("s",), seed=len(kind), work=tmp_path)
     assert tally.trials[kind] == trials
     assert tally.lost == []
+    assert tally.hangs == []
 
 
 def test_judge_notices_a_partial_file(tmp_path: Path) -> None:
