@@ -391,6 +391,7 @@ def run_child(
             k = kill_at if r == victim else 0
             p = ctx.Process(target=child, args=(sc, version, str(root), k, there, r, ranks, port))
             p.start()
+            there.close()  # the child's end: only the child may hold it, or EOF never comes
             conns.append(here)
             procs.append(p)
     else:
@@ -398,6 +399,7 @@ def run_child(
         here, there = ctx.Pipe()
         p = ctx.Process(target=child, args=(sc, version, str(root), kill_at, there))
         p.start()
+        there.close()
         conns, procs = [here], [p]
     try:
         for c in conns:
