@@ -427,8 +427,9 @@ def run_child(
                 p.join(0.5)
                 p.kill()
             return Outcome("killed")
-        for c in conns:
-            c.send("bye")
+        for c in conns if ranks else ():  # ranks wait for this before they exit
+            with contextlib.suppress(OSError):
+                c.send("bye")
         err = [r for r in results if r[0] != "ok"]
         if err:
             return Outcome("error", detail=str(err[0][1]))
