@@ -19,6 +19,7 @@ PUBLIC = [
     "CopyRequiredError",
     "DTypeRow",
     "Description",
+    "DestinationError",
     "DestinationExistsError",
     "FormatError",
     "InvalidArgumentError",

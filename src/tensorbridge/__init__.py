@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .dtypes import DTypeRow, dtype_table, numpy_dtype, resolve_dtype, torch_dtype
     from .errors import (
         CopyRequiredError,
+        DestinationError,
         DestinationExistsError,
         FormatError,
         InvalidArgumentError,
@@ -60,6 +61,7 @@ __all__ = [
     "CopyRequiredError",
     "DTypeRow",
     "Description",
+    "DestinationError",
     "DestinationExistsError",
     "FormatError",
     "InvalidArgumentError",
@@ -127,6 +129,7 @@ _HOME = {
     **dict.fromkeys(
         [
             "CopyRequiredError",
+            "DestinationError",
             "DestinationExistsError",
             "FormatError",
             "InvalidArgumentError",

@@ -227,6 +227,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 failure, 2 usage error)."""
+    _enable_faulthandler()
     parser = _parser()
     args = parser.parse_args(argv)
     handler = {
@@ -254,6 +255,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"tensorbridge {args.command}: error: {msg}", file=sys.stderr)
         return 1
+
+
+def _enable_faulthandler() -> None:
+    """A SIGBUS (a mapped file truncated by another process mid-read) prints a traceback."""
+    import faulthandler
+
+    if not faulthandler.is_enabled() and sys.__stderr__ is not None:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            faulthandler.enable(file=sys.__stderr__)
 
 
 # --- formatting -------------------------------------------------------------------------------

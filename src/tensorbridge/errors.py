@@ -15,6 +15,7 @@ from __future__ import annotations
 
 __all__ = [
     "CopyRequiredError",
+    "DestinationError",
     "DestinationExistsError",
     "FormatError",
     "InvalidArgumentError",
@@ -86,6 +87,14 @@ class FormatError(TensorBridgeError, ValueError):
 
 class DestinationExistsError(TensorBridgeError, FileExistsError):
     """A save would replace an existing file, and ``overwrite=True`` was not passed."""
+
+
+class DestinationError(TensorBridgeError, OSError):
+    """A save's destination cannot be written: no space, a file size limit, no permission.
+
+    Raised with the ``errno`` of the failed write (``ENOSPC``, ``EFBIG``, ``EACCES``,
+    ``EISDIR``, ...); the previous file, or none, stays under the final name.
+    """
 
 
 class UncommittedCheckpointError(FormatError):

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import errno
 import mmap
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -31,7 +33,7 @@ from .. import _memory as mem
 from .._plan import numpy_row
 from ..convert import to_numpy, to_torch
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
-from ..errors import FormatError, InvalidArgumentError, UnsupportedDtypeError
+from ..errors import DestinationError, FormatError, InvalidArgumentError, UnsupportedDtypeError
 
 DEFAULT_CHUNK = 64 << 20
 _PAGE = mmap.PAGESIZE
@@ -44,7 +46,10 @@ _PAGE = mmap.PAGESIZE
 def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Open a temporary file beside ``path``; on success fsync it and rename it into place.
 
-    Missing parent directories are created (like ``save_pretrained``).
+    Missing parent directories are created (like ``save_pretrained``). A write that
+    fails (disk full, file size limit, no permission, a directory in the way) raises
+    :class:`~tensorbridge.errors.DestinationError` naming ``path`` and leaves the
+    previous file, or none, under that name.
 
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp()
@@ -53,30 +58,142 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     >>> os.listdir(d)
     ['x.bin']
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
+    with StagedFiles() as staged:
+        with staged.write(path) as f:
             yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        staged.commit()
+
+
+class StagedFiles:
+    """Files written to temporaries beside their final names, then renamed into place together.
+
+    A multi-file save (shards and their index) writes every file with :meth:`write`
+    (temporary, fsync) while the previous files stay untouched, then :meth:`commit`
+    renames them all; an exception or a kill before the commit leaves the previous
+    files as they were. Leaving the ``with`` block without a commit removes the
+    temporaries.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> with StagedFiles() as staged:
+    ...     for name in ("a.bin", "b.bin"):
+    ...         with staged.write(os.path.join(d, name)) as f:
+    ...             _ = f.write(b"abc")
+    ...     before = sorted(n for n in os.listdir(d) if not n.startswith("."))
+    ...     staged.commit()
+    >>> before, sorted(os.listdir(d))
+    ([], ['a.bin', 'b.bin'])
+    """
+
+    def __init__(self) -> None:
+        self.temps: dict[Path, str] = {}  # final path -> its written, fsynced temporary
+
+    @contextlib.contextmanager
+    def write(self, path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+        """A temporary file beside ``path``, fsynced when the block ends without an error."""
+        target = Path(path)
+        with destination_errors(target, only_destination=True):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "Is a directory")
+            fd, tmp = tempfile.mkstemp(
+                prefix=f".{target.name}.", suffix=TEMP_SUFFIX, dir=target.parent
+            )
+        try:
+            with destination_errors(target, tmp):
+                umask = os.umask(0)
+                os.umask(umask)
+                os.fchmod(fd, 0o666 & ~umask)
+                with os.fdopen(fd, "wb") as f:
+                    yield f
+                    f.flush()
+                    os.fsync(f.fileno())
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self.temps[target] = tmp
+
+    def commit(self) -> None:
+        """Rename every written file into place, then make the renames durable."""
+        directories = {p.parent for p in self.temps}
+        for target, tmp in list(self.temps.items()):
+            with destination_errors(target, tmp):
+                os.replace(tmp, target)
+            del self.temps[target]
+            remove_temps(target)
+        for directory in directories:
+            fsync_dir(directory)
+
+    def discard(self) -> None:
+        """Remove the temporaries not yet committed."""
+        for tmp in self.temps.values():
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        self.temps.clear()
+
+    def __enter__(self) -> StagedFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()
+
+
+TEMP_SUFFIX = ".tmp"  # a temporary's name: ".NAME.<random>.tmp" beside NAME
+
+
+def remove_temps(target: Path) -> None:
+    """Remove the temporaries that killed saves of ``target`` left beside it.
+
+    Called once a save of ``target`` has renamed its own file into place: a save
+    killed before its rename leaves a hidden ``.NAME.<8 random>.tmp`` that no reader
+    looks at but that holds the disk space of a whole file.
+    """
+    pattern = re.compile(re.escape(f".{target.name}.") + r"[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(target.parent):
+            if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
+_NO_SPACE = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+@contextlib.contextmanager
+def destination_errors(
+    target: Path, tmp: str | None = None, *, only_destination: bool = False
+) -> Iterator[None]:
+    """Turn an ``OSError`` while writing ``target`` into a :class:`DestinationError`.
+
+    Only errors of the destination itself (no file name, ``target``, its temporary
+    ``tmp``, or a file inside ``target`` when it is a directory store) are turned:
+    an error reading a source passes through. The temporary's name means nothing
+    to the user, so the message names ``target`` and the fix. ``only_destination``:
+    the block touches nothing but the destination (creating its directory and
+    temporary), so every error is the destination's.
+    """
+    try:
+        yield
+    except DestinationError:
+        raise
     except OSError as err:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if err.errno is not None and err.filename in (tmp, None):
-            # the temporary name means nothing to the user: report the file they asked for
-            raise type(err)(err.errno, f"cannot write {target}: {err.strerror}") from None
-        raise
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(target.parent)
+        name = None if err.filename is None else os.fspath(err.filename)
+        inside = name is not None and name.startswith(os.path.join(target, ""))  # a store
+        ours = only_destination or name in (None, tmp, str(target)) or inside
+        if err.errno is None or not ours:
+            raise
+        if err.errno in _NO_SPACE:
+            fix = "free space (or raise the file size limit) or save to another disk"
+        elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            fix = "make the directory writable or save to another path"
+        elif err.errno == errno.EISDIR:
+            fix = "a directory has that name; remove it or save to another path"
+        elif err.errno == errno.ENOTDIR:
+            fix = "a file stands where a directory is needed; save to another path"
+        else:
+            fix = "check the destination or save to another path"
+        raise DestinationError(err.errno, f"cannot write {target}: {err.strerror}; {fix}") from None
 
 
 def fsync_dir(directory: Path) -> None:
@@ -249,6 +366,25 @@ def map_file(path: str | os.PathLike[str], *, copy_on_write: bool = False) -> mm
             return b""
         access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
         return mmap.mmap(f.fileno(), 0, access=access)
+
+
+def check_unchanged(file: int | str | os.PathLike[str], size: int, where: object) -> None:
+    """Refuse to hand out a view of a mapped file whose size changed since it was opened.
+
+    Touching a mapped page past the end of a file that another process truncated
+    raises SIGBUS, which kills the interpreter; this ``fstat`` (or ``stat`` of the
+    path) before each view turns the common case into a :class:`FormatError`. A
+    truncation that races a read already in progress can still SIGBUS: no check
+    can close that window (see docs/dev/robustness.md).
+
+    ``file`` is a descriptor of the mapped file or its path.
+    """
+    now = os.fstat(file).st_size if isinstance(file, int) else os.stat(file).st_size
+    if now != size:
+        raise FormatError(
+            f"{where} changed size since it was opened ({size} -> {now} bytes): another "
+            "process is writing it; open it again once that write is complete"
+        )
 
 
 def array_at(

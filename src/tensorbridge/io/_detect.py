@@ -193,10 +193,19 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
         )
     for pattern in patterns:
         found = sorted(p for p in path.glob(pattern) if p.is_file())
-        if not pattern.endswith(INDEX_SUFFIX):  # shards without their index
-            found = [p for p in found if not _is_shard_name(p.name)] or found
-        if len(found) == 1 or (pattern == "*.gguf" and _one_split_set(found)):
-            return found[0]  # a GGUF split set opens from its first shard
+        if not pattern.endswith(INDEX_SUFFIX) and found:
+            whole = [p for p in found if not _is_shard_name(p.name)]
+            if not whole:  # shards without their index: never read one as the checkpoint
+                if pattern == "*.gguf" and _one_split_set(found):
+                    return found[0]  # a GGUF split set has no index: it opens from its first shard
+                raise UncommittedCheckpointError(
+                    f"{path} holds shards ({', '.join(p.name for p in found[:3])}) but no "
+                    "index naming them: a save interrupted before its commit, or an "
+                    "incomplete download; save (or download) again, or pass one shard's path"
+                )
+            found = whole
+        if len(found) == 1:
+            return found[0]
         if found:
             raise FormatError(
                 f"{path} holds {len(found)} files matching {pattern} "

@@ -47,9 +47,11 @@ from ._common import (
     DEFAULT_CHUNK,
     atomic_write,
     cast_target,
+    destination_errors,
     fsync_dir,
     progress_bar,
     releaser,
+    remove_temps,
 )
 from ._detect import INDEX_SUFFIX
 from .dcp import Chunk, DcpFile
@@ -300,18 +302,21 @@ def save(
     temps: dict[Path, str] = {}
     try:
         for out in outs:
-            temps[out.final] = _preallocate(out)
+            with destination_errors(out.final):
+                temps[out.final] = _preallocate(out)
         items = [
             Placement(n, temps[final], off, rows[n].name, nbytes)
             for n, final, off, nbytes in placements
         ]
-        _fill(f, items, executor, window, progress, target.name)
+        with destination_errors(target):
+            _fill(f, items, executor, window, progress, target.name)
         old_index = target.parent / (target.name + INDEX_SUFFIX)
         if fmt == "safetensors" and old_index.exists():
             old_index.unlink()  # never a previous index beside the new shards
             fsync_dir(target.parent)
         for final, tmp in temps.items():
             os.replace(tmp, final)
+            remove_temps(final)
         temps.clear()
         fsync_dir(target.parent if fmt == "safetensors" else target)
     finally:

@@ -67,7 +67,7 @@ import torch
 
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError
-from ._common import TensorFile, read_small
+from ._common import TensorFile, check_unchanged, read_small
 
 __all__ = ["METADATA_FILE", "Chunk", "DcpFile", "load", "open", "read_metadata"]
 
@@ -560,6 +560,7 @@ class DcpFile(TensorFile):
             return np.empty(chunk.shape, row.numpy)
         mapped = self._file(chunk.file)
         where = f"{mapped.path}: tensor {name!r} at offset {chunk.item_offset}"
+        check_unchanged(mapped.path, mapped.size, mapped.path)
         if chunk.item_offset + chunk.item_length > mapped.size:
             raise FormatError(
                 f"{where}: the item's bytes run past the file's {mapped.size} bytes; the file is "

@@ -73,6 +73,7 @@ from ._common import (
     array_at,
     atomic_write,
     cast_target,
+    check_unchanged,
     iter_bytes,
     progress_bar,
     row_of,
@@ -512,6 +513,8 @@ class GGUFFile(TensorFile):
             if not copy_on_write:
                 values.flags.writeable = False
             return values
+        if self._close.alive:
+            check_unchanged(self._fd, len(self._map), self.path)
         buf = self._cow_map() if copy_on_write and e.nbytes else self._map
         return array_at(buf, e.begin, e.shape, resolve_dtype(e.type.plain), name=name)
 

@@ -62,6 +62,7 @@ from ._common import (
     TensorFile,
     atomic_write,
     cast_target,
+    check_unchanged,
     iter_bytes,
     map_file,
     progress_bar,
@@ -400,7 +401,9 @@ class MappedFile(TensorFile):
 
     def _map(self, copy_on_write: bool) -> Any:
         mm = self._maps.get(copy_on_write)
-        if mm is None:
+        if mm is not None:
+            check_unchanged(self._path, self._size, repr(str(self._path)))
+        else:
             mm = map_file(self._path, copy_on_write=copy_on_write)
             if len(mm) != self._size:
                 raise FormatError(

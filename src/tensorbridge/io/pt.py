@@ -47,7 +47,7 @@ from .._versions import quiet_sparse_validation
 from ..convert import to_numpy, to_torch
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedTensorError
-from ._common import TensorFile, atomic_write, cast_target, progress_bar, row_of
+from ._common import TensorFile, atomic_write, cast_target, check_unchanged, progress_bar, row_of
 from ._detect import detect
 from ._keys import flatten, is_container
 
@@ -143,6 +143,7 @@ class PtFile(TensorFile):
         super().__init__()
         self._path = Path(path)
         self._where = repr(str(self._path))
+        self._size = os.stat(self._path).st_size
         entries = _entries(self._path)
         self._tensors, self._values, self.single = entries.tensors, entries.values, entries.single
         self.metadata = {k: str(v) for k, v in self._values.items()}
@@ -175,6 +176,8 @@ class PtFile(TensorFile):
         return t
 
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
+        if self.mapped:
+            check_unchanged(self._path, self._size, self._where)
         if not copy_on_write:
             view: np.ndarray = to_numpy(self._tensor(name, self._tensors), readonly=True)
             return view
@@ -298,7 +301,13 @@ def save(
     bar = progress_bar(sum(storages.values()), f"saving {path.name}", progress)
     try:
         with atomic_write(path) as f:
-            torch.save(data, cast("IO[bytes]", _Counted(f, bar)))
+            counted = _Counted(f, bar)
+            try:
+                torch.save(data, cast("IO[bytes]", counted))
+            except RuntimeError:
+                if counted.error is not None:  # disk full, file size limit: say so
+                    raise counted.error from None
+                raise
     finally:
         bar.close()
 
@@ -325,9 +334,14 @@ class _Counted:
 
     def __init__(self, f: Any, bar: Any) -> None:
         self._f, self._bar = f, bar
+        self.error: OSError | None = None
 
     def write(self, b: Any) -> int:
-        n: int = self._f.write(b)
+        try:
+            n: int = self._f.write(b)
+        except OSError as err:  # torch's writer reports only "unexpected pos": keep the cause
+            self.error = err
+            raise
         self._bar.update(n)
         return n
 

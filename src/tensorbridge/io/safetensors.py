@@ -63,10 +63,13 @@ from ..errors import (
 from ._common import (
     DEFAULT_CHUNK,
     Deferred,
+    StagedFiles,
     TensorFile,
     array_at,
     atomic_write,
     cast_target,
+    check_unchanged,
+    fsync_dir,
     iter_bytes,
     progress_bar,
     row_of,
@@ -160,17 +163,26 @@ def save(
     bar = progress_bar(sum(it.nbytes for it in items), f"saving {target.name}", progress)
     try:
         if len(shards) <= 1 and not index:
-            _write_file(target, items, meta, chunk_bytes, bar)
+            with atomic_write(target) as f:
+                _write_file(f, items, meta, chunk_bytes, bar)
             remove_stale(target, keep=set())
             return
         stem, n = target.name.removesuffix(".safetensors"), len(shards)
         weight_map: dict[str, str] = {}
-        for i, shard in enumerate(shards, 1):
-            name = f"{stem}-{i:05d}-of-{n:05d}.safetensors"
-            _write_file(target.parent / name, shard, meta, chunk_bytes, bar)
-            weight_map.update((it.name, name) for it in shard)
+        index_path = target.parent / (target.name + INDEX_SUFFIX)
+        with StagedFiles() as staged:
+            for i, shard in enumerate(shards, 1):
+                name = f"{stem}-{i:05d}-of-{n:05d}.safetensors"
+                with staged.write(target.parent / name) as f:
+                    _write_file(f, shard, meta, chunk_bytes, bar)
+                weight_map.update((it.name, name) for it in shard)
+            # every shard is written; only now does the previous checkpoint change: its
+            # index goes first, so no index ever names a shard of the other save
+            index_path.unlink(missing_ok=True)
+            fsync_dir(target.parent)
+            staged.commit()
         total = sum(it.nbytes for it in items)
-        with atomic_write(target.parent / (target.name + INDEX_SUFFIX)) as f:
+        with atomic_write(index_path) as f:
             f.write(_index_text(weight_map, total))
         remove_stale(target, keep=set(weight_map.values()))
     finally:
@@ -347,22 +359,21 @@ def _header(items: list[_Item], metadata: dict[str, str]) -> bytes:
 
 
 def _write_file(
-    path: Path, items: list[_Item], metadata: dict[str, str], chunk_bytes: int, bar: Any
+    f: Any, items: list[_Item], metadata: dict[str, str], chunk_bytes: int, bar: Any
 ) -> None:
     ordered = sorted(items, key=lambda it: (LAYOUT_RANK.get(it.row.safetensors or "", 0), it.name))
-    with atomic_write(path) as f:
-        f.write(_header(ordered, metadata))
-        for it in ordered:
-            written = 0
-            for chunk in _chunks(it, chunk_bytes):
-                f.write(chunk)
-                written += len(chunk)
-                bar.update(len(chunk))
-            if written != it.nbytes:  # the tensor changed size while being saved
-                raise RuntimeError(
-                    f"tensor {it.name!r} yielded {written} bytes where its header says "
-                    f"{it.nbytes}; do not resize tensors while they are being saved"
-                )
+    f.write(_header(ordered, metadata))
+    for it in ordered:
+        written = 0
+        for chunk in _chunks(it, chunk_bytes):
+            f.write(chunk)
+            written += len(chunk)
+            bar.update(len(chunk))
+        if written != it.nbytes:  # the tensor changed size while being saved
+            raise RuntimeError(
+                f"tensor {it.name!r} yielded {written} bytes where its header says "
+                f"{it.nbytes}; do not resize tensors while they are being saved"
+            )
 
 
 def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
@@ -500,7 +511,9 @@ class _Shard:
 
     def buffer(self, copy_on_write: bool) -> _mmap.mmap:
         mm = self._maps.get(copy_on_write)
-        if mm is None:
+        if mm is not None:
+            check_unchanged(self.fd, self.size, self.path)
+        else:
             self._check_open()
             access = _mmap.ACCESS_COPY if copy_on_write else _mmap.ACCESS_READ
             mm = _mmap.mmap(self.fd, 0, access=access)

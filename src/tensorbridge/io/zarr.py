@@ -66,7 +66,14 @@ from ..errors import (
     UnsupportedDtypeError,
     UnsupportedTensorError,
 )
-from ._common import DEFAULT_CHUNK, TensorFile, cast_target, progress_bar, row_of
+from ._common import (
+    DEFAULT_CHUNK,
+    TensorFile,
+    cast_target,
+    destination_errors,
+    progress_bar,
+    row_of,
+)
 
 if TYPE_CHECKING:
     import zarr as zarr_module
@@ -416,7 +423,10 @@ def save(
     total = sum(math.prod(x.shape) * dst.itemsize for _, x, dst in plans)
     bar = progress_bar(total, f"saving {path.name}", progress)
     try:
-        with StoreWriter(path, metadata=metadata, max_chunk_bytes=max_chunk_bytes) as store:
+        with (
+            destination_errors(path),
+            StoreWriter(path, metadata=metadata, max_chunk_bytes=max_chunk_bytes) as store,
+        ):
             for name, x, dst in plans:
                 array = store.create(name, tuple(int(n) for n in x.shape), dst)
                 origin = (0,) * x.ndim
