@@ -306,6 +306,22 @@ def test_missing_distcp_is_a_format_error(tmp_path: Path) -> None:
         tb.load(d)
 
 
+@pytest.mark.parametrize(
+    "name", ["../outside.distcp", "/etc/hostname", "x" * 300 + ".distcp", "a\x00b", ".."]
+)
+def test_a_storage_file_outside_the_directory_is_a_format_error(tmp_path: Path, name: str) -> None:
+    # the metadata is untrusted: its file names must never leave the checkpoint directory
+    d = _one_file_ckpt(tmp_path / "ckpt")
+    (tmp_path / "outside.distcp").write_bytes((d / "__0_0.distcp").read_bytes())
+    meta_file = d / ".metadata"
+    meta = pickle.loads(meta_file.read_bytes())  # written by dcp.save just above
+    for info in meta.storage_data.values():
+        info.relative_path = name
+    meta_file.write_bytes(pickle.dumps(meta))
+    with pytest.raises(FormatError, match="not one in the directory"):
+        tb.load(d)
+
+
 # --- conversion -----------------------------------------------------------------------------
 
 

@@ -197,3 +197,19 @@ def test_progress_counts_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str
     pt.save({"w": torch.ones(1000)}, tmp_path / "m.pt", progress=True)
     assert "saving m.pt" in capsys.readouterr().err
     assert torch.load(tmp_path / "m.pt", weights_only=True)["w"].sum() == 1000
+
+
+def test_values_repeated_far_beyond_the_file_are_refused(tmp_path: Path) -> None:
+    # a zero stride lets a few stored bytes claim gigabytes: every copy would allocate them
+    p = tmp_path / "e.pt"
+    torch.save({"big": torch.zeros(4).expand(1 << 26, 4), "small": torch.ones(3).expand(5, 3)}, p)
+    with tb.open(p) as f:
+        assert f.info("big")[1] == (1 << 26, 4)  # still listed, by its header
+        small = f.read(["small"], mmap=False)["small"]
+        assert small.shape == (5, 3) and small.tolist() == [[1.0] * 3] * 5
+        for options in ({}, {"mmap": False}, {"framework": "torch"}):
+            with pytest.raises(
+                tb.FormatError,
+                match=r"'big' has shape \[67108864, 4\] and strides \[0, 1\].*torch\.load",
+            ):
+                f.read(["big"], **options)

@@ -436,10 +436,12 @@ def test_temporary_names_never_reach_the_user(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "fsync", full)
-    with pytest.raises(OSError) as e:
+    with pytest.raises(tb.DestinationError) as e:
         tb.save({"x": torch.ones(1)}, tmp_path / "m.safetensors")
+    assert isinstance(e.value, OSError) and e.value.errno == errno.ENOSPC
     assert str(e.value) == (
-        f"[Errno {errno.ENOSPC}] cannot write {tmp_path / 'm.safetensors'}: No space left on device"
+        f"[Errno {errno.ENOSPC}] cannot write {tmp_path / 'm.safetensors'}: No space left on "
+        "device; free space (or raise the file size limit) or save to another disk"
     )
     assert ".tmp" not in str(e.value) and os.listdir(tmp_path) == ["src.safetensors"]
 

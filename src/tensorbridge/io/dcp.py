@@ -192,8 +192,17 @@ def _check_metadata(p: Path, meta: Any) -> None:
         if not isinstance(index, md.MetadataIndex) or type(info).__name__ != "_StorageInfo":
             raise bad("storage_data maps something other than MetadataIndex -> _StorageInfo")
         rel = getattr(info, "relative_path", None)
-        if not isinstance(rel, str) or Path(rel).name != rel or rel in ("", ".", ".."):
-            raise bad(f"the item of {index.fqn!r} names the file {rel!r}, not one in the directory")
+        if (
+            not isinstance(rel, str)
+            or Path(rel).name != rel
+            or rel in ("", ".", "..")
+            or "\x00" in rel
+            or len(os.fsencode(rel)) > 255  # longer than any file name can be
+        ):
+            shown = rel[:80] if isinstance(rel, str) else rel
+            raise bad(
+                f"the item of {index.fqn!r} names the file {shown!r}, not one in the directory"
+            )
         if not all(type(getattr(info, a, None)) is int for a in ("offset", "length")) or (
             info.offset < 0 or info.length < 0
         ):

@@ -110,6 +110,10 @@ def _torch_load(path: Path) -> tuple[Any, bool]:
         raise FormatError(f"{where} is a corrupt torch.save archive: {err}") from None
 
 
+# How far a copy may exceed the file (a tensor's values may repeat, by zero strides, but a
+# hostile file must not make a reader allocate gigabytes from a few bytes).
+COPY_MARGIN = 64 << 20
+
 TORCHSCRIPT_MESSAGE = (
     "{where} is a TorchScript archive (torch.jit.save): it holds a program, not a state "
     "dict; if you trust it, torch.jit.load(path).state_dict() gives its weights"
@@ -178,6 +182,7 @@ class PtFile(TensorFile):
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
         if self.mapped:
             check_unchanged(self._path, self._size, self._where)
+        self._check_copy_size(name, self._tensor(name, self._tensors))
         if not copy_on_write:
             view: np.ndarray = to_numpy(self._tensor(name, self._tensors), readonly=True)
             return view
@@ -188,6 +193,23 @@ class PtFile(TensorFile):
             self._writable = _entries(self._path).tensors
         writable: np.ndarray = to_numpy(self._tensor(name, self._writable))
         return writable
+
+    def _check_copy_size(self, name: str, t: torch.Tensor) -> None:
+        """Refuse values that repeat (overlapping strides) to far more than the file holds.
+
+        Every consumer of an entry copies it sooner or later (a cast, a torch result,
+        ``mmap=False``, a conversion), so a hostile file of a few bytes must not be able
+        to claim gigabytes through a zero stride; a view alone would be safe, but is
+        refused too, so that every way of reading the entry agrees.
+        """
+        need = t.numel() * t.element_size()
+        if need > self._size + COPY_MARGIN and need > t.untyped_storage().nbytes():
+            raise FormatError(
+                f"{self._where}: {name!r} has shape {list(t.shape)} and strides "
+                f"{list(t.stride())} over a storage of {t.untyped_storage().nbytes()} bytes: "
+                f"its values take {need} bytes, far more than the file's {self._size}; if "
+                "you trust the file, read it with torch.load(path, weights_only=True)"
+            )
 
     def close(self) -> None:
         self._writable = None  # handed-out arrays keep their mapping alive
