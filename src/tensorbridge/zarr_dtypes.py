@@ -58,13 +58,13 @@ import ml_dtypes
 import numpy as np
 from zarr.core.common import JSON, ZarrFormat
 from zarr.core.dtype import data_type_registry
-from zarr.core.dtype.common import (
-    DataTypeValidationError,
-    DTypeJSON,
-    HasEndianness,
-    HasItemSize,
-)
+from zarr.core.dtype.common import DTypeJSON, HasEndianness, HasItemSize
 from zarr.core.dtype.wrapper import ZDType
+
+try:  # zarr >= 3.2 moved it (the old name warns); zarr 3.1 has it only here
+    from zarr.errors import DataTypeValidationError  # type: ignore[attr-defined,unused-ignore]
+except ImportError:
+    from zarr.core.dtype.common import DataTypeValidationError
 
 __all__ = [
     "DATA_TYPES",
