@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .child import ChildRun, Task, fsync
+from .child import ChildRun, Task, fsync, raw_buffer, raw_write
 from .core import GIB, MIB, Context, Section, fmt_bytes, fmt_mib, fmt_time
 
 TITLE = "DCP checkpoints to sharded safetensors: peak memory against size"
@@ -163,23 +163,6 @@ def consolidate(inputs: tuple[str, str, tuple[Any, ...]]) -> None:
     consolidate_safetensors_files(src, dst, mapping, num_threads=1)
     for p in Path(dst).iterdir():
         fsync(str(p))
-
-
-def raw_buffer(src: str, dst: str, nbytes: int) -> tuple[Any, str, int]:
-    import numpy as np
-
-    return np.ones(64 << 20, np.uint8), dst, nbytes
-
-
-def raw_write(inputs: tuple[Any, str, int]) -> None:
-    buf, dst, left = inputs
-    with open(dst, "wb") as f:
-        while left > 0:
-            k = min(left, buf.size)
-            f.write(buf[:k].data)
-            left -= k
-        f.flush()
-        os.fsync(f.fileno())
 
 
 # --- the section ------------------------------------------------------------------------------

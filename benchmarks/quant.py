@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import shutil
 import statistics
 from collections.abc import Callable
@@ -29,7 +28,7 @@ import torch
 
 import tensorbridge as tb
 
-from .child import ChildRun, Task
+from .child import ChildRun, Task, fsync, raw_buffer, raw_write
 from .core import Context, Section, fmt_bytes, fmt_count, fmt_ratio, speedup
 
 TITLE = "Quantized weights: dequantize throughput and streamed conversion"
@@ -199,30 +198,7 @@ def naive(inputs: tuple[str, str, int]) -> None:
         w = _dequantize_fp8_weight(sd[name], sd[name + "_scale_inv"], [128, 128], torch.float32)
         out[name] = w.to(torch.bfloat16)
     save_file(out, dst)
-    _fsync(dst)
-
-
-def raw_buffer(src: str, dst: str, nbytes: int) -> tuple[np.ndarray, str, int]:
-    return np.ones(64 * MIB, np.uint8), dst, nbytes
-
-
-def raw_write(inputs: tuple[np.ndarray, str, int]) -> None:
-    buf, dst, left = inputs
-    with open(dst, "wb") as f:
-        while left > 0:
-            k = min(left, buf.size)
-            f.write(buf[:k].data)
-            left -= k
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync(dst)
 
 
 ROUTES: dict[str, tuple[str, Callable[..., Any], Callable[[Any], None]]] = {

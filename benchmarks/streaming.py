@@ -30,7 +30,7 @@ import torch
 import tensorbridge as tb
 
 from . import plot
-from .child import ChildRun, Task, fsync
+from .child import ChildRun, Task, fsync, raw_buffer, raw_write
 from .core import GIB, MIB, Context, Section, fmt_bytes, fmt_mib, fmt_time
 
 TITLE = "Streaming: peak memory against tensor size"
@@ -90,22 +90,6 @@ def naive_export(inputs: tuple[np.ndarray, str]) -> None:
     m, dst = inputs
     np.save(dst, torch.from_numpy(m).view(torch.bfloat16).float().numpy())
     fsync(dst)
-
-
-def raw_buffer(src: str, dst: str, nbytes: int) -> tuple[np.ndarray, str, int]:
-    return np.ones(64 << 20, np.uint8), dst, nbytes
-
-
-def raw_write(inputs: tuple[np.ndarray, str, int]) -> None:
-    """Write ``nbytes`` sequentially in 64 MiB blocks, then fsync: the disk's limit."""
-    buf, dst, left = inputs
-    with open(dst, "wb") as f:
-        while left > 0:
-            k = min(left, buf.size)
-            f.write(buf[:k].data)
-            left -= k
-        f.flush()
-        os.fsync(f.fileno())
 
 
 TASKS: dict[str, tuple[Callable[..., Any], Callable[[Any], None]]] = {
