@@ -189,7 +189,11 @@ def _check_metadata(p: Path, meta: Any) -> None:
         raise bad("storage_data is not a dict (not written by FileSystemWriter)")
     for index, info in storage.items():
         # the unpickler built only allow-listed classes: the storage record is known by name
-        if not isinstance(index, md.MetadataIndex) or type(info).__name__ != "_StorageInfo":
+        if (
+            not isinstance(index, md.MetadataIndex)
+            or not isinstance(getattr(index, "fqn", None), str)
+            or type(info).__name__ != "_StorageInfo"
+        ):
             raise bad("storage_data maps something other than MetadataIndex -> _StorageInfo")
         rel = getattr(info, "relative_path", None)
         if (
@@ -199,9 +203,9 @@ def _check_metadata(p: Path, meta: Any) -> None:
             or "\x00" in rel
             or len(os.fsencode(rel)) > 255  # longer than any file name can be
         ):
-            shown = rel[:80] if isinstance(rel, str) else rel
+            shown = repr(rel[:80]) if isinstance(rel, str) else f"a {type(rel).__qualname__}"
             raise bad(
-                f"the item of {index.fqn!r} names the file {shown!r}, not one in the directory"
+                f"the item of {index.fqn!r} names the file {shown}, not one in the directory"
             )
         if not all(type(getattr(info, a, None)) is int for a in ("offset", "length")) or (
             info.offset < 0 or info.length < 0
