@@ -399,7 +399,13 @@ def array_at(
             f"{len(buf)} bytes; the file is truncated or corrupt"
         )
     if count == 0:
-        return np.empty(shape, row.numpy)
+        try:
+            return np.empty(shape, row.numpy)
+        except ValueError:  # a zero beside dimensions whose product NumPy cannot index
+            raise FormatError(
+                f"tensor {name!r}: the shape {list(shape)} has no elements but dimensions "
+                "too large to index; the file is corrupt"
+            ) from None
     return (
         np.frombuffer(buf, dtype=row.carrier_numpy, count=count, offset=offset)
         .view(row.numpy)
