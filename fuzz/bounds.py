@@ -1,7 +1,8 @@
 """Run one input against one reader, bounded in time and memory, and judge the outcome.
 
-Every input runs in this process under a watchdog (``SIGALRM`` after ``TIME_LIMIT``
-seconds raises :class:`Hang` at the next bytecode) with ``tracemalloc`` tracing: the
+Every input runs in this process under a watchdog (``SIGPROF`` after ``TIME_LIMIT``
+seconds of CPU time, or ``SIGALRM`` after ``WALL_LIMIT`` seconds, raises :class:`Hang` at
+the next bytecode) with ``tracemalloc`` tracing: the
 reader's peak of traced allocations (Python objects and NumPy buffers; torch's own
 allocator is not traced, see :func:`child_rss`) must stay within the input's size times
 the reader's ``expansion`` plus ``MARGIN``. The verdict is one of:
@@ -21,6 +22,7 @@ the reader's ``expansion`` plus ``MARGIN``. The verdict is one of:
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 import sys
@@ -35,9 +37,12 @@ import tensorbridge as tb
 
 from .targets import Reader, read_all
 
-__all__ = ["MARGIN", "TIME_LIMIT", "Hang", "Outcome", "child_rss", "run_one"]
+__all__ = ["MARGIN", "TIME_LIMIT", "WALL_LIMIT", "Hang", "Outcome", "child_rss", "run_one"]
 
-TIME_LIMIT = 2.0  # seconds per input
+# A hang is judged on CPU time (ITIMER_PROF: all threads), so that other load on the machine
+# does not turn a slow input into a "hang"; the wall-clock limit catches waits that use none.
+TIME_LIMIT = 2.0  # CPU seconds per input
+WALL_LIMIT = 30.0  # seconds per input
 MARGIN = 16 << 20  # bytes a reader may allocate beyond its input (parsed headers, tables)
 
 
@@ -54,6 +59,7 @@ class Outcome:
     peak: int
 
 
+@functools.cache
 def warm_up() -> None:
     """Import everything a reader may import lazily, so no watchdog fires mid-import."""
     import gguf  # noqa: F401
@@ -70,7 +76,9 @@ def warm_up() -> None:
 
 
 def _alarm(signum: int, frame: FrameType | None) -> None:
-    raise Hang(f"no answer within {TIME_LIMIT} s")
+    if signum == signal.SIGPROF:
+        raise Hang(f"no answer within {TIME_LIMIT} s of CPU time")
+    raise Hang(f"no answer within {WALL_LIMIT} s")
 
 
 def run_one(reader: Reader, data: bytes, directory: Path, *, trace: bool = True) -> Outcome:
@@ -85,8 +93,9 @@ def run_one(reader: Reader, data: bytes, directory: Path, *, trace: bool = True)
     if trace:
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT)
+    previous = signal.signal(signal.SIGALRM, _alarm), signal.signal(signal.SIGPROF, _alarm)
+    signal.setitimer(signal.ITIMER_PROF, TIME_LIMIT)
+    signal.setitimer(signal.ITIMER_REAL, WALL_LIMIT)
     verdict, detail = "ok", ""
     try:
         try:
@@ -95,7 +104,9 @@ def run_one(reader: Reader, data: bytes, directory: Path, *, trace: bool = True)
                 read_all(path, **reader.open_kwargs)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
+            signal.setitimer(signal.ITIMER_PROF, 0)
+            signal.signal(signal.SIGALRM, previous[0])
+            signal.signal(signal.SIGPROF, previous[1])
     except allowed as err:
         verdict, detail = "refused", f"{type(err).__name__}: {err}"
         if not str(err).strip():

@@ -184,7 +184,7 @@ def _json_tree(data: bytes, rng: random.Random) -> bytes:
     if span is None:
         return _splice_int(data, rng)
     a, b = span
-    if b - a > 1 << 16:  # already grown huge by another mutation: walking it costs seconds
+    if b - a > 1 << 14:  # already grown large by another mutation: walking it costs much
         return _splice_int(data, rng)
     try:
         obj = json.loads(data[a:b])

@@ -46,6 +46,7 @@ zarr is an optional dependency: ``pip install tensorbridge[zarr]``.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -546,9 +547,19 @@ def store_kind(path: str | os.PathLike[str]) -> str | None:
     """
     doc = Path(path) / GROUP_FILE
     try:
-        if doc.stat().st_size > MAX_NODE_JSON:
-            return None
-        meta = json.loads(doc.read_bytes())
+        st = doc.stat()
+    except OSError:
+        return None
+    if st.st_size > MAX_NODE_JSON:
+        return None
+    # detecting, resolving and opening a store each ask: parse a large zarr.json once
+    return _node_kind(str(doc), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _node_kind(doc: str, ino: int, size: int, mtime_ns: int) -> str | None:
+    try:
+        meta = json.loads(Path(doc).read_bytes())
     except (OSError, ValueError, RecursionError):
         return None
     if isinstance(meta, dict) and meta.get("zarr_format") == 3:
