@@ -649,6 +649,66 @@ def _block_size(args: argparse.Namespace) -> tuple[int, int] | None:
     return sizes[0], sizes[1]
 
 
+def _metadata_args(args: argparse.Namespace, fmt: Any) -> dict[str, Any]:
+    """``--metadata-json FILE``'s keys, then each ``--metadata KEY[:TYPE]=VALUE``.
+
+    VALUE is read as JSON (``2``, ``1e-5``, ``true``, ``[1, 2]``, ``"2"``), else as
+    text; a format that keeps text metadata (safetensors) keeps VALUE as given. TYPE
+    names a GGUF value type (``uint64``, ``float64``, ``string``, ...).
+    """
+    if not args.metadata and not args.metadata_json:
+        return {}
+    if not fmt.metadata:
+        from .io._formats import listing
+
+        raise _UsageError(
+            f"--metadata: {fmt.description} keeps no metadata; write "
+            f"{listing(lambda f: f.metadata, ' or ')}"
+        )
+    out: dict[str, Any] = {}
+    if args.metadata_json:
+        try:
+            with open(args.metadata_json, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as e:
+            raise _UsageError(f"--metadata-json {args.metadata_json}: {e}") from None
+        if not isinstance(doc, dict):
+            raise _UsageError(
+                f"--metadata-json {args.metadata_json} holds a {type(doc).__name__}; pass a "
+                'JSON object ({"general.architecture": "llama", ...})'
+            )
+        out.update(doc if not fmt.text_metadata else {k: _text(v) for k, v in doc.items()})
+    for item in args.metadata:
+        key, sep, text = item.partition("=")
+        key, colon, kind = key.partition(":")
+        if not sep or not key:
+            raise _UsageError(f"--metadata {item}: pass KEY=VALUE (general.architecture=llama)")
+        if fmt.text_metadata:
+            if colon:
+                raise _UsageError(f"--metadata {item}: {fmt.description} keeps text; drop :{kind}")
+            out[key] = text
+            continue
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            value = text
+        if colon:
+            if fmt.name != "gguf":
+                raise _UsageError(f"--metadata {item}: :{kind} names a GGUF value type; drop it")
+            from .io.gguf import metadata_value
+
+            try:
+                value = metadata_value(value, kind)
+            except TensorBridgeError as e:
+                raise _UsageError(f"--metadata {item}: {e}") from None
+        out[key] = value
+    return out
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def _convert(args: argparse.Namespace, out: TextIO) -> int:
     from . import io as tbio
     from .io._formats import listing  # what each format can hold, for the messages
@@ -669,6 +729,11 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
     if args.workers is not None and args.dask_scheduler is not None:
         raise _UsageError("pass --workers or --dask-scheduler, not both")
     if args.format == "npy" or _is_chunked(args.src):
+        if args.metadata or args.metadata_json:
+            raise _UsageError(
+                "--metadata applies to a checkpoint converted to safetensors, GGUF, .pt or "
+                "Zarr, not to a DCP checkpoint's conversion"
+            )
         if quantize is not None:
             raise _UsageError(
                 "--quantize reads a safetensors (or .bin, .pt, .npz) checkpoint; convert the DCP "
@@ -691,6 +756,7 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             f"--max-shard-size needs a {listing(lambda f: f.sharding, ' or ')} destination "
             f"(or a directory), not {args.dst}"
         )
+    given_meta = _metadata_args(args, dst.format)
     if quantize is not None and dst.format.name != "safetensors":
         raise _UsageError(
             f"--quantize writes the schemes' published safetensors layouts, not {args.dst}; "
@@ -737,6 +803,16 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 f"{listing(lambda f: f.many_arrays)}"
             )
         meta, dropped = _carried_metadata(src, dst, names)
+        meta.update(given_meta)
+        if dst.format.name == "gguf":
+            from .io.gguf import check_architecture
+
+            check_architecture(
+                meta,
+                dst.path,
+                fix="pass --metadata general.architecture=NAME (e.g. llama), or "
+                "--metadata-json FILE",
+            )
         if dropped and not args.quiet:
             print(
                 f"note: dropped metadata {', '.join(dropped)}: {dst.path.suffix} files have no "
