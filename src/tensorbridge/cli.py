@@ -877,8 +877,9 @@ def _quantize_arg(
     from .quant.write import writable
 
     if args.quantize is None:
-        for given, flag in ((args.ignore, "--ignore"), (args.layout, "--layout"),
-                            (args.element, "--element")):  # fmt: skip
+        if args.ignore:
+            raise _UsageError("--ignore says which weights --quantize leaves; pass --quantize")
+        for given, flag in ((args.layout, "--layout"), (args.element, "--element")):
             if given:
                 raise _UsageError(f"{flag} says how --quantize writes weights; pass --quantize")
         return None

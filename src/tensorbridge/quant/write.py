@@ -213,8 +213,8 @@ def stored_layout(
         return {name: ("codes", e4m3, shape), name + "_scale_inv": ("scale", f32, grid)}
     scale = ("scale", u8, (*lead, k // 32))
     if scheme == "mxfp8":
-        codes = resolve_dtype(element_name(scheme, element))
-        return {name: ("codes", codes, shape), name + "_scale": scale}
+        fp8 = resolve_dtype(element_name(scheme, element))
+        return {name: ("codes", fp8, shape), name + "_scale": scale}
     if scheme == "mxfp4":
         return {name + "_packed": ("codes", u8, (*lead, k // 2)), name + "_scale": scale}
     codes, glob, gshape = (
