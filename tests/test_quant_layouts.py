@@ -312,8 +312,15 @@ def test_convert_mxfp8_e5m2_reads_in_compressed_tensors(
     out = tmp_path / "o" / "q.safetensors"
     argv = ["convert", str(tmp_path / "w.safetensors"), str(out), "--quantize", "mxfp8"]
     assert main([*argv, "--element", "e5m2", "--verify", "--json"]) == 0
-    summary = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
     assert summary["verified"] is True and summary["element"] == "e5m2"
+    assert captured.err == (
+        "note: compressed-tensors' config has no field for the element type and means e4m3; "
+        "the codes are F8_E5M2 in the safetensors header, which compressed-tensors' "
+        "decompressor and tensorbridge read, but a reader that assumes e4m3 gets wrong "
+        "weights\n"
+    )
     from safetensors.torch import load_file
 
     got = load_file(out)
@@ -442,6 +449,60 @@ def _gptq(bits: int) -> dict[str, torch.Tensor]:
         pre + "qzeros": torch.zeros(2, 64 * bits // 32, dtype=torch.int32),
         pre + "scales": torch.ones(2, 64, dtype=torch.float16),
     }
+
+
+def _pack_words(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """GPTQModel's ``pack``: 32 // bits codes an int32 along the last axis, low bits first."""
+    per = 32 // bits
+    c = codes.to(torch.int64).reshape(*codes.shape[:-1], -1, per)
+    word = sum(c[..., j] << (j * bits) for j in range(per))
+    return ((word + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+def gptqmodel_v2_dequantize(qweight, qzeros, scales, bits, group_size):  # type: ignore[no-untyped-def]
+    """AutoGPTQ's published unpacking (qlinear_cuda_old.py, ``forward``), without v1's
+    ``zeros + 1``: GPTQModel's gptq_v2 stores the zeros as they are. fp16, [in, out]."""
+    wf = torch.tensor(list(range(0, 32, bits)), dtype=torch.int32).unsqueeze(0)
+    zeros = torch.bitwise_right_shift(
+        torch.unsqueeze(qzeros, 2).expand(-1, -1, 32 // bits), wf.unsqueeze(0)
+    ).to(torch.int16 if bits == 8 else torch.int8)
+    zeros = torch.bitwise_and(zeros, (2**bits) - 1).reshape(scales.shape)
+    weight = torch.bitwise_right_shift(
+        torch.unsqueeze(qweight, 1).expand(-1, 32 // bits, -1), wf.unsqueeze(-1)
+    ).to(torch.int16 if bits == 8 else torch.int8)
+    weight = torch.bitwise_and(weight, (2**bits) - 1).reshape(-1, weight.shape[2])
+    g_idx = torch.arange(weight.shape[0]) // group_size
+    return scales[g_idx] * (weight - zeros[g_idx])
+
+
+@pytest.mark.parametrize("width", [2, 4, 8])
+def test_gptq_v2_widths_streamed_match_gptqmodel(
+    width: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2-, 4- and 8-bit GPTQModel (gptq_v2, no act-order) checkpoints read through
+    tb.open a piece at a time: the reference's fp16 values, bit for bit."""
+    from tensorbridge.quant import base
+
+    g = torch.Generator().manual_seed(width)
+    n_in, out, gs = 256, 64, 64
+    q = torch.randint(0, 2**width, (n_in, out), generator=g)
+    zeros = torch.randint(0, 2**width, (n_in // gs, out), generator=g)
+    pre = "model.layers.0.mlp.up_proj."
+    sd = {
+        pre + "qweight": _pack_words(q.t(), width).t().contiguous(),
+        pre + "qzeros": _pack_words(zeros, width),
+        pre + "scales": (torch.rand(n_in // gs, out, generator=g) / 50).half(),
+    }
+    ref = gptqmodel_v2_dequantize(*(sd[pre + k] for k in ("qweight", "qzeros", "scales")),
+                                  width, gs)  # fmt: skip
+    d = tmp_path / "gptq"
+    tb.save(sd, d / "model.safetensors")
+    cfg = {"quant_method": "gptq", "bits": width, "group_size": gs, "format": "gptq_v2"}
+    (d / "config.json").write_text(json.dumps({"quantization_config": cfg}))
+    monkeypatch.setattr(base, "PIECE_ELEMENTS", 300)  # a few output columns a piece
+    with tb.open(d, dequantize="f16") as f:
+        got = f.get(pre + "weight", framework="torch")
+    assert got.shape == (out, n_in) and np.array_equal(bits(got), bits(ref.t()))
 
 
 @pytest.mark.parametrize("width", [5, 6, 7])

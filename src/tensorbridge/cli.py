@@ -914,7 +914,12 @@ def _convert_quantized(
 ) -> int:
     """convert --quantize: each selected weight quantized as it is written, the rest as stored."""
     from . import io as tbio
-    from .quant.write import quantized_parts, skip_reason, unconverted_modules
+    from .quant.write import (
+        config_caveat,
+        quantized_parts,
+        skip_reason,
+        unconverted_modules,
+    )
 
     layout = {"layout": args.layout, "element": args.element}
     if _quant_plan(src, None, None).quantized:
@@ -965,6 +970,9 @@ def _convert_quantized(
         overwrite=True,
     )
     config = _write_quant_config(src, dst, scheme, block_size, ignored, args)
+    caveat = config_caveat(scheme, args.element)
+    if config is not None and caveat and not args.quiet:
+        print(f"note: {caveat}", file=sys.stderr)
     if config is None and not args.quiet:
         size = f" --block-size {','.join(map(str, block_size or (128, 128)))}"
         print(

@@ -68,6 +68,7 @@ __all__ = [
     "LAYOUTS",
     "OTHER_LAYOUTS",
     "QuantizedPart",
+    "config_caveat",
     "quantization_config",
     "quantized_parts",
     "skip_reason",
@@ -134,6 +135,24 @@ def writable(scheme: str, layout: str | None = None, element: str | None = None)
             "or e5m2 (float8_e5m2); pass one of those",
         )
     return s.name
+
+
+def config_caveat(scheme: str, element: str | None = None) -> str | None:
+    """What the written config cannot say, for a note beside the output (None: nothing).
+
+    >>> config_caveat("mxfp8", "e5m2").split(";")[0]
+    "compressed-tensors' config has no field for the element type and means e4m3"
+    >>> config_caveat("mxfp8") is None
+    True
+    """
+    if scheme == "mxfp8" and element_name(scheme, element) == "float8_e5m2":
+        return (
+            "compressed-tensors' config has no field for the element type and means e4m3; "
+            "the codes are F8_E5M2 in the safetensors header, which compressed-tensors' "
+            "decompressor and tensorbridge read, but a reader that assumes e4m3 gets wrong "
+            "weights"
+        )
+    return None
 
 
 def _layout(scheme: str, layout: str | None) -> str | None:
