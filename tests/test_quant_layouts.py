@@ -437,6 +437,10 @@ def test_metadata_for_other_formats(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main([*base, str(tmp_path / "y.safetensors"), "--metadata", "a=[1, 2]", "-q"]) == 0
     with tb.open(tmp_path / "y.safetensors") as f:
         assert f.metadata["a"] == "[1, 2]"  # safetensors keeps text: as given
+    assert main([*base, str(tmp_path / "y.pt"), "--metadata", "w=1"]) == 2
+    assert "--metadata w: a .pt file keeps metadata beside the tensors" in capsys.readouterr().err
+    assert main([*base, str(tmp_path / "y.pt"), "--metadata", "epoch=3", "-q"]) == 0
+    assert torch.load(tmp_path / "y.pt", weights_only=True)["epoch"] == 3  # typed: an int
 
 
 # --- GPTQ and AWQ: what is refused ---------------------------------------------------------

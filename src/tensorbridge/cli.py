@@ -804,6 +804,12 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             )
         meta, dropped = _carried_metadata(src, dst, names)
         meta.update(given_meta)
+        clash = [k for k in given_meta if k in names]
+        if clash and dst.format.metadata_with_tensors:
+            raise _UsageError(
+                f"--metadata {clash[0]}: a {dst.path.suffix} file keeps metadata beside the "
+                "tensors under one set of names, and a tensor has that name; pick another key"
+            )
         if dst.format.name == "gguf":
             from .io.gguf import check_architecture
 
