@@ -176,6 +176,12 @@ def no_longdouble() -> str | None:
 F32 = np.ones(4, np.float32)
 RO = np.frombuffer(b"\0" * 16, np.float32)  # read-only memory
 Q = tb.quantize(torch.randn(256, 256), "fp8-block", name="w")
+# a GPTQ / AWQ layer's stored tensors (4-bit shapes): what its config says is refused
+GPTQ5 = {
+    "l.qweight": torch.zeros(32, 64, dtype=torch.int32),
+    "l.qzeros": torch.zeros(2, 8, dtype=torch.int32),
+    "l.scales": torch.ones(2, 64, dtype=torch.float16),
+}
 NV = tb.quantize(torch.randn(8, 32), "nvfp4-modelopt", name="w")
 MX_U8 = {"w": torch.zeros(4, 16, dtype=torch.uint8), "w_scale": torch.ones(4, 1, dtype=torch.uint8)}
 E = "InvalidArgumentError"
@@ -1021,6 +1027,56 @@ ROWS: list[Row] = [
     ),
     # --- quantized weights -----------------------------------------------------------------
     Row(
+        "quantize:element",
+        "`tb.quantize(w, 'mxfp8', element='e3m4')`",
+        lambda e: tb.quantize(torch.ones(2, 32), "mxfp8", element="e3m4"),
+        tb.QuantizationError,
+        r"mxfp8's elements are 'e4m3' .* or 'e5m2' .*; pass one of those",
+        "pass `element='e4m3'` or `'e5m2'`",
+    ),
+    Row(
+        "quantize:element-mxfp4",
+        "`tb.quantize(w, 'mxfp4', element='e5m2')`",
+        lambda e: tb.quantize(torch.ones(2, 32), "mxfp4", element="e5m2"),
+        tb.QuantizationError,
+        r"mxfp4's elements are fp4 e2m1; .*leave element out",
+        "leave out `element=`, or quantize with `'mxfp8'`",
+    ),
+    Row(
+        "dequantize:gptq-width",
+        "GPTQ with `bits: 5` (6, 7)",
+        lambda e: tb.dequantize(GPTQ5, config={"quant_method": "gptq", "bits": 5}),
+        tb.QuantizationError,
+        r"5-bit GPTQ is not a width .* \(2, 3, 4 and 8 bits are read\); check bits",
+        "check `bits` in the config, or dequantize with GPTQModel",
+    ),
+    Row(
+        "dequantize:gptq-format",
+        "GPTQ with `format: 'marlin'`",
+        lambda e: tb.dequantize(
+            GPTQ5, config={"quant_method": "gptq", "bits": 4, "format": "marlin"}
+        ),
+        tb.QuantizationError,
+        r"it reads 'gptq' .* and 'gptq_v2' .*: dequantize 'marlin' checkpoints .* with GPTQModel",
+        "dequantize it with GPTQModel, or export it as `gptq`",
+    ),
+    Row(
+        "dequantize:awq-gemv",
+        "AWQ with `version: 'gemv'` (`gemv_fast`, `marlin`, `llm-awq`)",
+        lambda e: tb.dequantize(GPTQ5, config={"quant_method": "awq", "version": "gemv"}),
+        tb.QuantizationError,
+        r"the only one tensorbridge reads .*; dequantize it with AutoAWQ / GPTQModel, or export",
+        "dequantize it with AutoAWQ / GPTQModel, or export it as GEMM",
+    ),
+    Row(
+        "dequantize:awq-exllama",
+        "AWQ with `version: 'exllama'`",
+        lambda e: tb.dequantize(GPTQ5, config={"quant_method": "awq", "version": "exllama"}),
+        tb.QuantizationError,
+        r"names a kernel, not a layout: .* set version to 'gemm'",
+        'set `version: "gemm"` when the tensors are GEMM\'s',
+    ),
+    Row(
         "dequantize:no-scheme",
         "`tb.dequantize(codes, scale)`",
         lambda e: tb.dequantize(Q["w"], Q["w_scale_inv"]),
@@ -1468,6 +1524,55 @@ CLI_ROWS: list[Row] = [
         2,
         r"dequantizes gptq but does not write it; pass one of fp8-block",
         "pass a scheme tensorbridge writes (mxfp8, mxfp4, nvfp4-*, fp8-block)",
+    ),
+    Row(
+        "cli:convert-layout",
+        "`convert m.safetensors o.safetensors --quantize mxfp8 --layout gpt-oss`",
+        lambda e: [
+            "convert",
+            str(e.st),
+            str(e.st.parent / "o.safetensors"),
+            "--quantize",
+            "mxfp8",
+            "--layout",
+            "gpt-oss",
+        ],
+        2,
+        r"mxfp8 is written in its published layout only; leave out --layout",
+        "leave out `--layout` (`gpt-oss` is mxfp4's)",
+    ),
+    Row(
+        "cli:convert-element",
+        "`convert m.safetensors o.safetensors --quantize mxfp4 --element e5m2`",
+        lambda e: [
+            "convert",
+            str(e.st),
+            str(e.st.parent / "o.safetensors"),
+            "--quantize",
+            "mxfp4",
+            "--element",
+            "e5m2",
+        ],
+        2,
+        r"the element type is mxfp8's choice .*; mxfp4's is fixed, leave out --element",
+        "leave out `--element`, or `--quantize mxfp8`",
+    ),
+    Row(
+        "cli:convert-gguf-architecture",
+        "`convert m.safetensors o.gguf` (no `general.architecture`)",
+        lambda e: ["convert", str(e.st), str(e.st.parent / "o.gguf")],
+        1,
+        r"needs the metadata key 'general.architecture' .*; pass --metadata "
+        r"general.architecture=NAME",
+        "pass `--metadata general.architecture=llama` (or `--metadata-json FILE`)",
+    ),
+    Row(
+        "cli:convert-metadata",
+        "`convert m.safetensors o.gguf --metadata nokey`",
+        lambda e: ["convert", str(e.st), str(e.st.parent / "o.gguf"), "--metadata", "nokey"],
+        2,
+        r"--metadata nokey: pass KEY=VALUE",
+        "pass `KEY=VALUE` (or `KEY:TYPE=VALUE`)",
     ),
     Row(
         "cli:convert-quantize-npz",

@@ -137,6 +137,31 @@ def _parser() -> argparse.ArgumentParser:
         "nvfp4-compressed-tensors, fp8-block) in the scheme's published layout",
     )
     p.add_argument(
+        "--layout",
+        metavar="NAME",
+        help="with --quantize mxfp4: gpt-oss writes openai/gpt-oss's experts "
+        "NAME_blocks / NAME_scales (default: compressed-tensors)",
+    )
+    p.add_argument(
+        "--element",
+        metavar="TYPE",
+        help="with --quantize mxfp8: the fp8 element type, e4m3 (default) or e5m2",
+    )
+    p.add_argument(
+        "--metadata",
+        action="append",
+        default=[],
+        metavar="KEY[:TYPE]=VALUE",
+        help="add a metadata key (GGUF: general.architecture=llama is required); VALUE is "
+        'JSON (2, 1e-5, true, [1, 2], "text") or else text; TYPE forces a GGUF type '
+        "(uint64, float64, ...); repeatable",
+    )
+    p.add_argument(
+        "--metadata-json",
+        metavar="FILE",
+        help="add the metadata keys of a JSON object in FILE (typed as --metadata's VALUE)",
+    )
+    p.add_argument(
         "--block-size",
         metavar="R,C",
         help="fp8 block-wise block: to read when no config.json gives it, or to write "
@@ -624,6 +649,66 @@ def _block_size(args: argparse.Namespace) -> tuple[int, int] | None:
     return sizes[0], sizes[1]
 
 
+def _metadata_args(args: argparse.Namespace, fmt: Any) -> dict[str, Any]:
+    """``--metadata-json FILE``'s keys, then each ``--metadata KEY[:TYPE]=VALUE``.
+
+    VALUE is read as JSON (``2``, ``1e-5``, ``true``, ``[1, 2]``, ``"2"``), else as
+    text; a format that keeps text metadata (safetensors) keeps VALUE as given. TYPE
+    names a GGUF value type (``uint64``, ``float64``, ``string``, ...).
+    """
+    if not args.metadata and not args.metadata_json:
+        return {}
+    if not fmt.metadata:
+        from .io._formats import listing
+
+        raise _UsageError(
+            f"--metadata: {fmt.description} keeps no metadata; write "
+            f"{listing(lambda f: f.metadata, ' or ')}"
+        )
+    out: dict[str, Any] = {}
+    if args.metadata_json:
+        try:
+            with open(args.metadata_json, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as e:
+            raise _UsageError(f"--metadata-json {args.metadata_json}: {e}") from None
+        if not isinstance(doc, dict):
+            raise _UsageError(
+                f"--metadata-json {args.metadata_json} holds a {type(doc).__name__}; pass a "
+                'JSON object ({"general.architecture": "llama", ...})'
+            )
+        out.update(doc if not fmt.text_metadata else {k: _text(v) for k, v in doc.items()})
+    for item in args.metadata:
+        key, sep, text = item.partition("=")
+        key, colon, kind = key.partition(":")
+        if not sep or not key:
+            raise _UsageError(f"--metadata {item}: pass KEY=VALUE (general.architecture=llama)")
+        if fmt.text_metadata:
+            if colon:
+                raise _UsageError(f"--metadata {item}: {fmt.description} keeps text; drop :{kind}")
+            out[key] = text
+            continue
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            value = text
+        if colon:
+            if fmt.name != "gguf":
+                raise _UsageError(f"--metadata {item}: :{kind} names a GGUF value type; drop it")
+            from .io.gguf import metadata_value
+
+            try:
+                value = metadata_value(value, kind)
+            except TensorBridgeError as e:
+                raise _UsageError(f"--metadata {item}: {e}") from None
+        out[key] = value
+    return out
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def _convert(args: argparse.Namespace, out: TextIO) -> int:
     from . import io as tbio
     from .io._formats import listing  # what each format can hold, for the messages
@@ -644,6 +729,11 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
     if args.workers is not None and args.dask_scheduler is not None:
         raise _UsageError("pass --workers or --dask-scheduler, not both")
     if args.format == "npy" or _is_chunked(args.src):
+        if args.metadata or args.metadata_json:
+            raise _UsageError(
+                "--metadata applies to a checkpoint converted to safetensors, GGUF, .pt or "
+                "Zarr, not to a DCP checkpoint's conversion"
+            )
         if quantize is not None:
             raise _UsageError(
                 "--quantize reads a safetensors (or .bin, .pt, .npz) checkpoint; convert the DCP "
@@ -666,6 +756,7 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             f"--max-shard-size needs a {listing(lambda f: f.sharding, ' or ')} destination "
             f"(or a directory), not {args.dst}"
         )
+    given_meta = _metadata_args(args, dst.format)
     if quantize is not None and dst.format.name != "safetensors":
         raise _UsageError(
             f"--quantize writes the schemes' published safetensors layouts, not {args.dst}; "
@@ -712,6 +803,22 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 f"{listing(lambda f: f.many_arrays)}"
             )
         meta, dropped = _carried_metadata(src, dst, names)
+        meta.update(given_meta)
+        clash = [k for k in given_meta if k in names]
+        if clash and dst.format.metadata_with_tensors:
+            raise _UsageError(
+                f"--metadata {clash[0]}: a {dst.path.suffix} file keeps metadata beside the "
+                "tensors under one set of names, and a tensor has that name; pick another key"
+            )
+        if dst.format.name == "gguf":
+            from .io.gguf import check_architecture
+
+            check_architecture(
+                meta,
+                dst.path,
+                fix="pass --metadata general.architecture=NAME (e.g. llama), or "
+                "--metadata-json FILE",
+            )
         if dropped and not args.quiet:
             print(
                 f"note: dropped metadata {', '.join(dropped)}: {dst.path.suffix} files have no "
@@ -778,6 +885,9 @@ def _quantize_arg(
     if args.quantize is None:
         if args.ignore:
             raise _UsageError("--ignore says which weights --quantize leaves; pass --quantize")
+        for given, flag in ((args.layout, "--layout"), (args.element, "--element")):
+            if given:
+                raise _UsageError(f"{flag} says how --quantize writes weights; pass --quantize")
         return None
     if dequantize is not None:
         raise _UsageError("pass --quantize or --dequantize, not both")
@@ -789,7 +899,7 @@ def _quantize_arg(
     if args.scheme is not None:
         raise _UsageError("--quantize names the scheme; leave out --scheme")
     try:
-        scheme = writable(args.quantize)
+        scheme = writable(args.quantize, args.layout, args.element)
     except QuantizationError as e:
         raise _UsageError(str(e)) from None
     if block_size is not None and scheme != "fp8-block":
@@ -810,8 +920,14 @@ def _convert_quantized(
 ) -> int:
     """convert --quantize: each selected weight quantized as it is written, the rest as stored."""
     from . import io as tbio
-    from .quant.write import quantized_parts, skip_reason
+    from .quant.write import (
+        config_caveat,
+        quantized_parts,
+        skip_reason,
+        unconverted_modules,
+    )
 
+    layout = {"layout": args.layout, "element": args.element}
     if _quant_plan(src, None, None).quantized:
         raise TensorBridgeError(
             f"{args.src} is already quantized; dequantize it first (convert --dequantize bf16)"
@@ -822,14 +938,14 @@ def _convert_quantized(
     taken = set(names)
     for n in names:
         row, shape = src.info(n)
-        why = skip_reason(n, row, shape, scheme, args.ignore)
+        why = skip_reason(n, row, shape, scheme, args.ignore, layout=args.layout)
         if why is not None:
             values[n] = src[n]
-            if not why.startswith("not a floating-point"):
+            if not why.startswith("not a "):
                 left[n] = why
             continue
         load = functools.partial(src.get, n, framework="torch")  # mapped, not copied
-        parts = quantized_parts(n, load, shape, scheme, block_size)
+        parts = quantized_parts(n, load, shape, scheme, block_size, **layout)
         clash = [k for k in parts if k != n and k in taken]
         if clash:
             raise TensorBridgeError(
@@ -839,10 +955,15 @@ def _convert_quantized(
         values.update(parts)
         quantized.append(n)
     if not quantized:
-        raise TensorBridgeError(
-            f"no weight of {args.src} is one {scheme} quantizes (2-D+ float weights, not "
-            "embeddings, lm_head or norms); nothing to quantize"
+        what = (
+            "3-D float ...experts.gate_up_proj / down_proj tensors"
+            if args.layout == "gpt-oss"
+            else "2-D+ float weights, not embeddings, lm_head or norms"
         )
+        raise TensorBridgeError(
+            f"no weight of {args.src} is one {scheme} quantizes ({what}); nothing to quantize"
+        )
+    ignored = unconverted_modules(list(left), quantized, layout=args.layout)
     if not args.quiet:
         for n, why in left.items():
             print(f"note: left {n} unquantized: {why}", file=sys.stderr)
@@ -854,8 +975,10 @@ def _convert_quantized(
         progress=_progress(args),
         overwrite=True,
     )
-    ignored = [n[: -len(".weight")] if n.endswith(".weight") else n for n in left]
-    config = _write_quant_config(src, dst, scheme, block_size, ignored, args.overwrite)
+    config = _write_quant_config(src, dst, scheme, block_size, ignored, args)
+    caveat = config_caveat(scheme, args.element)
+    if config is not None and caveat and not args.quiet:
+        print(f"note: {caveat}", file=sys.stderr)
     if config is None and not args.quiet:
         size = f" --block-size {','.join(map(str, block_size or (128, 128)))}"
         print(
@@ -870,6 +993,8 @@ def _convert_quantized(
     summary: dict[str, Any] = {
         "src": args.src,
         "quantized": f"{scheme}: {_plural(len(quantized), 'weight')}",
+        **({"layout": args.layout} if args.layout else {}),
+        **({"element": args.element} if args.element else {}),
         "quantized_weights": quantized,
         "left_unquantized": left,
         "config": config,
@@ -896,7 +1021,7 @@ def _write_quant_config(
     scheme: str,
     block_size: tuple[int, int] | None,
     ignored: list[str],
-    overwrite: bool,
+    args: argparse.Namespace,
 ) -> str | None:
     """A quantized checkpoint's config.json: the source's, with its ``quantization_config``
     (written only when the source directory has a config.json; returns its path)."""
@@ -912,14 +1037,16 @@ def _write_quant_config(
     target = os.path.join(there, "config.json")
     if os.path.abspath(here) == there or not os.path.isfile(config):
         return None
-    if os.path.exists(target) and not overwrite:
+    if os.path.exists(target) and not args.overwrite:
         print(f"note: kept the existing {target} (pass --overwrite to replace it)", file=sys.stderr)
         return None
     with open(config, encoding="utf-8") as f:
         data = json.load(f)
     if not isinstance(data, dict):
         return None
-    data["quantization_config"] = quantization_config(scheme, block_size, ignored)
+    data["quantization_config"] = quantization_config(
+        scheme, block_size, ignored, layout=args.layout
+    )
     with atomic_write(target) as f:
         f.write((json.dumps(data, indent=2) + "\n").encode("utf-8"))
     return target
@@ -952,7 +1079,12 @@ def _verify_quantized(
         ]
         for n in quantized:
             want = quantize(
-                np.asarray(src[n]), scheme, name=n, block_size=block_size, layout=LAYOUTS[scheme]
+                np.asarray(src[n]),
+                scheme,
+                name=n,
+                block_size=block_size,
+                layout=args.layout or LAYOUTS[scheme],
+                element=args.element,
             )
             for k, v in want.items():
                 if k not in f or not np.array_equal(_bits(v), _bits(f[k])):

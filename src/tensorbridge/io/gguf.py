@@ -86,10 +86,12 @@ from ._gguf_header import (
     DEFAULT_ALIGNMENT,
     MAGIC,
     MAX_DIMS,
+    NUMPY_OF,
     SPLIT_COUNT,
     SPLIT_KEYS,
     SPLIT_NO,
     SPLIT_TENSORS,
+    VALUE_CODE,
     VERSION,
     GgmlType,
     TensorEntry,
@@ -97,7 +99,15 @@ from ._gguf_header import (
     parse,
 )
 
-__all__ = ["GGUFFile", "dequantize_blocks", "load", "open", "save"]
+__all__ = [
+    "GGUFFile",
+    "check_architecture",
+    "dequantize_blocks",
+    "load",
+    "metadata_value",
+    "open",
+    "save",
+]
 
 _EXTRA = "pip install tensorbridge[gguf]"
 _DEQUANTIZE_TO = ("float32", "bfloat16", "float16", "float64")
@@ -642,13 +652,8 @@ def save(
     """
     target = Path(path)
     meta = dict(metadata or {})
-    arch = meta.pop(ARCHITECTURE_KEY, None)
-    if not isinstance(arch, str) or not arch:
-        raise FormatError(
-            f"cannot save {target}: a GGUF file needs the metadata key "
-            f"{ARCHITECTURE_KEY!r} (the model family llama.cpp loads it as, e.g. 'llama'); "
-            f"pass metadata={{{ARCHITECTURE_KEY!r}: ..., ...}}"
-        )
+    check_architecture(meta, target)
+    arch = meta.pop(ARCHITECTURE_KEY)
     alignment = _alignment(meta.get(ALIGNMENT_KEY, DEFAULT_ALIGNMENT))
     if not isinstance(tensors, Mapping):
         raise TypeError(
@@ -684,6 +689,72 @@ def save(
                 f.write(bytes(-it.nbytes % alignment))
     finally:
         bar.close()
+
+
+def check_architecture(
+    metadata: Mapping[str, Any],
+    target: str | os.PathLike[str],
+    fix: str = f"pass metadata={{{ARCHITECTURE_KEY!r}: ..., ...}}",
+) -> None:
+    """Refuse metadata without ``general.architecture`` (a non-empty string), which the
+    GGUF spec requires, with ``fix`` (a CLI names its own flag) ending the message.
+
+    >>> check_architecture({"general.architecture": "llama"}, "m.gguf")
+    >>> try:
+    ...     check_architecture({}, "m.gguf", fix="pass --metadata general.architecture=X")
+    ... except FormatError as e:
+    ...     print(str(e).split("; ")[-1])
+    pass --metadata general.architecture=X
+    """
+    arch = metadata.get(ARCHITECTURE_KEY)
+    if not isinstance(arch, str) or not arch:
+        raise FormatError(
+            f"cannot save {Path(target)}: a GGUF file needs the metadata key "
+            f"{ARCHITECTURE_KEY!r} (the model family llama.cpp loads it as, e.g. 'llama'); "
+            f"{fix}"
+        )
+
+
+def metadata_value(value: Any, type_name: str) -> Any:
+    """``value`` (a number, bool, string or list of them) as the GGUF value type
+    ``type_name`` (``"uint64"``, ``"float64"``, ``"string"``, ...): a NumPy scalar or
+    1-d array, which :func:`save` stores with that type.
+
+    >>> metadata_value(4096, "uint64"), metadata_value([1, 2], "int64").dtype
+    (np.uint64(4096), dtype('int64'))
+    """
+    kind = type_name.upper()
+    if kind == "STRING":
+        if isinstance(value, list):
+            return [str(v) for v in value]
+        return value if isinstance(value, str) else str(value)
+    code = VALUE_CODE.get(kind)
+    if kind == "BOOL":
+        scalar_type: Any = np.bool_
+    elif code in NUMPY_OF:
+        scalar_type = NUMPY_OF[code]
+    else:
+        names = [n.lower() for n in VALUE_CODE if n != "ARRAY"]
+        raise InvalidArgumentError(
+            f"GGUF has no value type {type_name!r}; pass one of {', '.join(names)}"
+        )
+    items = value if isinstance(value, list) else [value]
+    if kind == "BOOL" and not all(isinstance(v, bool) for v in items):
+        raise InvalidArgumentError(f"{value!r} is not a bool; pass true or false")
+    if kind != "BOOL" and not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in items
+    ):
+        raise InvalidArgumentError(f"{value!r} is not a number; a {kind} value is one")
+    try:
+        out = np.array(items, dtype=scalar_type)
+    except OverflowError:
+        out = None
+    if out is None or (
+        np.issubdtype(out.dtype, np.integer)
+        and any(float(v) != int(v) or int(v) != o for v, o in zip(items, out.tolist(), strict=True))
+    ):
+        raise InvalidArgumentError(f"{value!r} does not fit {kind}; pass another type")
+    return out if isinstance(value, list) else out[0]
 
 
 def _alignment(value: Any) -> int:

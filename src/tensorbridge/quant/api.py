@@ -146,7 +146,9 @@ def dequantize(
             said = {
                 "bits": cfg.data.get("bits"),
                 "group_size": cfg.data.get("group_size"),
-                "format": cfg.data.get("checkpoint_format"),
+                "format": cfg.data.get(
+                    "checkpoint_format", cfg.data.get("format") if s.name == "gptq" else None
+                ),
                 "block_size": cfg.data.get("weight_block_size"),
             }
             opts = {**{k: v for k, v in said.items() if v is not None}, **opts}

@@ -46,11 +46,20 @@ class AWQ(Scheme):
         self, index: Index, config: Config | None, options: Mapping[str, Any]
     ) -> list[Group]:
         data = config.data if config is not None else {}
-        version = str(options.get("version", data.get("version", "gemm"))).lower()
+        # AutoAWQ writes "version"; transformers 5's AwqConfig "format"
+        given = options.get("version", data.get("version", data.get("format", "gemm")))
+        version = str(given).lower()
+        if version == "exllama":
+            raise QuantizationError(
+                "AWQ version 'exllama' names a kernel, not a layout: AutoAWQ loads GEMM "
+                "checkpoints with it; if the tensors are GEMM's (qweight I32 [in, out / 8]) "
+                "set version to 'gemm' in the config (tensorbridge reads only GEMM)"
+            )
         if version != "gemm":
             raise QuantizationError(
-                f"AWQ version {version!r} packs codes differently from the GEMM layout "
-                "tensorbridge reads; dequantize it with AutoAWQ / llm-compressor"
+                f"AWQ version {version!r} packs codes differently from the GEMM layout, the "
+                "only one tensorbridge reads (GEMV, GEMV-fast, Marlin and llm-awq are not); "
+                "dequantize it with AutoAWQ / GPTQModel, or export it as GEMM"
             )
         opts = {
             "bits": options.get("bits", data.get("bits", data.get("w_bit", 4))),

@@ -68,7 +68,14 @@ class GPTQ(Scheme):
         opts = {
             "bits": options.get("bits", data.get("bits", 4)),
             "group_size": options.get("group_size", data.get("group_size", 128)),
-            "format": options.get("checkpoint_format", data.get("checkpoint_format")),
+            # transformers 5 and GPTQModel write "format"; older exports "checkpoint_format"
+            "format": options.get(
+                "checkpoint_format",
+                data.get(
+                    "checkpoint_format",
+                    data.get("format") if config is not None and self.claims(config) else None,
+                ),
+            ),
         }
         groups = []
         for name in index:
@@ -89,8 +96,8 @@ class GPTQ(Scheme):
         bits = int(options.get("bits", 4))
         require(
             bits in (2, 3, 4, 8),
-            f"{codes}: {bits}-bit GPTQ is not supported (2, 3, 4 and 8 bits are read); "
-            "dequantize it with GPTQModel",
+            f"{codes}: {bits}-bit GPTQ is not a width AutoGPTQ / GPTQModel write (2, 3, 4 and "
+            "8 bits are read); check bits in the config, or dequantize it with GPTQModel",
         )
         missing = [r for r in ("zeros", "scale") if r not in parts]
         require(
@@ -100,8 +107,10 @@ class GPTQ(Scheme):
         fmt = options.get("format")
         require(
             fmt in (None, *_FORMATS),
-            f"checkpoint_format {fmt!r} is not one tensorbridge reads; GPTQ checkpoints are "
-            "'gptq' (AutoGPTQ, zeros stored minus 1) or 'gptq_v2' (GPTQModel)",
+            f"checkpoint_format {fmt!r} is not one tensorbridge reads; it reads 'gptq' "
+            "(AutoGPTQ, zeros stored minus 1) and 'gptq_v2' (GPTQModel): dequantize "
+            f"{fmt!r} checkpoints (Marlin, BitBLAS, ...) with GPTQModel, or export them as "
+            "'gptq'",
         )
         per = 32 // bits
         (crow, cshape), (zrow, zshape), (srow, sshape) = (

@@ -51,7 +51,7 @@ from .base import (
 )
 from .fp8_scaled import activation_scales
 
-__all__ = ["MX"]
+__all__ = ["ELEMENTS", "MX", "element_name"]
 
 BLOCK = 32
 # element type -> (exponent of its largest power of two, its largest value)
@@ -61,6 +61,37 @@ _ELEMENT = {
     "fp4": (2, 6.0),
 }
 _FORMAT = {"mxfp8": "mxfp8-quantized", "mxfp4": "mxfp4-pack-quantized"}
+# MXFP8's element types by the names a caller may give (OCP's short names, torch's)
+ELEMENTS = {
+    "e4m3": "float8_e4m3fn",
+    "float8_e4m3fn": "float8_e4m3fn",
+    "e5m2": "float8_e5m2",
+    "float8_e5m2": "float8_e5m2",
+}
+
+
+def element_name(scheme: str, element: Any) -> str:
+    """The element type ``element`` names for ``scheme`` (``"fp4"`` for mxfp4), or
+    QuantizationError: MXFP8 takes e4m3 (the default) or e5m2, MXFP4 only fp4.
+
+    >>> element_name("mxfp8", "e5m2"), element_name("mxfp8", None)
+    ('float8_e5m2', 'float8_e4m3fn')
+    """
+    given = None if element is None else str(element).removeprefix("torch.")
+    if scheme == "mxfp4":
+        require(
+            given in (None, "fp4", "float4_e2m1fn", "e2m1"),
+            f"element={given!r}: mxfp4's elements are fp4 e2m1; the element type is "
+            "mxfp8's choice (quantize with 'mxfp8' and element='e5m2', or leave element out)",
+        )
+        return "fp4"
+    name = ELEMENTS.get(given or "e4m3")
+    require(
+        name is not None,
+        f"element={given!r}: mxfp8's elements are 'e4m3' (float8_e4m3fn, the default) or "
+        "'e5m2' (float8_e5m2); pass one of those",
+    )
+    return str(name)
 
 
 class MX(Scheme):
@@ -222,8 +253,7 @@ class MX(Scheme):
             f"{self.name} quantizes rows of a multiple of 32 values; got shape "
             f"{shape_text(tuple(xf.shape))} (pad the last axis)",
         )
-        element = "fp4" if self.fp4 else str(options.get("element", "float8_e4m3fn"))
-        require(element in _ELEMENT, f"element={element!r}: pass float8_e4m3fn or float8_e5m2")
+        element = element_name(self.name, options.get("element"))
         emax, max_pos = _ELEMENT[element]
         blocks = xf.reshape(*xf.shape[:-1], k // BLOCK, BLOCK)
         max_abs = blocks.abs().amax(dim=-1, keepdim=True)

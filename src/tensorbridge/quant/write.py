@@ -24,7 +24,20 @@ scheme                          stored tensors, config
                                 ``quant_method: "modelopt"``, ``quant_algo: "NVFP4"``
 ``nvfp4-compressed-tensors``    ``W_packed`` U8, ``W_scale`` F8_E4M3,
                                 ``W_global_scale`` F32 (``nvfp4-pack-quantized``)
+``mxfp4``, ``layout="gpt-oss"``  ``E.gate_up_proj_blocks`` U8 ``[E, out, in / 32, 16]``,
+                                ``E.gate_up_proj_scales`` U8 e8m0 exponents
+                                (openai/gpt-oss-20b); ``quant_method: "mxfp4"``,
+                                ``modules_to_not_convert``
 ==============================  =========================================================
+
+MXFP8 takes ``element="e5m2"`` (codes ``F8_E5M2``, same names): compressed-tensors'
+config has no field for the fp8 element type (its ``num_bits: 8, type: float`` means
+e4m3 when it quantizes); its decompressor, like tensorbridge, takes the codes' type
+from the safetensors header.
+
+The gpt-oss layout quantizes what transformers' ``Mxfp4GptOssExperts`` holds: the
+3-D ``...experts.gate_up_proj`` / ``...experts.down_proj`` tensors (``[E, in, out]``,
+stored transposed as blocks); everything else, biases included, is copied.
 
 The values are those of :func:`tensorbridge.quantize`, computed a slice of rows at a
 time as the writer pulls them (:class:`QuantizedPart`): memory holds one slice.
@@ -45,17 +58,23 @@ from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import QuantizationError
 from ..io._common import Deferred
 from . import base
-from .base import as_torch, row_pieces
+from .base import as_torch, require, row_pieces
 from .detect import SCHEMES, scheme_named
+from .mx import ELEMENTS, element_name
 
 __all__ = [
     "DEFAULT_IGNORE",
+    "GPT_OSS_NOT_CONVERTED",
     "LAYOUTS",
+    "OTHER_LAYOUTS",
     "QuantizedPart",
+    "config_caveat",
     "quantization_config",
     "quantized_parts",
     "skip_reason",
     "stored_layout",
+    "unconverted_modules",
+    "writable",
 ]
 
 # names no toolkit quantizes by default: embeddings, the output head, norms
@@ -68,24 +87,92 @@ LAYOUTS: dict[str, str | None] = {
     "nvfp4-modelopt": None,
     "nvfp4-compressed-tensors": None,
 }
+# scheme -> the other layouts ``convert --quantize SCHEME --layout L`` writes
+OTHER_LAYOUTS: dict[str, tuple[str, ...]] = {"mxfp4": ("gpt-oss",)}
+# openai/gpt-oss-20b's config.json: what its MXFP4 loader leaves unquantized
+GPT_OSS_NOT_CONVERTED = (
+    "model.layers.*.self_attn",
+    "model.layers.*.mlp.router",
+    "model.embed_tokens",
+    "lm_head",
+)
+_GPT_OSS_PROJECTIONS = ("experts.gate_up_proj", "experts.down_proj")
 _ROW_BLOCK = {"mxfp8": 32, "mxfp4": 32, "nvfp4-modelopt": 16, "nvfp4-compressed-tensors": 16}
 
 
-def writable(scheme: str) -> str:
-    """The canonical name of a scheme ``convert --quantize`` writes, or QuantizationError."""
+def writable(scheme: str, layout: str | None = None, element: str | None = None) -> str:
+    """The canonical name of a scheme ``convert --quantize`` writes, checked against
+    ``--layout`` and ``--element``, or QuantizationError.
+
+    >>> writable("mxfp4", "gpt-oss"), writable("mxfp8", element="e5m2")
+    ('mxfp4', 'mxfp8')
+    """
     s = scheme_named(scheme)
     if s.name not in LAYOUTS:
         raise QuantizationError(
             f"--quantize {scheme}: tensorbridge dequantizes {s.name} but does not write it; "
             f"pass one of {', '.join(LAYOUTS)}"
         )
+    others = OTHER_LAYOUTS.get(s.name, ())
+    if layout is not None and layout != LAYOUTS[s.name] and layout not in others:
+        with_layouts = [f"{k} ({', '.join(v)})" for k, v in OTHER_LAYOUTS.items()]
+        raise QuantizationError(
+            f"--layout {layout}: {s.name} is written in its published layout only; leave "
+            f"out --layout (other layouts: {', '.join(with_layouts)})"
+            if not others
+            else f"--layout {layout}: {s.name} is written as {LAYOUTS[s.name]} (the default) "
+            f"or {' or '.join(others)}; pass one of those"
+        )
+    if element is not None:
+        require(
+            s.name == "mxfp8",
+            f"--element {element}: the element type is mxfp8's choice (e4m3 or e5m2); "
+            f"{s.name}'s is fixed, leave out --element",
+        )
+        require(
+            element in ELEMENTS,
+            f"--element {element}: mxfp8's elements are e4m3 (float8_e4m3fn, the default) "
+            "or e5m2 (float8_e5m2); pass one of those",
+        )
     return s.name
 
 
+def config_caveat(scheme: str, element: str | None = None) -> str | None:
+    """What the written config cannot say, for a note beside the output (None: nothing).
+
+    >>> config_caveat("mxfp8", "e5m2").split(";")[0]
+    "compressed-tensors' config has no field for the element type and means e4m3"
+    >>> config_caveat("mxfp8") is None
+    True
+    """
+    if scheme == "mxfp8" and element_name(scheme, element) == "float8_e5m2":
+        return (
+            "compressed-tensors' config has no field for the element type and means e4m3; "
+            "the codes are F8_E5M2 in the safetensors header, which compressed-tensors' "
+            "decompressor and tensorbridge read, but a reader that assumes e4m3 gets wrong "
+            "weights"
+        )
+    return None
+
+
+def _layout(scheme: str, layout: str | None) -> str | None:
+    """The layout written: ``layout``, else the scheme's published one."""
+    return LAYOUTS.get(scheme) if layout is None else layout
+
+
 def skip_reason(
-    name: str, row: DTypeRow, shape: tuple[int, ...], scheme: str, ignore: Sequence[str] = ()
+    name: str,
+    row: DTypeRow,
+    shape: tuple[int, ...],
+    scheme: str,
+    ignore: Sequence[str] = (),
+    *,
+    layout: str | None = None,
 ) -> str | None:
     """Why ``name`` is left as stored when quantizing with ``scheme`` (None: it is quantized).
+
+    A reason starting ``"not a "`` means the tensor is no candidate at all (a bias, a
+    norm); the others are weights left out, which the config lists.
 
     >>> from tensorbridge.dtypes import resolve_dtype
     >>> bf16 = resolve_dtype("bfloat16")
@@ -94,11 +181,19 @@ def skip_reason(
     >>> skip_reason("model.embed_tokens.weight", bf16, (64, 64), "mxfp4")
     'matches *embed*'
     """
-    if row.category != "float" or len(shape) < 2 or not name.endswith("weight"):
+    if layout == "gpt-oss":
+        if row.category != "float" or len(shape) != 3 or not name.endswith(_GPT_OSS_PROJECTIONS):
+            return "not a gpt-oss expert projection (3-D ...experts.gate_up_proj / down_proj)"
+    elif row.category != "float" or len(shape) < 2 or not name.endswith("weight"):
         return "not a floating-point weight of 2 or more dimensions"
     for pattern in (*DEFAULT_IGNORE, *ignore):
         if fnmatch.fnmatchcase(name, pattern):
             return f"matches {pattern}"
+    if layout == "gpt-oss" and shape[-2] % 32:
+        return (
+            f"{shape[-2]} inputs (the [E, in, out] weight's middle axis) are not a multiple "
+            "of mxfp4's 32-value blocks"
+        )
     block = _ROW_BLOCK.get(scheme)
     if block and shape[-1] % block:
         return f"rows of {shape[-1]} values are not a multiple of {scheme}'s {block}-value blocks"
@@ -106,23 +201,39 @@ def skip_reason(
 
 
 def stored_layout(
-    name: str, shape: tuple[int, ...], scheme: str, block_size: tuple[int, int] | None = None
+    name: str,
+    shape: tuple[int, ...],
+    scheme: str,
+    block_size: tuple[int, int] | None = None,
+    *,
+    layout: str | None = None,
+    element: str | None = None,
 ) -> dict[str, tuple[str, DTypeRow, tuple[int, ...]]]:
     """The stored tensors one weight quantizes into (name -> role, dtype row, shape), from
     its shape alone: a streaming writer needs them for the header before any value.
 
     >>> {k: (r, row.name, s) for k, (r, row, s) in stored_layout("w", (8, 64), "mxfp4").items()}
     {'w_packed': ('codes', 'uint8', (8, 32)), 'w_scale': ('scale', 'uint8', (8, 2))}
+    >>> sorted(stored_layout("e.down_proj", (4, 64, 96), "mxfp4", layout="gpt-oss").items())[0]
+    ('e.down_proj_blocks', ('codes', DTypeRow(uint8), (4, 96, 2, 16)))
     """
     *lead, k = shape
     u8, e4m3, f32 = (resolve_dtype(n) for n in ("uint8", "float8_e4m3fn", "float32"))
+    if layout == "gpt-oss":  # [E, in, out] -> blocks [E, out, in / 32, 16]
+        *experts, k_in, out = shape
+        groups = (*experts, out, k_in // 32)
+        return {
+            name + "_blocks": ("codes", u8, (*groups, 16)),
+            name + "_scales": ("scale", u8, groups),
+        }
     if scheme == "fp8-block":
         br, bc = block_size or (128, 128)
         grid = (*shape[:-2], math.ceil(shape[-2] / br), math.ceil(k / bc))
         return {name: ("codes", e4m3, shape), name + "_scale_inv": ("scale", f32, grid)}
     scale = ("scale", u8, (*lead, k // 32))
     if scheme == "mxfp8":
-        return {name: ("codes", e4m3, shape), name + "_scale": scale}
+        fp8 = resolve_dtype(element_name(scheme, element))
+        return {name: ("codes", fp8, shape), name + "_scale": scale}
     if scheme == "mxfp4":
         return {name + "_packed": ("codes", u8, (*lead, k // 2)), name + "_scale": scale}
     codes, glob, gshape = (
@@ -154,16 +265,25 @@ class QuantizedPart(Deferred):
         row: DTypeRow,
         shape: tuple[int, ...],
         block_size: tuple[int, int] | None = None,
+        *,
+        layout: str | None = None,
+        element: str | None = None,
     ) -> None:
         self.load, self.scheme, self.role, self.block_size = load, scheme, role, block_size
         self.row, self.shape = row, shape
+        self.layout, self.element = _layout(scheme, layout), element
 
     def slices(self) -> Iterator[dict[str, torch.Tensor]]:
         """Each slice's parts by role, in the stored tensors' C order."""
         w = as_torch(self.load())
+        opts: dict[str, Any] = {"scales_only": self.role != "codes"}
+        if self.element is not None:
+            opts["element"] = self.element
+        if self.layout == "gpt-oss":
+            yield from self.gpt_oss_slices(w, opts)
+            return
         block_rows = (self.block_size or (128, 128))[0] if self.scheme == "fp8-block" else 1
         *lead, rows, cols = w.shape
-        opts: dict[str, Any] = {"scales_only": self.role != "codes"}
         if self.scheme == "fp8-block":
             opts["block_size"] = self.block_size or (128, 128)
         if self.scheme.startswith("nvfp4"):
@@ -182,10 +302,23 @@ class QuantizedPart(Deferred):
                 if self.role == "global_scale":
                     return  # one value for the whole weight
 
+    def gpt_oss_slices(
+        self, w: torch.Tensor, opts: dict[str, Any]
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """gpt-oss blocks ``[E, out, G, 16]`` hold the transpose of the ``[E, in, out]``
+        weight: each slice is a run of output columns of one expert (all of its inputs)."""
+        *lead, k_in, out = w.shape
+        per = max(1, base.PIECE_ELEMENTS // max(1, k_in))
+        opts = {**opts, "layout": "gpt-oss"}
+        for idx in np.ndindex(*lead):
+            for c0 in range(0, out, per):
+                cols: tuple[Any, ...] = (*idx, slice(None), slice(c0, c0 + per))
+                yield self.quantize_rows(w[cols], opts)
+
     def quantize_rows(self, rows: torch.Tensor, opts: dict[str, Any]) -> dict[str, torch.Tensor]:
         """One slice's parts by role, in the written layout (compressed-tensors: U8 e8m0)."""
         parts = SCHEMES[self.scheme].quantize(rows, **opts)
-        if LAYOUTS[self.scheme] == "compressed-tensors":  # e8m0 exponents as U8
+        if self.layout == "compressed-tensors":  # e8m0 exponents as U8
             parts["scale"] = parts["scale"].view(torch.uint8)
         return parts
 
@@ -202,26 +335,66 @@ def quantized_parts(
     shape: tuple[int, ...],
     scheme: str,
     block_size: tuple[int, int] | None = None,
+    *,
+    layout: str | None = None,
+    element: str | None = None,
 ) -> dict[str, QuantizedPart]:
     """The stored tensors of one weight, by name, each computed as it is written."""
+    kw: dict[str, Any] = {"layout": layout, "element": element}
+    stored = stored_layout(name, shape, scheme, block_size, **kw)
     return {
-        stored: QuantizedPart(load, scheme, role, row, shp, block_size)
-        for stored, (role, row, shp) in stored_layout(name, shape, scheme, block_size).items()
+        k: QuantizedPart(load, scheme, role, row, shp, block_size, **kw)
+        for k, (role, row, shp) in stored.items()
     }
 
 
+def unconverted_modules(
+    left: Sequence[str], quantized: Sequence[str], *, layout: str | None = None
+) -> list[str]:
+    """The modules a loader must leave unquantized, from the weights left as stored
+    (``left``) and those quantized, as the written layout's config names them.
+
+    gpt-oss converts a whole experts module (both projections) or none of it, so an
+    experts module with one projection left out is refused.
+
+    >>> unconverted_modules(["lm_head.weight"], ["a.weight"])
+    ['lm_head']
+    """
+    if layout != "gpt-oss":
+        return [n[: -len(".weight")] if n.endswith(".weight") else n for n in left]
+    modules = {n.rsplit(".", 1)[0] for n in quantized}
+    for n in left:
+        module = n.rsplit(".", 1)[0]
+        if module in modules:
+            raise QuantizationError(
+                f"{n} is left unquantized but {module}'s other projection is not: "
+                "transformers' gpt-oss MXFP4 loader converts a whole experts module; "
+                f"ignore both (--ignore '{module}.*') or neither"
+            )
+    return sorted({n.rsplit(".", 1)[0] for n in left})
+
+
 def quantization_config(
-    scheme: str, block_size: tuple[int, int] | None, ignored: Sequence[str]
+    scheme: str,
+    block_size: tuple[int, int] | None,
+    ignored: Sequence[str],
+    *,
+    layout: str | None = None,
 ) -> dict[str, Any]:
     """The ``quantization_config`` a loader reads the written layout from.
 
     ``ignored``: the modules left unquantized (``lm_head``, ...), listed as each
-    toolkit lists them.
+    toolkit lists them (gpt-oss: added to its own ``modules_to_not_convert``).
 
     >>> quantization_config("fp8-block", (128, 128), [])["weight_block_size"]
     [128, 128]
+    >>> quantization_config("mxfp4", None, [], layout="gpt-oss")["quant_method"]
+    'mxfp4'
     """
     ignored = sorted(ignored)
+    if layout == "gpt-oss":  # transformers' Mxfp4Config, as openai/gpt-oss-20b has it
+        extra = [m for m in ignored if m not in GPT_OSS_NOT_CONVERTED]
+        return {"modules_to_not_convert": [*GPT_OSS_NOT_CONVERTED, *extra], "quant_method": "mxfp4"}
     if scheme == "fp8-block":
         return {
             "quant_method": "fp8",
