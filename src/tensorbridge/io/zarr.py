@@ -22,10 +22,10 @@ value (zarr would otherwise skip it, and its comparison folds NaN payloads and -
 back in ``metadata`` as strings and typed in ``plain_values()``); the key
 ``"tensorbridge"`` is reserved for the tensors' order.
 
-**Commit.** Arrays are written into a staging directory inside ``OUT.zarr`` and moved
-into place before the group's ``zarr.json`` is written, last (the protocol of
-:mod:`tensorbridge.dcp._commit`): a store whose save died has no group ``zarr.json``,
-and reading it raises :class:`~tensorbridge.errors.UncommittedCheckpointError`.
+**Commit.** The new store is built, group ``zarr.json`` included, in a hidden sibling
+staging directory ``.tensorbridge-tmp-<id>.OUT.zarr``, then swapped with ``OUT.zarr``
+in one atomic exchange (the protocol of :mod:`tensorbridge.io._commit`): a save that
+dies leaves the previous store (or none) under ``OUT.zarr``, never a partial one.
 
 **Writing regions.** Parallel writers (DCP ranks, conversion workers) share a store
 through :func:`create_array`, :func:`open_region` and :func:`write_region`: the chunk
@@ -57,7 +57,6 @@ import numpy as np
 import torch
 
 from ..convert import to_numpy, to_torch
-from ..dcp._commit import abandon, begin, new_save_id, pending, publish, require_committed
 from ..dtypes import PACKED_BY_NUMPY, PACKED_BY_TORCH, DeviceLike, DTypeLike, DTypeRow
 from ..errors import (
     FormatError,
@@ -65,6 +64,14 @@ from ..errors import (
     NoDataError,
     UnsupportedDtypeError,
     UnsupportedTensorError,
+)
+from ._commit import (
+    abandon,
+    begin_store,
+    new_save_id,
+    pending,
+    publish_store,
+    require_committed,
 )
 from ._common import (
     DEFAULT_CHUNK,
@@ -475,7 +482,7 @@ class StoreWriter:
         self.saved: dict[str, Any] = {}  # more of tensorbridge's own group attribute
         attributes(self.metadata, [], repr(str(self.path)))  # refuse bad metadata up front
         self.stale = existing_arrays(self.path)
-        self.staging = begin(self.path, new_save_id())
+        self.staging = begin_store(self.path, new_save_id())
 
     def create(
         self,
@@ -498,7 +505,8 @@ class StoreWriter:
         """Move the arrays into place and write the group's ``zarr.json``, last."""
         attrs = attributes(self.metadata, self.names, repr(str(self.path)))
         attrs[RESERVED].update(self.saved)
-        publish(self.path, self.staging, self.names, GROUP_FILE, group_document(attrs), self.stale)
+        doc = group_document(attrs)
+        publish_store(self.path, self.staging, self.names, GROUP_FILE, doc, self.stale)
 
     def abandon(self) -> None:
         """Delete the staging directory: nothing of this save is committed."""
