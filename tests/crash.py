@@ -694,7 +694,12 @@ def run_trials(
         for i in range(trials):
             kind = kinds[i % len(kinds)]
             size = h.rng.choice(sizes if not kind.startswith("dcp-") else ("s", "m"))
-            h.trial(Scenario(kind, size, work), tally)
+            try:
+                h.trial(Scenario(kind, size, work), tally)
+            except KeyboardInterrupt:  # stopped by hand: report the trials finished
+                if not progress:
+                    raise
+                break
             if progress and len(tally.lost) > lost:  # as it happens: a run cut short still tells
                 print(tally.lost[-1], file=sys.stderr, flush=True)
             lost = len(tally.lost)

@@ -88,6 +88,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GROUP_FILE",
     "MAX_CHUNK_BYTES",
+    "MAX_FILL_BYTES",
     "StoreWriter",
     "ZarrFile",
     "chunk_grid",
@@ -105,6 +106,7 @@ __all__ = [
 GROUP_FILE = "zarr.json"  # a node's metadata; the group's is the store's commit record
 MAX_NODE_JSON = 1 << 26  # a zarr.json larger than 64 MiB is not read as a store
 MAX_CHUNK_BYTES = 16 << 20  # chunks at most this large (a grid may make them smaller)
+MAX_FILL_BYTES = 64 << 20  # what a read may make up from fill_value beyond the chunk files
 RESERVED = "tensorbridge"  # the group attribute that holds the tensors' order
 _CONFIG = {"write_empty_chunks": True}
 
@@ -572,11 +574,14 @@ class ZarrFile(TensorFile):
     its attributes as metadata; a bare array is one entry named after its directory.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, max_fill_bytes: int | None = MAX_FILL_BYTES
+    ) -> None:
         super().__init__()
         zarr = require_zarr()
         p = Path(path)
         self.path = p
+        self.max_fill_bytes = max_fill_bytes
         where = repr(str(p))
         kind = store_kind(p)
         if kind is None:
@@ -672,6 +677,7 @@ class ZarrFile(TensorFile):
                 "this machine's memory; its zarr.json is corrupt (or read it in regions "
                 "with f.array(name)[...])"
             )
+        self._check_fill(name, nbytes)
         try:
             out: np.ndarray = np.asarray(self._get(name)[...])
         except (ValueError, TypeError, KeyError, IndexError, ArithmeticError) as err:
@@ -684,6 +690,36 @@ class ZarrFile(TensorFile):
             out = out.astype(out.dtype.newbyteorder("="))
         return out
 
+    def _check_fill(self, name: str, nbytes: int) -> None:
+        """Refuse a read that zarr would mostly make up from ``fill_value``.
+
+        An absent chunk reads as ``fill_value``, so a ``zarr.json`` declaring a large
+        shape over few chunk files makes a read allocate far more than the store
+        holds. zarr's own writers skip chunks equal to the fill value by default
+        (``write_empty_chunks=False``), so a sparse store can be genuine; tensorbridge
+        writes every chunk. The bytes the chunk files can account for (each file at
+        most one chunk, or one shard) may be exceeded by ``max_fill_bytes``, no more.
+        """
+        limit = self.max_fill_bytes
+        if limit is None or nbytes <= limit:
+            return
+        array = self._get(name)
+        outer = array.shards or array.chunks
+        chunk_bytes = max(1, math.prod(outer) * array.dtype.itemsize)
+        root = self.path if getattr(self, "single", False) else self.path / name
+        covered = 0
+        for _, _, files in os.walk(root):
+            covered += sum(chunk_bytes for f in files if f != GROUP_FILE)
+            if nbytes - covered <= limit:
+                return
+        raise FormatError(
+            f"{str(self.path)!r}: array {name!r} declares {nbytes:,} bytes but its chunk "
+            f"files hold at most {covered:,}: zarr would fill the rest with its fill_value; "
+            "if the store is sparse by design (zarr's write_empty_chunks=False), read it "
+            "with tensorbridge.io.zarr.open(path, max_fill_bytes=None), else its zarr.json "
+            "is corrupt"
+        )
+
 
 def _physical_memory() -> int:
     """This machine's RAM in bytes (no limit where the platform does not say)."""
@@ -693,8 +729,16 @@ def _physical_memory() -> int:
         return 1 << 62
 
 
-def open(path: str | os.PathLike[str]) -> TensorFile:
+def open(
+    path: str | os.PathLike[str], *, max_fill_bytes: int | None = MAX_FILL_BYTES
+) -> TensorFile:
     """Open a Zarr v3 store (a group of arrays, or one array) lazily.
+
+    Reading an array whose chunk files account for less than its declared size by
+    more than ``max_fill_bytes`` (zarr fills absent chunks with the fill value) raises
+    :class:`~tensorbridge.errors.FormatError`; ``max_fill_bytes=None`` reads sparse
+    stores (zarr skips chunks equal to the fill value by default) whatever they
+    declare.
 
     >>> import os, tempfile, numpy as np
     >>> p = os.path.join(tempfile.mkdtemp(), "s.zarr")
@@ -707,7 +751,7 @@ def open(path: str | os.PathLike[str]) -> TensorFile:
         UncommittedCheckpointError: a save into ``path`` never committed.
         FormatError: ``path`` is no Zarr v3 store.
     """
-    return ZarrFile(path)
+    return ZarrFile(path, max_fill_bytes=max_fill_bytes)
 
 
 def load(
