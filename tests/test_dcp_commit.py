@@ -120,6 +120,7 @@ def _every_step(
     """Stop a save of ``new`` over ``old`` at each of its calls; judge, then save again."""
     ref = tmp_path / "ref"
     save(new, ref / dest)
+    save(old, tmp_path / "count" / dest)  # calls counted over the previous version
     with m.context() as mm:
         calls = _stop_at(mm, 0)
         save(new, tmp_path / "count" / dest)
@@ -147,6 +148,19 @@ def test_a_sharded_save_stopped_at_any_step_reads_as_one_version(
 
     seen = _every_step(tmp_path, monkeypatch, save, _sd(1, n_old), _sd(2, 3), "ckpt")
     assert seen[0] and seen[1]  # stops before and after the commit were both reached
+
+
+def test_one_file_replacing_a_sharded_save_stopped_at_any_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index goes before its shards: it never names one already removed."""
+
+    def save(sd: Any, path: Path) -> None:
+        limit = 4096 if len(sd) == 4 else None  # the previous version sharded, the new not
+        tb.save(sd, str(path) + os.sep, max_shard_size=limit, overwrite=True)
+
+    seen = _every_step(tmp_path, monkeypatch, save, _sd(1, 4), _sd(2, 3), "ckpt")
+    assert seen[0] and seen[1]
 
 
 def test_a_zarr_save_stopped_at_any_step_reads_as_one_version(

@@ -71,6 +71,7 @@ from ._common import (
     cast_target,
     check_unchanged,
     destination_errors,
+    fsync_dir,
     iter_bytes,
     progress_bar,
     remove_temps,
@@ -489,9 +490,17 @@ def stale_files(target: Path) -> list[str]:
 
 
 def remove_stale(target: Path) -> None:
-    """Once ``target`` is saved as one file: drop the previous sharded save of that name."""
-    index = target.name + INDEX_SUFFIX
-    for name in [*stale_files(target)[:-1], index]:
+    """Once ``target`` is saved as one file: drop the previous sharded save of that name.
+
+    The index goes first (a directory holding it reads as the previous checkpoint,
+    without it as ``target``), so it never names a shard already removed.
+    """
+    index = target.parent / (target.name + INDEX_SUFFIX)
+    if index.exists():
+        index.unlink()
+        fsync_dir(target.parent)
+    remove_temps(index)
+    for name in stale_files(target)[:-1]:
         (target.parent / name).unlink(missing_ok=True)
         remove_temps(target.parent / name)
 
