@@ -12,14 +12,19 @@ then starts a child that saves a new version there and SIGKILLs it:
 
 Afterwards the destination must hold the previous version bit-exact (every file
 byte-identical), or the complete new one (every tensor read back fully and equal
-to a clean save's), or, for a fresh destination, nothing. A multi-file checkpoint
-(shards and index, a Zarr store, a DCP writer's output) may also be *uncommitted*:
-no index at all, which every reader refuses with ``UncommittedCheckpointError``
-(the instant between removing the previous index and writing the new one). An
-index never names a missing, partial or foreign shard. What a killed save may
-leave behind, and readers ignore: hidden ``.NAME.<random>.tmp`` files and
-``.tensorbridge-tmp-<id>/`` staging directories (the next save of that name
-removes both), and the previous save's shards once the new index is committed.
+to a clean save's, every file the index names byte-identical to the clean save's
+file of that name), or, for a fresh destination, nothing. For a fresh
+destination a multi-file checkpoint may also be *uncommitted* (files but no
+index, which every reader refuses with ``UncommittedCheckpointError``: only the
+fallback commit of filesystems without hard links or an atomic exchange leaves
+that); where a previous version existed, that is a lost checkpoint. An index never
+names a missing, partial or foreign shard. What a killed save may leave behind,
+and readers ignore: hidden ``.NAME.<random>.tmp`` files (which an index committed
+by the killed save may name, until its final names are linked) and
+``.tensorbridge-tmp-<id>`` staging directories, and the previous save's shards
+once the new index is committed. A quarter of the killed trials then save the new
+version again, unkilled: it must read as the new version and leave none of that
+behind.
 
 Kinds: ``tb.save`` to every writable format, a sharded save, ``tensorbridge
 convert`` (plain, sharded, ``--dequantize``, from a DCP checkpoint), and the DCP
@@ -81,6 +86,8 @@ KINDS = (
 )
 SIZES = {"s": 4_000, "m": 400_000, "l": 4_000_000}  # about this many bytes a tensor
 MULTI_FILE = {"sharded", "zarr", "convert-sharded", "convert-dcp", "dcp-safetensors", "dcp-zarr"}
+INDEXED = {"sharded", "convert-sharded", "convert-dcp", "dcp-safetensors"}  # a safetensors index
+INDEX = "model.safetensors.index.json"
 TEMP = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")  # atomic writes' temporaries
 STAGING = ".tensorbridge-tmp-"
 HANG_S = 180  # a save not done after this long is killed and counted as a hang
@@ -517,19 +524,48 @@ def judge(sc: Scenario, root: Path, old: Version | None, new: Version) -> tuple[
     except (tb.UncommittedCheckpointError, FileNotFoundError) as err:
         if not files:  # nothing under a final name: right only where nothing was before
             return ("none", "") if old is None else ("LOST", "the previous files are gone")
-        if sc.kind in MULTI_FILE:  # between removing the old index and writing the new
+        if sc.kind in MULTI_FILE and old is None:  # the fallback commit's window, fresh
             return "uncommitted", type(err).__name__
+        if sc.kind in MULTI_FILE:
+            return "LOST", f"uncommitted where a previous version existed: {err}"
         return "LOST", f"{type(err).__name__}: {err}"
     except Exception as err:
         return "LOST", f"{type(err).__name__}: {err}"
     if content == new.content:
         deterministic = sc.kind not in ("npz", "pt", "zarr", "dcp-zarr")
-        if deterministic and any(files.get(k) != v for k, v in new.files.items()):
+        if sc.kind in INDEXED and any(k.endswith(".index.json") for k in new.files):
+            differ = indexed_files_differ(root, new)
+            if differ:
+                return "LOST", f"reads as the new version but {differ}"
+        elif deterministic and any(files.get(k) != v for k, v in new.files.items()):
             return "LOST", "reads as the new version but its files differ from a clean save's"
         return "new", ""
     if old is not None and content == old.content:
         return "LOST", "reads as the previous version but its files changed"
     return "LOST", "reads as neither version (a mix, or partial)"
+
+
+def indexed_files_differ(root: Path, new: Version) -> str:
+    """Why the files ``root``'s index names are not a clean save's shards (``""``: they are).
+
+    The index may name hidden ``.NAME.<random>.tmp`` files (committed, final names
+    not yet linked): each counts as the clean save's ``NAME``.
+    """
+    import json
+
+    from tensorbridge.io._commit import final_name
+
+    index = next(k for k in new.files if k.endswith(".index.json"))  # named after the source
+    weight_map = json.loads((root / index).read_bytes())["weight_map"]
+    named = set(weight_map.values())
+    finals = {final_name(n) or n: n for n in named}
+    shards = {k for k in new.files if k != index}
+    if set(finals) != shards or len(finals) != len(named):
+        return f"its index names {sorted(named)}, a clean save {sorted(shards)}"
+    for final, on_disk in finals.items():
+        if hashlib.sha256((root / on_disk).read_bytes()).hexdigest() != new.files[final]:
+            return f"{on_disk} differs from a clean save's {final}"
+    return ""
 
 
 # --- the trials -----------------------------------------------------------------------------
@@ -542,6 +578,7 @@ class Tally:
     lost: list[str] = field(default_factory=list)
     hangs: list[str] = field(default_factory=list)
     litter_kinds: set[str] = field(default_factory=set)
+    resaves: int = 0  # killed trials saved again afterwards
 
     def report(self) -> str:
         lines = [f"{'kind':20} trials  old  new  none  uncommitted  LOST"]
@@ -556,7 +593,10 @@ class Tally:
                 f"{s['uncommitted']:12} {s['LOST']:5}"
             )
         total = sum(self.trials.values())
-        lines.append(f"total {total} trials, {len(self.lost)} lost, {len(self.hangs)} hangs")
+        lines.append(
+            f"total {total} trials, {len(self.lost)} lost, {len(self.hangs)} hangs, "
+            f"{self.resaves} saved again after the kill"
+        )
         lines.extend(self.hangs[:10])
         lines.extend(self.lost[:20])
         return "\n".join(lines)
@@ -581,7 +621,7 @@ class Harness:
             root = self.work / f"ref-{sc.kind}-{sc.size}-v{version}"
             out = run_child(self.ctx, sc, version, root, 0, None)
             if out.status != "ok":
-                raise RuntimeError(f"clean {sc.kind} save failed: {out.detail}")
+                raise RuntimeError(f"clean {sc.kind} save failed: {out.status} {out.detail}")
             left = litter(root)
             if left:
                 raise AssertionError(f"a clean {sc.kind} save left {left}")
@@ -616,9 +656,24 @@ class Harness:
         tally.states[(sc.kind, state)] += 1
         if litter(root):
             tally.litter_kinds.add(sc.kind)
+        if state != "LOST" and out.status != "ok" and self.rng.random() < 0.25:
+            state, detail = self.save_again(sc, root, new_v, new)
+            tally.resaves += 1
         if state == "LOST":
             tally.lost.append(f"LOST {sc.kind}/{sc.size} {how} fresh={fresh}: {detail}")
         shutil.rmtree(root, ignore_errors=True)
+
+    def save_again(self, sc: Scenario, root: Path, version: int, new: Version) -> tuple[str, str]:
+        """After a kill: a clean save must give the new version and leave no litter."""
+        out = run_child(self.ctx, sc, version, root, 0, None)
+        if out.status != "ok":
+            return "LOST", f"the save after the kill: {out.status} {out.detail}"
+        state, detail = judge(sc, root, None, new)
+        left = litter(root)
+        extra = sorted(set(snapshot(root)) - set(new.files))  # the previous version's files
+        if state != "new" or left or extra:
+            return "LOST", f"the save after the kill left {state} {detail} {left[:3]} {extra[:3]}"
+        return state, ""
 
 
 def run_trials(
@@ -634,14 +689,25 @@ def run_trials(
     work = Path(tempfile.mkdtemp(prefix="tb-crash-")) if work is None else work
     h = Harness(work, seed)
     tally = Tally()
+    lost = 0
     try:
         for i in range(trials):
             kind = kinds[i % len(kinds)]
             size = h.rng.choice(sizes if not kind.startswith("dcp-") else ("s", "m"))
-            h.trial(Scenario(kind, size, work), tally)
-            if progress and (i + 1) % 25 == 0:
+            try:
+                h.trial(Scenario(kind, size, work), tally)
+            except KeyboardInterrupt:  # stopped by hand: report the trials finished
+                if not progress:
+                    raise
+                break
+            if progress and len(tally.lost) > lost:  # as it happens: a run cut short still tells
+                print(tally.lost[-1], file=sys.stderr, flush=True)
+            lost = len(tally.lost)
+            if progress and (i + 1) % 10 == 0:
                 print(
-                    f"{i + 1} trials, {len(tally.lost)} lost, {len(tally.hangs)} hangs",
+                    f"{i + 1} trials, {len(tally.lost)} lost, {len(tally.hangs)} hangs, "
+                    f"{sum(tally.states[(k, 'uncommitted')] for k in KINDS)} uncommitted, "
+                    f"{time.strftime('%H:%M:%S')}",
                     file=sys.stderr,
                     flush=True,
                 )

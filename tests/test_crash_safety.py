@@ -71,6 +71,42 @@ def test_judge_notices_a_partial_file(tmp_path: Path) -> None:
     assert state == "LOST"
 
 
+def _sharded_versions(tmp_path: Path) -> tuple[crash.Scenario, crash.Version, crash.Version]:
+    sc = crash.Scenario("sharded", "s", tmp_path)
+    versions = []
+    for v in (1, 2):
+        ref = tmp_path / f"ref{v}"
+        sd = crash.state_dict("sharded", "s", v)
+        tb.save(sd, str(ref) + os.sep, max_shard_size=crash.shard_size("sharded", "s", v))
+        versions.append(crash.Version(crash.snapshot(ref), crash.fingerprint(ref), 1, 0))
+    return sc, versions[0], versions[1]
+
+
+def test_judge_counts_a_missing_index_over_a_previous_version_as_lost(tmp_path: Path) -> None:
+    """No index where a checkpoint was: the previous version is lost, not "uncommitted"."""
+    sc, old, new = _sharded_versions(tmp_path)
+    root = tmp_path / "t"
+    shutil.copytree(tmp_path / "ref2", root)
+    (root / crash.INDEX).unlink()
+    assert crash.judge(sc, root, old, new)[0] == "LOST"
+    assert crash.judge(sc, root, None, new)[0] == "uncommitted"  # nothing was there
+
+
+def test_judge_reads_an_index_naming_hidden_shards_as_the_new_version(tmp_path: Path) -> None:
+    """The instant after the commit, before the final names: the index names hidden files."""
+    sc, old, new = _sharded_versions(tmp_path)
+    root = tmp_path / "t"
+    shutil.copytree(tmp_path / "ref1", root)  # the previous shards keep their names
+    index = json.loads((tmp_path / "ref2" / crash.INDEX).read_text())
+    for name in sorted(set(index["weight_map"].values())):
+        shutil.copy(tmp_path / "ref2" / name, root / f".{name}.abcd1234.tmp")
+    index["weight_map"] = {k: f".{v}.abcd1234.tmp" for k, v in index["weight_map"].items()}
+    (root / crash.INDEX).write_text(json.dumps(index))
+    assert crash.judge(sc, root, old, new) == ("new", "")
+    (root / f".{name}.abcd1234.tmp").write_bytes(b"partial")  # a named shard damaged
+    assert crash.judge(sc, root, old, new)[0] == "LOST"
+
+
 # --- the write protocol, step by step ---------------------------------------------------------
 
 

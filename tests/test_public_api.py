@@ -128,7 +128,7 @@ def test_import_is_quiet_lazy_and_changes_nothing() -> None:
 DOCUMENTED = [
     "tensorbridge",
     "tensorbridge.convert",
-    "tensorbridge.dcp._commit",
+    "tensorbridge.io._commit",
     "tensorbridge.dcp._hf_layout",
     "tensorbridge.dcp.safetensors",
     "tensorbridge.diagnostics._cast",

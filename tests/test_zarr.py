@@ -397,9 +397,10 @@ def test_a_directory_that_is_no_store_is_left_alone(tmp_path: Path) -> None:
 def test_an_uncommitted_store_is_refused(tmp_path: Path) -> None:
     p = tmp_path / "u.zarr"
     tb.save({"a": np.ones(2)}, p)
-    staging = tbz.begin(p, "deadbeef")  # a save that died after writing an array
+    # the fallback commit (no atomic exchange) died after removing the previous index
+    staging = tbz.begin_store(p, "deadbeef" * 4)
     tbz.create_array(staging, "a", (2,), "float64", (2,))
-    (p / "zarr.json").unlink()  # ... and before its commit, the previous index removed
+    (p / "zarr.json").unlink()
     with pytest.raises(UncommittedCheckpointError, match=r"still running or died before"):
         tb.open(p)
     with pytest.raises(UncommittedCheckpointError):
@@ -493,3 +494,25 @@ def test_a_store_writer_that_fails_leaves_the_previous_store(tmp_path: Path) -> 
         raise RuntimeError("writer died")
     assert sorted(os.listdir(p)) == ["a", "zarr.json"]  # no staging directory left either
     assert list(tb.load(p)) == ["a"]
+
+
+def test_a_read_mostly_made_of_fill_value_is_refused_unless_asked(tmp_path: Path) -> None:
+    """zarr skips chunks equal to the fill value: a declared shape can dwarf the files."""
+    p = tmp_path / "sparse.zarr"
+    g = zarr.open_group(str(p), mode="w")
+    a = g.create_array("a", shape=(1000,), chunks=(100,), dtype="float64", fill_value=0)
+    a[:100] = 1.0  # zarr's default write_empty_chunks=False: one chunk file of ten
+    with tbz.open(p, max_fill_bytes=1000) as f, pytest.raises(FormatError) as err:
+        f["a"]
+    assert "declares 8,000 bytes but its chunk files hold at most 800" in str(err.value)
+    assert "max_fill_bytes=None" in str(err.value)
+    with tbz.open(p, max_fill_bytes=None) as f:
+        back = f["a"]
+    assert back[:100].tolist() == [1.0] * 100 and not back[100:].any()
+    with tbz.open(p, max_fill_bytes=7200) as f:  # what the files miss, exactly allowed
+        assert f["a"].sum() == 100.0
+    # tensorbridge writes every chunk, zeros included: nothing is made up
+    mine = tmp_path / "mine.zarr"
+    tb.save({"z": np.zeros((64, 64))}, mine)
+    with tbz.open(mine, max_fill_bytes=0) as f:
+        assert f["z"].shape == (64, 64) and not f["z"].any()

@@ -9,7 +9,7 @@ pass and no rank ever holds more than its own shards:
 1. ``prepare_global_plan`` (the coordinator) lays out every file from DCP's global
    plan: names, global shapes, dtypes, files (``max_shard_size``), offsets
    (``_hf_layout.py``). It creates the files, at their final size, in a staging
-   directory (``_commit.py``) and hands each rank the placements of its tensors in
+   directory (``tensorbridge.io._commit``) and hands each rank the placements of its tensors in
    the plans' ``storage_data``.
 2. ``write_data`` (every rank) writes the bytes of the chunks DCP assigned it, at
    their final offsets: a row-sharded chunk is one range written straight from the
@@ -75,10 +75,10 @@ from torch.futures import Future
 
 from ..dtypes import PACKED_BY_TORCH
 from ..errors import FormatError, InvalidArgumentError, UnsupportedTensorError
+from ..io import _commit as commit
 from ..io._common import iter_bytes
 from ..io._safetensors_header import PACKED_ROWS
 from ..io.safetensors import parse_size
-from . import _commit as commit
 from ._hf_layout import (
     INDEX_NAME,
     OBJECTS_KEY,
@@ -317,11 +317,11 @@ class SafetensorsWriter(StorageWriter):
                 _pwrite_all(fd, memoryview(f.header(meta)), 0)
             finally:
                 os.close(fd)
-        stale = [p.name for p in self.path.iterdir() if _SHARD_NAME.fullmatch(p.name)]
-        commit.publish(
+        names = (commit.final_name(p.name) or p.name for p in self.path.iterdir())
+        stale = [n for n in names if _SHARD_NAME.fullmatch(n)]
+        commit.commit_files(
             self.path,
-            staging,
-            [f.name for f in layout.files],
+            {f.name: staging / f.name for f in layout.files},
             INDEX_NAME,
             layout.index(),
             stale=[*stale, SINGLE_NAME],

@@ -10,11 +10,12 @@ shards and nothing else.
   chunk length divides every block's offset and size (:func:`~tensorbridge.io.zarr.chunk_grid`),
   so no two ranks ever write one chunk (two writers of one chunk each rewrite all of
   it, and one loses). Chunks are at most ``max_chunk_bytes``.
-* **Commit.** The coordinator creates the arrays inside a staging directory of the
-  store before any rank writes; ranks write their chunks there; ``finish`` (which DCP
-  calls only once every rank has reported success) moves the arrays into place and
-  writes the group's ``zarr.json`` last (:mod:`tensorbridge.dcp._commit`). A rank
-  killed mid-save leaves no ``zarr.json``: readers refuse the store.
+* **Commit.** The coordinator creates the arrays in a staging directory beside the
+  store before any rank writes (its path travels to the ranks in the plans); ranks
+  write their chunks there; ``finish`` (which DCP calls only once every rank has
+  reported success) writes the group's ``zarr.json`` into it and swaps it with the
+  store atomically (:mod:`tensorbridge.io._commit`). A rank killed mid-save leaves
+  the previous store, or none, in place.
 * **Memory.** Each rank holds its local shards (DCP's ``resolve_data``) plus about
   ``buffer_bytes`` of chunks being encoded; reads go straight into the destination
   tensors.

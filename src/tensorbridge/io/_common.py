@@ -179,7 +179,10 @@ def destination_errors(
         raise
     except OSError as err:
         name = None if err.filename is None else os.fspath(err.filename)
-        inside = name is not None and name.startswith(os.path.join(target, ""))  # a store
+        inside = name is not None and (
+            name.startswith(os.path.join(target, ""))  # a store
+            or _staged_beside(name, target)
+        )
         ours = only_destination or name in (None, tmp, str(target)) or inside
         if err.errno is None or not ours:
             raise
@@ -194,6 +197,17 @@ def destination_errors(
         else:
             fix = "check the destination or save to another path"
         raise DestinationError(err.errno, f"cannot write {target}: {err.strerror}; {fix}") from None
+
+
+STAGING_PREFIX = ".tensorbridge-tmp-"  # a multi-file save's staging directory
+
+
+def _staged_beside(name: str, target: Path) -> bool:
+    """Whether ``name`` lies in the staging directory a store ``target`` is built in."""
+    where = os.path.abspath(target)
+    staged = re.escape(os.path.join(os.path.dirname(where), STAGING_PREFIX))
+    pattern = staged + r"[0-9a-f]{32}\." + re.escape(os.path.basename(where))
+    return re.match(pattern + r"(/|$)", os.path.abspath(name)) is not None
 
 
 def fsync_dir(directory: Path) -> None:

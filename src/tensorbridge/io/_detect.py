@@ -183,6 +183,8 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
         index = path.with_name(path.name + INDEX_SUFFIX)
         if not path.exists() and index.exists():
             return index
+        if not path.exists():
+            _refuse_uncommitted(path)  # a store whose first save is running or died
         return path
     if _directory_kind(path) is not None:
         return path  # the directory is the store
@@ -211,14 +213,7 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
                 f"{path} holds {len(found)} files matching {pattern} "
                 f"({', '.join(p.name for p in found[:5])}); pass the one to open"
             )
-    from ..dcp._commit import pending  # a save that never committed says so
-
-    staged = pending(path)
-    if staged:
-        raise UncommittedCheckpointError(
-            f"{path} holds no committed checkpoint: {staged[0].name} is a save that is still "
-            "running or died before its commit; wait for it to finish or save again"
-        )
+    _refuse_uncommitted(path)
     shards = sorted(path.glob("*.distcp"))
     if shards:  # torch's FileSystemWriter writes .metadata last: its commit
         raise UncommittedCheckpointError(
@@ -228,6 +223,18 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
         )
     wanted = ", ".join(patterns)
     raise FileNotFoundError(f"{path} holds no checkpoint file or index ({wanted})")
+
+
+def _refuse_uncommitted(path: Path) -> None:
+    """Raise :class:`UncommittedCheckpointError` when a save into ``path`` never committed."""
+    from ._commit import pending
+
+    staged = pending(path)
+    if staged:
+        raise UncommittedCheckpointError(
+            f"{path} holds no committed checkpoint: {staged[0].name} is a save that is still "
+            "running or died before its commit; wait for it to finish or save again"
+        )
 
 
 def _one_split_set(found: list[Path]) -> bool:

@@ -43,9 +43,9 @@ import numpy as np
 from .. import _memory as mem
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import FormatError
+from ._commit import commit_files
 from ._common import (
     DEFAULT_CHUNK,
-    atomic_write,
     cast_target,
     destination_errors,
     fsync_dir,
@@ -300,6 +300,7 @@ def save(
         f, names, rows, target, fmt, metadata, max_shard_size, index
     )
     temps: dict[Path, str] = {}
+    sharded = fmt == "safetensors" and index_bytes is not None
     try:
         for out in outs:
             with destination_errors(out.final):
@@ -310,10 +311,16 @@ def save(
         ]
         with destination_errors(target):
             _fill(f, items, executor, window, progress, target.name)
-        old_index = target.parent / (target.name + INDEX_SUFFIX)
-        if fmt == "safetensors" and old_index.exists():
-            old_index.unlink()  # never a previous index beside the new shards
-            fsync_dir(target.parent)
+        if sharded:  # the shards and their index, committed together
+            from .safetensors import stale_files
+
+            files = {final.name: Path(tmp) for final, tmp in temps.items()}
+            temps.clear()  # the commit owns them now
+            index_name = target.name + INDEX_SUFFIX
+            with destination_errors(target.parent):
+                commit_files(
+                    target.parent, files, index_name, index_bytes or b"", stale_files(target)
+                )
         for final, tmp in temps.items():
             os.replace(tmp, final)
             remove_temps(final)
@@ -324,15 +331,12 @@ def save(
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
     written = [out.final for out in outs]
-    if fmt == "safetensors":
+    if sharded:
+        written.append(target.parent / (target.name + INDEX_SUFFIX))
+    elif fmt == "safetensors":
         from .safetensors import remove_stale
 
-        if index_bytes is not None:
-            idx = target.parent / (target.name + INDEX_SUFFIX)
-            with atomic_write(idx) as fh:
-                fh.write(index_bytes)
-            written.append(idx)
-        remove_stale(target, keep=set() if index_bytes is None else {o.final.name for o in outs})
+        remove_stale(target)
     fsync_dir(target.parent if fmt == "safetensors" else target)
     return written
 
@@ -372,7 +376,7 @@ def _save_zarr(
     window: int,
 ) -> list[Path]:
     """One uncompressed Zarr array per tensor, staged, committed by the group's zarr.json."""
-    from ..dcp._commit import abandon, begin, new_save_id, publish
+    from ._commit import abandon, begin_store, new_save_id, publish_store
     from .zarr import (
         GROUP_FILE,
         attributes,
@@ -387,7 +391,7 @@ def _save_zarr(
         check_name(n)
     attrs = attributes(metadata, names, repr(str(target)))
     stale = existing_arrays(target)
-    staging = begin(target, new_save_id())
+    staging = begin_store(target, new_save_id())
     try:
         items = []
         for n in names:
@@ -397,7 +401,7 @@ def _save_zarr(
             nbytes = math.prod(shape) * row.itemsize
             items.append(Placement(n, str(staging / n), 0, row.name, nbytes, zarr=True))
         _fill(f, items, executor, window, progress, target.name)
-        publish(target, staging, names, GROUP_FILE, group_document(attrs), stale)
+        publish_store(target, staging, names, GROUP_FILE, group_document(attrs), stale)
     except BaseException:
         abandon(staging)
         raise

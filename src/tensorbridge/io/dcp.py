@@ -204,9 +204,7 @@ def _check_metadata(p: Path, meta: Any) -> None:
             or len(os.fsencode(rel)) > 255  # longer than any file name can be
         ):
             shown = repr(rel[:80]) if isinstance(rel, str) else f"a {type(rel).__qualname__}"
-            raise bad(
-                f"the item of {index.fqn!r} names the file {shown}, not one in the directory"
-            )
+            raise bad(f"the item of {index.fqn!r} names the file {shown}, not one in the directory")
         if not all(type(getattr(info, a, None)) is int for a in ("offset", "length")) or (
             info.offset < 0 or info.length < 0
         ):

@@ -60,6 +60,7 @@ from ..errors import (
     UnsupportedDtypeError,
     UnsupportedTensorError,
 )
+from ._commit import commit_files, final_name
 from ._common import (
     DEFAULT_CHUNK,
     Deferred,
@@ -69,9 +70,11 @@ from ._common import (
     atomic_write,
     cast_target,
     check_unchanged,
+    destination_errors,
     fsync_dir,
     iter_bytes,
     progress_bar,
+    remove_temps,
     row_of,
 )
 from ._detect import INDEX_SUFFIX, resolve
@@ -165,7 +168,7 @@ def save(
         if len(shards) <= 1 and not index:
             with atomic_write(target) as f:
                 _write_file(f, items, meta, chunk_bytes, bar)
-            remove_stale(target, keep=set())
+            remove_stale(target)
             return
         stem, n = target.name.removesuffix(".safetensors"), len(shards)
         weight_map: dict[str, str] = {}
@@ -176,15 +179,12 @@ def save(
                 with staged.write(target.parent / name) as f:
                     _write_file(f, shard, meta, chunk_bytes, bar)
                 weight_map.update((it.name, name) for it in shard)
-            # every shard is written; only now does the previous checkpoint change: its
-            # index goes first, so no index ever names a shard of the other save
-            index_path.unlink(missing_ok=True)
-            fsync_dir(target.parent)
-            staged.commit()
-        total = sum(it.nbytes for it in items)
-        with atomic_write(index_path) as f:
-            f.write(_index_text(weight_map, total))
-        remove_stale(target, keep=set(weight_map.values()))
+            # every shard is written; only now does the previous checkpoint change
+            files = {p.name: Path(tmp) for p, tmp in staged.temps.items()}
+            staged.temps.clear()  # the commit owns them now
+        index_text = _index_text(weight_map, sum(it.nbytes for it in items))
+        with destination_errors(target.parent):
+            commit_files(target.parent, files, index_path.name, index_text, stale_files(target))
     finally:
         bar.close()
 
@@ -480,14 +480,29 @@ def layout(
     return files, _index_text(weight_map, sum(it.nbytes for it in items))
 
 
-def remove_stale(target: Path, keep: set[str]) -> None:
-    """Drop the previous save's files of this name that the new save does not use."""
+def stale_files(target: Path) -> list[str]:
+    """The files a sharded save of ``target`` replaces: its shards (named, or left hidden
+    by a killed save) and the single file ``target``."""
     stem = re.escape(target.name.removesuffix(".safetensors"))
     shard = re.compile(stem + r"-\d{5}-of-\d{5}\.safetensors")
-    stale = [p for p in target.parent.iterdir() if shard.fullmatch(p.name) and p.name not in keep]
-    stale.append(target if keep else target.parent / (target.name + INDEX_SUFFIX))
-    for p in stale:
-        p.unlink(missing_ok=True)
+    names = {final_name(p.name) or p.name for p in target.parent.iterdir()}
+    return [n for n in sorted(names) if shard.fullmatch(n)] + [target.name]
+
+
+def remove_stale(target: Path) -> None:
+    """Once ``target`` is saved as one file: drop the previous sharded save of that name.
+
+    The index goes first (a directory holding it reads as the previous checkpoint,
+    without it as ``target``), so it never names a shard already removed.
+    """
+    index = target.parent / (target.name + INDEX_SUFFIX)
+    if index.exists():
+        index.unlink()
+        fsync_dir(target.parent)
+    remove_temps(index)
+    for name in stale_files(target)[:-1]:
+        (target.parent / name).unlink(missing_ok=True)
+        remove_temps(target.parent / name)
 
 
 # --- reading ----------------------------------------------------------------------------------

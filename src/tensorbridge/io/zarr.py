@@ -22,10 +22,10 @@ value (zarr would otherwise skip it, and its comparison folds NaN payloads and -
 back in ``metadata`` as strings and typed in ``plain_values()``); the key
 ``"tensorbridge"`` is reserved for the tensors' order.
 
-**Commit.** Arrays are written into a staging directory inside ``OUT.zarr`` and moved
-into place before the group's ``zarr.json`` is written, last (the protocol of
-:mod:`tensorbridge.dcp._commit`): a store whose save died has no group ``zarr.json``,
-and reading it raises :class:`~tensorbridge.errors.UncommittedCheckpointError`.
+**Commit.** The new store is built, group ``zarr.json`` included, in a hidden sibling
+staging directory ``.tensorbridge-tmp-<id>.OUT.zarr``, then swapped with ``OUT.zarr``
+in one atomic exchange (the protocol of :mod:`tensorbridge.io._commit`): a save that
+dies leaves the previous store (or none) under ``OUT.zarr``, never a partial one.
 
 **Writing regions.** Parallel writers (DCP ranks, conversion workers) share a store
 through :func:`create_array`, :func:`open_region` and :func:`write_region`: the chunk
@@ -58,7 +58,6 @@ import numpy as np
 import torch
 
 from ..convert import to_numpy, to_torch
-from ..dcp._commit import abandon, begin, new_save_id, pending, publish, require_committed
 from ..dtypes import PACKED_BY_NUMPY, PACKED_BY_TORCH, DeviceLike, DTypeLike, DTypeRow
 from ..errors import (
     FormatError,
@@ -66,6 +65,14 @@ from ..errors import (
     NoDataError,
     UnsupportedDtypeError,
     UnsupportedTensorError,
+)
+from ._commit import (
+    abandon,
+    begin_store,
+    new_save_id,
+    pending,
+    publish_store,
+    require_committed,
 )
 from ._common import (
     DEFAULT_CHUNK,
@@ -82,6 +89,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GROUP_FILE",
     "MAX_CHUNK_BYTES",
+    "MAX_FILL_BYTES",
     "StoreWriter",
     "ZarrFile",
     "chunk_grid",
@@ -99,6 +107,7 @@ __all__ = [
 GROUP_FILE = "zarr.json"  # a node's metadata; the group's is the store's commit record
 MAX_NODE_JSON = 1 << 26  # a zarr.json larger than 64 MiB is not read as a store
 MAX_CHUNK_BYTES = 16 << 20  # chunks at most this large (a grid may make them smaller)
+MAX_FILL_BYTES = 64 << 20  # what a read may make up from fill_value beyond the chunk files
 RESERVED = "tensorbridge"  # the group attribute that holds the tensors' order
 _CONFIG = {"write_empty_chunks": True}
 
@@ -476,7 +485,7 @@ class StoreWriter:
         self.saved: dict[str, Any] = {}  # more of tensorbridge's own group attribute
         attributes(self.metadata, [], repr(str(self.path)))  # refuse bad metadata up front
         self.stale = existing_arrays(self.path)
-        self.staging = begin(self.path, new_save_id())
+        self.staging = begin_store(self.path, new_save_id())
 
     def create(
         self,
@@ -499,7 +508,8 @@ class StoreWriter:
         """Move the arrays into place and write the group's ``zarr.json``, last."""
         attrs = attributes(self.metadata, self.names, repr(str(self.path)))
         attrs[RESERVED].update(self.saved)
-        publish(self.path, self.staging, self.names, GROUP_FILE, group_document(attrs), self.stale)
+        doc = group_document(attrs)
+        publish_store(self.path, self.staging, self.names, GROUP_FILE, doc, self.stale)
 
     def abandon(self) -> None:
         """Delete the staging directory: nothing of this save is committed."""
@@ -575,11 +585,14 @@ class ZarrFile(TensorFile):
     its attributes as metadata; a bare array is one entry named after its directory.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, max_fill_bytes: int | None = MAX_FILL_BYTES
+    ) -> None:
         super().__init__()
         zarr = require_zarr()
         p = Path(path)
         self.path = p
+        self.max_fill_bytes = max_fill_bytes
         where = repr(str(p))
         kind = store_kind(p)
         if kind is None:
@@ -675,6 +688,7 @@ class ZarrFile(TensorFile):
                 "this machine's memory; its zarr.json is corrupt (or read it in regions "
                 "with f.array(name)[...])"
             )
+        self._check_fill(name, nbytes)
         try:
             out: np.ndarray = np.asarray(self._get(name)[...])
         except (ValueError, TypeError, KeyError, IndexError, ArithmeticError) as err:
@@ -687,6 +701,36 @@ class ZarrFile(TensorFile):
             out = out.astype(out.dtype.newbyteorder("="))
         return out
 
+    def _check_fill(self, name: str, nbytes: int) -> None:
+        """Refuse a read that zarr would mostly make up from ``fill_value``.
+
+        An absent chunk reads as ``fill_value``, so a ``zarr.json`` declaring a large
+        shape over few chunk files makes a read allocate far more than the store
+        holds. zarr's own writers skip chunks equal to the fill value by default
+        (``write_empty_chunks=False``), so a sparse store can be genuine; tensorbridge
+        writes every chunk. The bytes the chunk files can account for (each file at
+        most one chunk, or one shard) may be exceeded by ``max_fill_bytes``, no more.
+        """
+        limit = self.max_fill_bytes
+        if limit is None or nbytes <= limit:
+            return
+        array = self._get(name)
+        outer = array.shards or array.chunks
+        chunk_bytes = max(1, math.prod(outer) * array.dtype.itemsize)
+        root = self.path if getattr(self, "single", False) else self.path / name
+        covered = 0
+        for _, _, files in os.walk(root):
+            covered += sum(chunk_bytes for f in files if f != GROUP_FILE)
+            if nbytes - covered <= limit:
+                return
+        raise FormatError(
+            f"{str(self.path)!r}: array {name!r} declares {nbytes:,} bytes but its chunk "
+            f"files hold at most {covered:,}: zarr would fill the rest with its fill_value; "
+            "if the store is sparse by design (zarr's write_empty_chunks=False), read it "
+            "with tensorbridge.io.zarr.open(path, max_fill_bytes=None), else its zarr.json "
+            "is corrupt"
+        )
+
 
 def _physical_memory() -> int:
     """This machine's RAM in bytes (no limit where the platform does not say)."""
@@ -696,8 +740,16 @@ def _physical_memory() -> int:
         return 1 << 62
 
 
-def open(path: str | os.PathLike[str]) -> TensorFile:
+def open(
+    path: str | os.PathLike[str], *, max_fill_bytes: int | None = MAX_FILL_BYTES
+) -> TensorFile:
     """Open a Zarr v3 store (a group of arrays, or one array) lazily.
+
+    Reading an array whose chunk files account for less than its declared size by
+    more than ``max_fill_bytes`` (zarr fills absent chunks with the fill value) raises
+    :class:`~tensorbridge.errors.FormatError`; ``max_fill_bytes=None`` reads sparse
+    stores (zarr skips chunks equal to the fill value by default) whatever they
+    declare.
 
     >>> import os, tempfile, numpy as np
     >>> p = os.path.join(tempfile.mkdtemp(), "s.zarr")
@@ -710,7 +762,7 @@ def open(path: str | os.PathLike[str]) -> TensorFile:
         UncommittedCheckpointError: a save into ``path`` never committed.
         FormatError: ``path`` is no Zarr v3 store.
     """
-    return ZarrFile(path)
+    return ZarrFile(path, max_fill_bytes=max_fill_bytes)
 
 
 def load(
