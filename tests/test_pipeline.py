@@ -163,7 +163,9 @@ def test_streamed_file_is_byte_identical_to_saving_whole_weights(
             monkeypatch.setattr("tensorbridge.io.safetensors.STREAM_CHUNK", chunk)
             out = tmp_path / f"streamed-{threads}.safetensors"
             with tb.open(d, dequantize="bf16", **opts) as f:  # as convert --dequantize does
-                tb.save({n: f.stream_value(n) for n in f}, out)  # type: ignore[attr-defined]
+                values = {n: f.stream_value(n) for n in f}  # type: ignore[attr-defined]
+                assert sum(isinstance(v, Deferred) for v in values.values()) == 3
+                tb.save(values, out)
             assert out.read_bytes() == ref, (threads, chunk)
     finally:
         torch.set_num_threads(before)
@@ -219,3 +221,12 @@ def test_a_computed_tensor_is_written_whole() -> None:
         bytes([i]) * 1000 for i in range(5)
     )
     assert not stream_threads()
+
+
+def test_module_doctests() -> None:
+    import doctest
+
+    from tensorbridge.io import _pipeline
+
+    failures, tried = doctest.testmod(_pipeline)
+    assert tried >= 2 and failures == 0
