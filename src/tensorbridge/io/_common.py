@@ -34,6 +34,7 @@ from .._plan import numpy_row
 from ..convert import to_numpy, to_torch
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
 from ..errors import DestinationError, FormatError, InvalidArgumentError, UnsupportedDtypeError
+from ._pipeline import STREAM_CHUNK, Task, pipelined
 
 DEFAULT_CHUNK = 64 << 20
 _PAGE = mmap.PAGESIZE
@@ -356,17 +357,29 @@ class Deferred(abc.ABC):
     """A tensor computed piece by piece while it is written (a dequantized weight).
 
     A writer that streams (safetensors) asks for :attr:`shape` and :attr:`row` to
-    write the header, then pulls :meth:`chunks`: the values' bytes in C order, so
-    memory holds one piece, not the tensor.
+    write the header, then pulls the values' bytes in C order, so memory holds a few
+    pieces, not the tensor: from :meth:`tasks` where a subclass gives them (computed
+    ahead by worker threads while the writer writes, across tensors: see
+    :mod:`tensorbridge.io._pipeline`), else from :meth:`chunks`.
     """
 
     shape: tuple[int, ...]
     row: DTypeRow
 
-    @abc.abstractmethod
+    def tasks(self, chunk_bytes: int) -> Iterator[Task] | None:
+        """The values as tasks, each filling a :class:`~tensorbridge.io._pipeline.Slot`
+        with about ``chunk_bytes`` of the next bytes and returning them; independent of
+        one another (they run in parallel). None: this value only has :meth:`chunks`."""
+        return None
+
     def chunks(self, chunk_bytes: int) -> Iterator[memoryview]:
         """The values as ``row`` bytes in C order, a piece at a time; each chunk may be a
         reused buffer, valid until the next one is pulled (write it, don't keep it)."""
+        tasks = self.tasks(min(chunk_bytes, STREAM_CHUNK))
+        if tasks is None:  # pragma: no cover - a subclass gives one or the other
+            raise NotImplementedError(f"{type(self).__qualname__} defines neither tasks nor chunks")
+        for _, view in pipelined((None, t) for t in tasks):
+            yield view
 
 
 # --- reading ----------------------------------------------------------------------------------

@@ -79,6 +79,7 @@ from ._common import (
 )
 from ._detect import INDEX_SUFFIX, resolve
 from ._formats import by_name
+from ._pipeline import STREAM_CHUNK, pipelined
 from ._safetensors_header import (
     LAYOUT_RANK,
     PACKED_ROWS,
@@ -363,27 +364,46 @@ def _write_file(
 ) -> None:
     ordered = sorted(items, key=lambda it: (LAYOUT_RANK.get(it.row.safetensors or "", 0), it.name))
     f.write(_header(ordered, metadata))
-    for it in ordered:
-        written = 0
-        for chunk in _chunks(it, chunk_bytes):
-            f.write(chunk)
-            written += len(chunk)
-            bar.update(len(chunk))
-        if written != it.nbytes:  # the tensor changed size while being saved
+    written = dict.fromkeys(range(len(ordered)), 0)
+    chunks = _units(ordered, chunk_bytes)
+    computed = any(isinstance(it.value, Deferred) for it in ordered)
+    # computed values: tasks run by worker threads while the chunk before is written
+    for i, chunk in pipelined(chunks) if computed else chunks:
+        f.write(chunk)
+        written[i] += len(chunk)
+        bar.update(len(chunk))
+    for i, it in enumerate(ordered):
+        if written[i] != it.nbytes:  # the tensor changed size while being saved
             raise RuntimeError(
-                f"tensor {it.name!r} yielded {written} bytes where its header says "
+                f"tensor {it.name!r} yielded {written[i]} bytes where its header says "
                 f"{it.nbytes}; do not resize tensors while they are being saved"
             )
+
+
+def _units(ordered: list[_Item], chunk_bytes: int) -> Iterator[tuple[int, Any]]:
+    """Each item's bytes, tagged with its place: computing tasks where a value has them,
+    else chunks (valid until the next is pulled)."""
+    for i, it in enumerate(ordered):
+        tasks = None
+        if isinstance(it.value, Deferred):
+            _check_deferred(it)
+            tasks = it.value.tasks(min(chunk_bytes, STREAM_CHUNK))
+        for unit in tasks if tasks is not None else _chunks(it, chunk_bytes):
+            yield i, unit
+
+
+def _check_deferred(it: _Item) -> None:
+    if it.row is not it.src:
+        raise UnsupportedDtypeError(
+            f"{it.name!r} is computed as {it.src.name} while it is written; pass its "
+            "dtype where it is made (dequantize=) rather than float_dtype="
+        )
 
 
 def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
     """``it``'s bytes as stored, a chunk at a time: zero-copy views where the memory allows."""
     if isinstance(it.value, Deferred):
-        if it.row is not it.src:
-            raise UnsupportedDtypeError(
-                f"{it.name!r} is computed as {it.src.name} while it is written; pass its "
-                "dtype where it is made (dequantize=) rather than float_dtype="
-            )
+        _check_deferred(it)
         yield from it.value.chunks(chunk_bytes)
         return
     packing = PACKED_ROWS.get(it.src)

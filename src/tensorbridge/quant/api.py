@@ -7,15 +7,15 @@
 * :class:`DequantizedFile` is what ``tb.open(path, dequantize=...)`` returns: the
   unquantized model's names and shapes, each weight computed when read; for a
   streamed save, :meth:`DequantizedFile.stream_value` gives a
-  :class:`~tensorbridge.io._common.Deferred` that a writer pulls a block row at a
-  time.
+  :class:`~tensorbridge.io._common.Deferred` whose tasks (a few block rows each)
+  worker threads compute while the writer writes the chunk before.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+import functools
+import itertools
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -27,10 +27,12 @@ from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import QuantizationError, UnsupportedTensorError
 from ..io._common import Deferred, TensorFile, row_of
 from ..io._keys import flatten
+from ..io._pipeline import Slot, Task
+from . import base
 from .base import Group, Index, Scheme, as_torch
 from .detect import SCHEMES, Plan, config_of, plan, read_config, scheme_named
 
-__all__ = ["DequantizedFile", "DequantizedTensor", "ahead", "dequantize", "quantize"]
+__all__ = ["DequantizedFile", "DequantizedTensor", "dequantize", "quantize"]
 
 _ROLE_SUFFIX = {  # scheme -> role -> suffix of the stored name after the weight's name
     "fp8-block": {"codes": "", "scale": "_scale_inv"},
@@ -274,38 +276,8 @@ def quantize(
     return out
 
 
-# output buffers a streamed weight cycles through: the chunk being written, the one
-# waiting, the one being computed
-_BUFFERS = 3
-
-
-def ahead(
-    compute: Callable[[int, dict[str, torch.Tensor]], memoryview],
-    pieces: Iterator[dict[str, torch.Tensor]],
-) -> Iterator[memoryview]:
-    """``compute(i, piece)`` for each piece, the next one running in a worker thread
-    while the caller consumes this one; the worker's exceptions are raised here, and
-    a caller that stops early leaves no thread behind."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorbridge-dequantize") as pool:
-        pending: Future[memoryview] | None = None
-        try:
-            for i, piece in enumerate(pieces):
-                submitted = pool.submit(compute, i, piece)
-                if pending is not None:
-                    yield pending.result()
-                pending = submitted
-            if pending is not None:
-                yield pending.result()
-                pending = None
-        finally:
-            if pending is not None:
-                pending.cancel()
-                with contextlib.suppress(Exception):
-                    pending.result()
-
-
 class DequantizedTensor(Deferred):
-    """One dequantized weight, computed a piece (a block row) at a time as it is written."""
+    """One dequantized weight, computed a few pieces (block rows) at a time as it is written."""
 
     def __init__(
         self, scheme: Scheme, group: Group, parts: Mapping[str, Any], row: DTypeRow
@@ -313,26 +285,27 @@ class DequantizedTensor(Deferred):
         self.scheme, self.group, self.parts, self.row = scheme, group, parts, row
         self.shape = group.shape
 
-    def chunks(self, chunk_bytes: int) -> Iterator[memoryview]:
-        """Each piece's bytes, computed one piece ahead in a worker thread (torch's kernels
-        release the GIL, so the next piece is computed while this one is written) into
-        :data:`_BUFFERS` reused output buffers: a chunk is valid until the next is pulled."""
+    def tasks(self, chunk_bytes: int) -> Iterator[Task]:
+        """Runs of consecutive pieces, about ``chunk_bytes`` of output each; a task rounds
+        each piece's float32 values straight into its slot (the one rounding, no other
+        copy), so the writer writes the slot as it is."""
         parts = {k: as_torch(v) for k, v in self.parts.items()}
-        buffers: list[torch.Tensor] = []
+        per_task = max(1, chunk_bytes // (base.PIECE_ELEMENTS * self.row.itemsize))
+        pieces = self.scheme.pieces(self.group, parts)
+        while run := list(itertools.islice(pieces, per_task)):
+            yield functools.partial(self.fill, run)
 
-        def compute(i: int, piece: dict[str, torch.Tensor]) -> memoryview:
+    def fill(self, run: list[dict[str, torch.Tensor]], slot: Slot) -> memoryview:
+        """Dequantize ``run``'s pieces one after another into ``slot``; their bytes."""
+        at = 0
+        buf = slot.reserve(len(run) * base.PIECE_ELEMENTS * self.row.itemsize)
+        for piece in run:
             values = self.scheme.kernel(piece, self.group).reshape(-1)
-            if len(buffers) < _BUFFERS:
-                buffers.append(torch.empty(0, dtype=self.row.torch))
-            buf = buffers[i % _BUFFERS]
-            if buf.numel() < values.numel():
-                buf = buffers[i % _BUFFERS] = torch.empty(values.numel(), dtype=self.row.torch)
-            out = buf[: values.numel()]
-            out.copy_(values)  # float32 -> the row's dtype: the one rounding
-            data: np.ndarray = to_numpy(out).view(self.row.carrier_numpy).view(np.uint8)
-            return data.data
-
-        yield from ahead(compute, self.scheme.pieces(self.group, parts))
+            end = at + values.numel() * self.row.itemsize
+            buf = slot.reserve(end, keep=at)
+            torch.from_numpy(buf[at:end]).view(self.row.torch).copy_(values)
+            at = end
+        return buf[:at].data
 
     def materialize(self) -> torch.Tensor:
         return self.scheme.dequantize(self.parts, self.group, self.row.torch)
