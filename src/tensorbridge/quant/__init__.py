@@ -25,7 +25,7 @@ dequantizing view that ``tb.open(path, dequantize="bf16")`` returns.
 
 >>> from tensorbridge.quant import SCHEMES
 >>> sorted(SCHEMES)[:3]
-['fp8', 'fp8-block', 'mxfp4']
+['awq', 'fp8', 'fp8-block']
 """
 
 from __future__ import annotations
