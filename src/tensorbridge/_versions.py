@@ -36,6 +36,7 @@ __all__ = [
     "TORCH",
     "TORCH_DLPACK_READ_ONLY",
     "TORCH_SPARSE_VALIDATION_WARNING",
+    "byte_bounds",
     "quiet_sparse_validation",
     "release",
     "torch_e4m3fn_saturates",
@@ -99,6 +100,13 @@ def torch_e4m3fn_saturates() -> bool:
 # torch 2.15 validates every sparse tensor that torch.load(weights_only=True) reads and
 # warns that it does ("an O(nnz) scan"). Validating an untrusted file is what the readers
 # want, so they silence this one warning (older torch raises no such warning).
+# NumPy 2.0 moved ``byte_bounds`` to ``numpy.lib.array_utils`` and removed ``np.byte_bounds``
+byte_bounds = (
+    np.lib.array_utils.byte_bounds  # type: ignore[attr-defined,unused-ignore]
+    if hasattr(np.lib, "array_utils")
+    else np.byte_bounds  # type: ignore[attr-defined,unused-ignore]
+)
+
 TORCH_SPARSE_VALIDATION_WARNING = "Validating sparse tensor invariants because weights_only=True"
 
 

@@ -31,6 +31,7 @@ import torch
 
 from .. import _memory as mem
 from .._plan import numpy_row
+from .._versions import byte_bounds
 from ..convert import to_numpy, to_torch
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
 from ..errors import DestinationError, FormatError, InvalidArgumentError, UnsupportedDtypeError
@@ -342,7 +343,7 @@ def releaser(a: np.ndarray) -> Any:
     def release(piece: np.ndarray) -> None:
         if piece.size == 0:
             return
-        low, high = np.lib.array_utils.byte_bounds(piece)
+        low, high = byte_bounds(piece)
         addr = low - start
         lo = max(0, addr // _PAGE * _PAGE)
         hi = min(size, high - start)
