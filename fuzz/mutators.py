@@ -53,7 +53,7 @@ def boundaries(data: bytes) -> list[int]:
                 header = json.loads(data[8 : 8 + n])
                 for spec in header.values():
                     if isinstance(spec, dict) and "data_offsets" in spec:
-                        out.update(8 + n + o for o in spec["data_offsets"])
+                        out.update(8 + n + o for o in spec["data_offsets"] if type(o) is int)
             except (ValueError, TypeError, AttributeError, RecursionError):
                 pass
     for magic in (b"PK\x03\x04", b"PK\x01\x02", b"PK\x05\x06", b"\n", b"}", b"{", b"."):

@@ -447,8 +447,14 @@ def parse(buf: Any, path: Path) -> Header:
     tensors = {}
     for name, gtype, shape, offset in raw:
         count = math.prod(shape)
-        if any(d > _INT64_MAX for d in shape) or count > _INT64_MAX:
+        if count > _INT64_MAX:
             raise cur.fail(f"tensor {name!r} has shape {list(shape)}: more than 2**63 elements")
+        # an empty shape's other dimensions too: NumPy cannot make [0, 2**62] (no file holds
+        # a tensor of 2**48 elements, 256 TiB at the smallest type)
+        if math.prod(d for d in shape if d) > 1 << 48:
+            raise cur.fail(
+                f"tensor {name!r} has shape {list(shape)}: dimensions of more than 2**48 elements"
+            )
         row = shape[-1] if shape else 1
         if row % gtype.block_size:
             raise cur.fail(
