@@ -22,7 +22,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["READERS", "Reader", "read_all", "seeds"]
+__all__ = ["JSON_EXPANSION", "READERS", "Reader", "read_all", "seeds"]
+
+# Bytes of Python objects CPython's json may build per byte of text: 33 measured for the
+# worst shape (many one-key objects, ``[{"":{}}, ...]``), 11 for a real safetensors
+# header; ``tests/test_fuzz.py`` holds the worst shapes to it.
+JSON_EXPANSION = 40
 
 
 @dataclass(frozen=True)
@@ -36,8 +41,9 @@ class Reader:
     writer: Callable[[bytes, Path], Path] | None = None  # places the input (default: the file)
     open_kwargs: dict[str, Any] = field(default_factory=dict)
     allowed: tuple[str, ...] = ("FormatError", "UnsupportedDtypeError")
-    # how much a reader may legitimately allocate per input byte (deflate expands
-    # at most 1032:1; every other format stores its bytes as they are)
+    # how much a reader may legitimately allocate per input byte: deflate expands at
+    # most 1032:1; CPython's json builds up to ~33 bytes of objects per byte of text
+    # (JSON_EXPANSION); every other format stores its bytes as they are
     expansion: int = 1
 
     def place(self, data: bytes, directory: Path) -> Path:
@@ -318,19 +324,27 @@ def _seeds_quant(scratch: Path) -> list[bytes]:
 READERS: dict[str, Reader] = {
     r.name: r
     for r in (
-        Reader("safetensors", "x.safetensors", _seeds_safetensors),
+        Reader("safetensors", "x.safetensors", _seeds_safetensors, expansion=JSON_EXPANSION),
         Reader(
             "index",
             "model.safetensors.index.json",
             _seeds_index,
             prepare=_shards,
+            expansion=JSON_EXPANSION,
         ),
         Reader("npy", "x.npy", _seeds_npy),
         Reader("npz", "x.npz", _seeds_npz, expansion=1032),
         Reader("pt", "x.pt", _seeds_pt),
         Reader("gguf", "x.gguf", _seeds_gguf, open_kwargs={"dequantize": "f32"}),
         Reader("dcp", ".metadata", _seeds_dcp, prepare=_prepare_dcp),
-        Reader("zarr", "zarr.json", _seeds_zarr, prepare=_zarr_store, writer=_zarr_place),
+        Reader(
+            "zarr",
+            "zarr.json",
+            _seeds_zarr,
+            prepare=_zarr_store,
+            writer=_zarr_place,
+            expansion=JSON_EXPANSION,
+        ),
         Reader(
             "quant",
             "config.json",
@@ -338,6 +352,7 @@ READERS: dict[str, Reader] = {
             prepare=_quant_dir,
             writer=_quant_place,
             open_kwargs={"dequantize": "bf16"},
+            expansion=JSON_EXPANSION,
             allowed=("FormatError", "UnsupportedDtypeError", "QuantizationError"),
         ),
     )

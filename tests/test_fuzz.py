@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from fuzz.bounds import MARGIN, child_rss, run_one
 from fuzz.mutators import boundaries, mutate
-from fuzz.targets import READERS, seeds
+from fuzz.targets import JSON_EXPANSION, READERS, seeds
 
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 ROOT = Path(__file__).parent.parent
@@ -142,3 +142,21 @@ def test_atheris_short_run(reader: str, tmp_path: Path) -> None:
     assert summary, out.stdout[-2000:] + out.stderr[-2000:]
     assert "failures 0 " in summary[-1], summary[-1]
     assert not any(tmp_path.iterdir())
+
+
+_JSON_BOMBS = {
+    "one-key objects": b'{"a": [' + b",".join([b'{"":{}}'] * 150_000) + b"]}",
+    "empty lists": b'{"a": [' + b",".join([b"[[]]"] * 150_000) + b"]}",
+    "flat keys": b"{" + b",".join(b'"k%d": %d' % (i, i) for i in range(200_000)) + b"}",
+}
+
+
+@pytest.mark.parametrize("shape", sorted(_JSON_BOMBS))
+def test_json_header_costs_at_most_json_expansion(shape: str, tmp_path: Path) -> None:
+    """The JSON shapes that cost CPython the most objects per byte stay within the bound."""
+    text = _JSON_BOMBS[shape]
+    data = len(text).to_bytes(8, "little") + text
+    out = run_one(READERS["safetensors"], data, tmp_path)
+    assert out.verdict == "refused", out.detail
+    assert "FormatError" in out.detail
+    assert len(data) * 10 < out.peak <= len(data) * JSON_EXPANSION + MARGIN

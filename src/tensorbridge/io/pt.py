@@ -36,6 +36,7 @@ import os
 import pickle
 import re
 import struct
+import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any, NamedTuple, cast
@@ -64,6 +65,7 @@ _LEGACY_NOTE = (
 def _torch_load(path: Path) -> tuple[Any, bool]:
     """The archive's object through the restricted unpickler, and whether it is mapped."""
     where = repr(str(path))
+    _check_members(path)
     try:
         if path.name.lower().endswith(".safetensors"):
             # torch.load hands any path named so to the safetensors library; a file object
@@ -108,6 +110,34 @@ def _torch_load(path: Path) -> tuple[Any, bool]:
         AssertionError,  # torch's legacy loader asserts on a storage key it never saw
     ) as err:  # fmt: skip
         raise FormatError(f"{where} is a corrupt torch.save archive: {err}") from None
+
+
+DEFLATE_MAX_RATIO = 1032  # deflate cannot expand data more than this
+
+
+def _check_members(path: Path) -> None:
+    """Refuse a zip whose members claim sizes they cannot hold, before torch reads it.
+
+    torch's zip reader trusts a member's declared size: a 1 KB file whose ``version``
+    member claims 2 GiB kept it busy for 40 s. Legacy (non-zip) files pass through.
+    """
+    with builtins.open(path, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":
+            return
+        try:
+            infos = zipfile.ZipFile(f).infolist()
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError) as err:
+            raise FormatError(f"{str(path)!r} is not a readable zip archive ({err})") from None
+        size = f.seek(0, os.SEEK_END)
+    for info in infos:
+        stored = info.compress_type == zipfile.ZIP_STORED
+        limit = info.compress_size if stored else info.compress_size * DEFLATE_MAX_RATIO + 1024
+        if info.header_offset + info.compress_size > size or info.file_size > limit:
+            raise FormatError(
+                f"{str(path)!r}: member {info.filename!r} claims {info.file_size:,} bytes "
+                f"from {info.compress_size:,} stored at offset {info.header_offset:,} of a "
+                f"{size:,}-byte file; the archive is corrupt"
+            )
 
 
 # How far a copy may exceed the file (a tensor's values may repeat, by zero strides, but a
