@@ -86,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--engine", choices=("mutate", "atheris"), default="mutate")
     parser.add_argument("--failures", type=Path, default=Path("fuzz-failures"))
+    parser.add_argument(
+        "--pause-file",
+        type=Path,
+        default=None,
+        help="while this file exists, wait between inputs (to leave the machine quiet)",
+    )
     args = parser.parse_args(argv)
     names = args.reader or sorted(READERS)
     if args.engine == "atheris":
@@ -104,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in c.seeds:
             c.one(s)
         for i in range(args.runs):
+            while args.pause_file is not None and args.pause_file.exists():
+                time.sleep(1)
             c.one(c.random_input(rng), trace=i % args.trace_every == 0)
             if args.seconds and time.monotonic() - start > args.seconds:
                 break
