@@ -180,8 +180,7 @@ def open_source(src: str, dst: str, nbytes: int) -> tuple[str, str, int]:
 def tb_stream(inputs: tuple[str, str, int]) -> None:
     src, dst, _ = inputs
     with tb.open(src, dequantize="bf16") as f:
-        values = {n: f.stream_value(n) for n in f}  # type: ignore[attr-defined]
-        tb.save(values, dst, progress=False, overwrite=True)
+        tb.save(f, dst, progress=False, overwrite=True)
 
 
 def naive(inputs: tuple[str, str, int]) -> None:

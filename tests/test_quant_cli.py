@@ -677,3 +677,44 @@ def test_compare_of_an_undecidable_checkpoint_says_why(
     assert f"only in {tmp_path / 'q.safetensors'}: l.weight_scale" in captured.out
     assert main([*argv, "--scheme", "mxfp8", "-q"]) == 0
     assert "verdict: no NaN or inf produced; worst block max rel " in capsys.readouterr().out
+
+
+# --- tb.save of an opened file: what convert does, from Python ---------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".npz", ".pt"])
+def test_save_of_an_opened_dequantized_checkpoint_is_tb_load(tmp_path: Path, suffix: str) -> None:
+    """tb.save(tb.open(dir, dequantize=...), out) writes what tb.load(dir, dequantize=...) gives."""
+    _, q, _ = _pair(tmp_path, "mxfp4")
+    want = tb.load(q, dequantize="bf16")
+    out = tmp_path / f"out{suffix}"
+    with tb.open(q, dequantize="bf16") as f:
+        tb.save(f, out)
+    got = tb.load(out)
+    assert sorted(got) == sorted(want) == ["model.layers.0.mlp.up_proj.weight", "model.norm.weight"]
+    for name in want:
+        assert got[name].dtype == want[name].dtype
+        assert np.array_equal(bits(got[name]), bits(want[name]))
+
+
+def test_save_of_an_opened_file_keeps_its_metadata(tmp_path: Path) -> None:
+    """The file's own metadata goes along where the format has a place for it; a warning
+    names what a format without one leaves out."""
+    src = tmp_path / "a.safetensors"
+    tb.save({"w": torch.arange(6, dtype=torch.bfloat16)}, src, metadata={"step": "7"})
+    with tb.open(src) as f:
+        tb.save(f, tmp_path / "b.safetensors")
+        with pytest.warns(UserWarning, match=r"no place for metadata; a\.safetensors's step"):
+            tb.save(f, tmp_path / "b.npz")
+        tb.save(f, tmp_path / "c.safetensors", metadata={"run": "x"})  # given wins
+    with tb.open(tmp_path / "b.safetensors") as g:
+        assert g.metadata["step"] == "7"
+        assert np.array_equal(bits(g["w"]), bits(torch.arange(6, dtype=torch.bfloat16)))
+    assert "step" not in tb.open(tmp_path / "c.safetensors").metadata
+    assert np.array_equal(bits(tb.load(tmp_path / "b.npz")["w"]), bits(tb.load(src)["w"]))
+
+
+def test_save_of_an_opened_file_with_an_unreadable_entry_names_it(tmp_path: Path) -> None:
+    np.savez(tmp_path / "s.npz", w=np.ones(3, np.float32), label=np.array(["a"]))
+    with tb.open(tmp_path / "s.npz") as f, pytest.raises(tb.UnsupportedDtypeError, match="label"):
+        tb.save(f, tmp_path / "o.safetensors")

@@ -802,7 +802,7 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 f"selected; pick one with --include NAME or write "
                 f"{listing(lambda f: f.many_arrays)}"
             )
-        meta, dropped = _carried_metadata(src, dst, names)
+        meta, dropped = tbio.carried_metadata(src, dst.format, names)
         meta.update(given_meta)
         clash = [k for k in given_meta if k in names]
         if clash and dst.format.metadata_with_tensors:
@@ -835,7 +835,7 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         else:
             values: Mapping[str, Any] = _Lazy(src, names)
             if schemes and dst.format.name == "safetensors":
-                values = {n: src.stream_value(n) for n in names}  # type: ignore[attr-defined]
+                values = {n: src.stream_value(n) for n in names}
             tbio.save(
                 values,
                 args.dst,
@@ -1260,32 +1260,6 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
             summary["problems"] = problems
             ok = not problems
     return _report(summary, args, out, ok, None)
-
-
-def _carried_metadata(
-    src: TensorFile, dst: tbio.Destination, names: list[str]
-) -> tuple[dict[str, Any], list[str]]:
-    """The source's metadata as the destination can hold it, and the keys it cannot."""
-    from .io._formats import FORMATS
-
-    values = src.plain_values()
-    # a key other formats' writers set for themselves: not the user's metadata
-    marks = {f.metadata_mark for f in FORMATS} - {dst.format.metadata_mark, None}
-    values = {k: v for k, v in values.items() if not (k in marks and v in _WRITER_MARKS)}
-    if not dst.format.metadata:
-        return {}, sorted(values)
-    clash = [k for k in values if k in names]
-    if dst.format.metadata_with_tensors and clash:
-        apart = (f for f in FORMATS if f.metadata and not f.metadata_with_tensors)
-        raise TensorBridgeError(
-            f"metadata key {clash[0]!r} of {src.filename} is also a tensor's name; a "
-            f"{dst.path.suffix} file cannot hold both: write {next(apart).suffixes[0]}"
-        )
-    return values, []
-
-
-# the values of safetensors' "format" mark: the framework that wrote the file
-_WRITER_MARKS = ("pt", "np", "tf", "flax", "mlx")
 
 
 def _written(dst: tbio.Destination) -> str:

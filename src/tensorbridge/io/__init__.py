@@ -42,6 +42,7 @@ format is one new module and one row.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -57,6 +58,8 @@ from ..errors import (
     DestinationExistsError,
     FormatError,
     InvalidArgumentError,
+    TensorBridgeError,
+    UnsupportedDtypeError,
     UnsupportedTensorError,
 )
 from . import dcp, gguf, npy, npz, pt, safetensors, zarr  # noqa: F401 - tb.io.<format> without an import
@@ -66,7 +69,7 @@ from ._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX, Format, by_kind, 
 from ._keys import flatten
 from .sharded import ShardedFile
 
-__all__ = ["Destination", "destination", "load", "open", "save"]
+__all__ = ["Destination", "carried_metadata", "destination", "load", "open", "save"]
 
 
 @dataclass(frozen=True)
@@ -280,6 +283,13 @@ def save(
     dtype(bfloat16)
     >>> tb.save({"w": torch.zeros(2)}, p, overwrite=True)  # replaces it
 
+    ``obj`` may also be an opened file (``tb.open(path)``): its tensors are written as
+    they are read, mapped, and a dequantizing open (``tb.open(qdir,
+    dequantize="bf16")``) computes each weight while a safetensors file is written,
+    in bounded memory, as ``tensorbridge convert --dequantize`` does. The file's own
+    metadata goes along where the format has a place for it (a warning names what
+    one without leaves out); ``metadata=`` replaces it.
+
     ``obj`` may also be an opened DCP checkpoint (``tb.open(dcp_dir)``): its tensors
     are assembled window by window into their place in the output, in flat memory
     (:mod:`tensorbridge.io.assemble`). A directory ``path`` then gets the sharded
@@ -344,6 +354,8 @@ def save(
                 "(save to a .gguf path, or leave out quantize=)"
             )
         options.update(quantize=quantize)
+    if isinstance(obj, TensorFile):
+        obj, metadata = _file_values(obj, fmt, metadata)
     single = fmt.single_array and (
         not fmt.many_arrays or isinstance(obj, (torch.Tensor, np.ndarray))
     )
@@ -357,6 +369,63 @@ def save(
         progress=progress,
         **options,
     )
+
+
+def _file_values(
+    f: TensorFile, fmt: Format, metadata: Mapping[str, Any] | None
+) -> tuple[Any, Mapping[str, Any] | None]:
+    """An opened file's tensors as ``save`` writes them (mapped, or computed while written),
+    and the metadata to keep: the file's own (:func:`carried_metadata`) unless given."""
+    unsupported = f.unsupported()
+    if unsupported:
+        first, reason = next(iter(unsupported.items()))
+        raise UnsupportedDtypeError(
+            f"{reason}; save the other entries: {{n: f[n] for n in f.keys() if n != {first!r}}}"
+        )
+    names = f.keys()
+    if metadata is None:
+        metadata, dropped = carried_metadata(f, fmt, names)
+        if dropped:
+            warnings.warn(
+                f"{fmt.description}s have no place for metadata; {f.filename}'s "
+                f"{', '.join(dropped[:5])} are not saved (save to "
+                f"{listing(lambda g: g.metadata, ' or ')} to keep them)",
+                stacklevel=3,
+            )
+    if fmt.single_array and not fmt.many_arrays and len(names) == 1:
+        return f[names[0]], metadata or None
+    values: dict[str, Any] = {}
+    for name in names:
+        value = f.stream_value(name)
+        values[name] = value if fmt.deferred or not isinstance(value, Deferred) else f[name]
+    return values, metadata or None
+
+
+# the values of safetensors' "format" mark: the framework that wrote the file
+WRITER_MARKS = ("pt", "np", "tf", "flax", "mlx")
+
+
+def carried_metadata(
+    src: TensorFile, fmt: Format, names: list[str]
+) -> tuple[dict[str, Any], list[str]]:
+    """The source's metadata as a ``fmt`` file can hold it, and the keys it cannot.
+
+    A mark another format's writer sets for itself (safetensors' ``format: pt``) is
+    not the user's metadata and is not carried.
+    """
+    values = src.plain_values()
+    marks = {f.metadata_mark for f in FORMATS} - {fmt.metadata_mark, None}
+    values = {k: v for k, v in values.items() if not (k in marks and v in WRITER_MARKS)}
+    if not fmt.metadata:
+        return {}, sorted(values)
+    clash = [k for k in values if k in names]
+    if fmt.metadata_with_tensors and clash:
+        apart = (f for f in FORMATS if f.metadata and not f.metadata_with_tensors)
+        raise TensorBridgeError(
+            f"metadata key {clash[0]!r} of {src.filename} is also a tensor's name; "
+            f"{fmt.description} cannot hold both: write {next(apart).suffixes[0]}"
+        )
+    return values, []
 
 
 DEFAULT_SHARD_SIZE = "5GB"  # a chunked checkpoint saved to a directory: transformers' default

@@ -532,6 +532,14 @@ class TensorFile(abc.ABC):
                 out[name] = str(err)
         return out
 
+    def stream_value(self, name: str) -> Any:
+        """``name`` as a writer takes it, nothing read yet: the stored array, mapped read-only.
+
+        A file whose values are computed (a dequantized checkpoint) gives a
+        :class:`Deferred` that writers able to stream compute as they write.
+        """
+        return self._array(name, copy_on_write=False)
+
     def _owned(self, name: str) -> np.ndarray:
         """The stored array in new, writable memory; formats may read the file straight into it."""
         return np.array(self._array(name, copy_on_write=False), copy=True)

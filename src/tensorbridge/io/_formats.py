@@ -87,6 +87,7 @@ class Format:
     directory: bool = False  # a store is a directory (Zarr), recognised by its contents
     extra: str | None = None  # the pip extra that installs its library (``tensorbridge[zarr]``)
     chunked: bool = False  # tensors stored as boxes of a global tensor (assembled when saved)
+    deferred: bool = False  # ``save`` takes values computed as they are written (``Deferred``)
 
     def __repr__(self) -> str:
         return f"<Format {self.name}>"
@@ -127,6 +128,7 @@ FORMATS: tuple[Format, ...] = (
         metadata_mark="format",
         sharding=True,
         memory_map=True,
+        deferred=True,
         in_directory=("*.safetensors" + INDEX_SUFFIX, "*.safetensors"),
     ),
     Format(
