@@ -516,3 +516,22 @@ def test_a_read_mostly_made_of_fill_value_is_refused_unless_asked(tmp_path: Path
     tb.save({"z": np.zeros((64, 64))}, mine)
     with tbz.open(mine, max_fill_bytes=0) as f:
         assert f["z"].shape == (64, 64) and not f["z"].any()
+
+
+def test_a_read_of_many_absent_chunks_is_refused_unless_asked(tmp_path: Path) -> None:
+    """A fine grid over few files makes zarr look up each absent chunk: bounded too."""
+    p = tmp_path / "fine.zarr"
+    g = zarr.open_group(str(p), mode="w")
+    a = g.create_array("a", shape=(3000,), chunks=(2,), dtype="uint8", fill_value=0)
+    a[:2] = 7  # one chunk file of 1,500: 3 KB in all, far under max_fill_bytes
+    with tbz.open(p) as f, pytest.raises(FormatError) as err:
+        f["a"]
+    assert "declares 1,500 chunks but the store holds 1 chunk file:" in str(err.value)
+    assert "max_fill_bytes=None" in str(err.value)
+    with tbz.open(p, max_fill_bytes=None) as f:
+        back = f["a"]
+    assert back[:2].tolist() == [7, 7] and not back[2:].any()
+    written = 1500 - tbz.MAX_FILL_CHUNKS  # chunk files: exactly MAX_FILL_CHUNKS absent
+    a[2 : 2 * written] = 1
+    with tbz.open(p) as f:
+        assert f["a"].sum() == 14 + 2 * (written - 1)

@@ -90,6 +90,7 @@ __all__ = [
     "GROUP_FILE",
     "MAX_CHUNK_BYTES",
     "MAX_FILL_BYTES",
+    "MAX_FILL_CHUNKS",
     "StoreWriter",
     "ZarrFile",
     "chunk_grid",
@@ -108,6 +109,7 @@ GROUP_FILE = "zarr.json"  # a node's metadata; the group's is the store's commit
 MAX_NODE_JSON = 1 << 26  # a zarr.json larger than 64 MiB is not read as a store
 MAX_CHUNK_BYTES = 16 << 20  # chunks at most this large (a grid may make them smaller)
 MAX_FILL_BYTES = 64 << 20  # what a read may make up from fill_value beyond the chunk files
+MAX_FILL_CHUNKS = 1024  # absent chunks a read may fill (zarr looks up each one)
 RESERVED = "tensorbridge"  # the group attribute that holds the tensors' order
 _CONFIG = {"write_empty_chunks": True}
 
@@ -706,29 +708,44 @@ class ZarrFile(TensorFile):
 
         An absent chunk reads as ``fill_value``, so a ``zarr.json`` declaring a large
         shape over few chunk files makes a read allocate far more than the store
-        holds. zarr's own writers skip chunks equal to the fill value by default
-        (``write_empty_chunks=False``), so a sparse store can be genuine; tensorbridge
-        writes every chunk. The bytes the chunk files can account for (each file at
-        most one chunk, or one shard) may be exceeded by ``max_fill_bytes``, no more.
+        holds, and a fine chunk grid makes zarr look up each absent chunk (about
+        0.3 ms apiece: a few bytes of JSON can ask for millions). zarr's own writers
+        skip chunks equal to the fill value by default (``write_empty_chunks=False``),
+        so a sparse store can be genuine; tensorbridge writes every chunk. The bytes
+        the chunk files can account for (each file at most one chunk, or one shard)
+        may be exceeded by ``max_fill_bytes``, and their count by
+        ``MAX_FILL_CHUNKS``, no more.
         """
         limit = self.max_fill_bytes
-        if limit is None or nbytes <= limit:
+        if limit is None:
             return
         array = self._get(name)
         outer = array.shards or array.chunks
+        grid = math.prod(-(-n // max(c, 1)) for n, c in zip(array.shape, outer, strict=True))
+        if nbytes <= limit and grid <= MAX_FILL_CHUNKS:
+            return
         chunk_bytes = max(1, math.prod(outer) * array.dtype.itemsize)
         root = self.path if getattr(self, "single", False) else self.path / name
-        covered = 0
-        for _, _, files in os.walk(root):
-            covered += sum(chunk_bytes for f in files if f != GROUP_FILE)
-            if nbytes - covered <= limit:
+        files = 0
+        for _, _, names in os.walk(root):
+            files += sum(1 for f in names if f != GROUP_FILE)
+            if nbytes - files * chunk_bytes <= limit and grid - files <= MAX_FILL_CHUNKS:
                 return
-        raise FormatError(
-            f"{str(self.path)!r}: array {name!r} declares {nbytes:,} bytes but its chunk "
-            f"files hold at most {covered:,}: zarr would fill the rest with its fill_value; "
+        sparse = (
             "if the store is sparse by design (zarr's write_empty_chunks=False), read it "
             "with tensorbridge.io.zarr.open(path, max_fill_bytes=None), else its zarr.json "
             "is corrupt"
+        )
+        if grid - files > MAX_FILL_CHUNKS:
+            raise FormatError(
+                f"{str(self.path)!r}: array {name!r} declares {grid:,} chunks but the store "
+                f"holds {files:,} chunk file{'s' if files != 1 else ''}: zarr would look up "
+                f"each absent one; {sparse}"
+            )
+        raise FormatError(
+            f"{str(self.path)!r}: array {name!r} declares {nbytes:,} bytes but its chunk "
+            f"files hold at most {files * chunk_bytes:,}: zarr would fill the rest with its "
+            f"fill_value; {sparse}"
         )
 
 
