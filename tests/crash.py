@@ -33,6 +33,9 @@ the other then too). Run by hand::
 
     PYTHONPATH=src python tests/crash.py --trials 400 [--kinds npy,zarr] [--seed 1]
 
+``--no-links`` runs every save as on a filesystem without hard links (``os.link``
+fails with ``EPERM``), so the copying commit of ``io/_commit.py`` is the one killed.
+
 ``tests/test_crash_safety.py`` runs a bounded slice in CI.
 """
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 import argparse
 import builtins
 import contextlib
+import errno
 import hashlib
 import io
 import multiprocessing as mp
@@ -127,6 +131,7 @@ class Scenario:
     kind: str
     size: str
     work: Path  # sources and references live here
+    no_links: bool = False  # the filesystem makes no hard links: the copying commit runs
 
     def dest(self, root: Path) -> Path:
         """The path the save writes; the directory to judge is ``root``."""
@@ -325,6 +330,12 @@ def child(
         run = dcp_operation(sc, version, Path(root), rank, *dist)
     else:
         run = operation(sc, version, Path(root))
+    if sc.no_links:
+
+        def no_link(*a: Any, **k: Any) -> None:
+            raise OSError(errno.EPERM, "no hard links here (crash.py --no-links)")
+
+        os.link = no_link
     wire = Tripwire(kill_at)
     conn.send("go")
     arm(wire)
@@ -683,6 +694,7 @@ def run_trials(
     seed: int = 0,
     work: Path | None = None,
     progress: bool = False,
+    no_links: bool = False,
 ) -> Tally:
     """``trials`` kill-trials spread round-robin over ``kinds`` and random sizes."""
     own = work is None
@@ -695,7 +707,7 @@ def run_trials(
             kind = kinds[i % len(kinds)]
             size = h.rng.choice(sizes if not kind.startswith("dcp-") else ("s", "m"))
             try:
-                h.trial(Scenario(kind, size, work), tally)
+                h.trial(Scenario(kind, size, work, no_links), tally)
             except KeyboardInterrupt:  # stopped by hand: report the trials finished
                 if not progress:
                     raise
@@ -723,6 +735,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--sizes", default=",".join(SIZES))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--no-links",
+        action="store_true",
+        help="saves run as on a filesystem without hard links (the copying commit)",
+    )
     args = p.parse_args(argv)
     t = time.perf_counter()
     tally = run_trials(
@@ -731,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
         tuple(args.sizes.split(",")),
         args.seed,
         progress=True,
+        no_links=args.no_links,
     )
     print(tally.report())
     print(f"litter left by killed runs in: {sorted(tally.litter_kinds)}")

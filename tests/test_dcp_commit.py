@@ -199,18 +199,32 @@ def test_an_index_naming_hidden_files_is_read(tmp_path: Path) -> None:
     ]
 
 
-def test_without_hard_links_the_files_are_renamed_index_last(
+def _no_links(*a: Any, **kw: Any) -> None:
+    raise OSError(errno.EPERM, "Operation not permitted")
+
+
+def test_without_hard_links_the_files_are_copied_into_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tb.save(_sd(1, 3), tmp_path, max_shard_size=4096)
-
-    def no_links(*a: Any, **kw: Any) -> None:
-        raise OSError(errno.EPERM, "Operation not permitted")
-
-    monkeypatch.setattr(os, "link", no_links)
+    monkeypatch.setattr(os, "link", _no_links)
     tb.save(_sd(2, 3), tmp_path, max_shard_size=4096, overwrite=True)
     assert _which(tb.load(tmp_path), _sd(2, 3)) == 0
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]
+
+
+@pytest.mark.parametrize("n_old", [3, 4])
+def test_without_hard_links_a_sharded_save_stopped_at_any_step_reads_as_one_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n_old: int
+) -> None:
+    """The copying protocol keeps an index naming complete files at every step too."""
+    monkeypatch.setattr(os, "link", _no_links)  # _stop_at wraps it: still no links
+
+    def save(sd: Any, path: Path) -> None:
+        tb.save(sd, str(path) + os.sep, max_shard_size=4096, overwrite=True)
+
+    seen = _every_step(tmp_path, monkeypatch, save, _sd(1, n_old), _sd(2, 3), "ckpt")
+    assert seen[0] and seen[1]
 
 
 def test_a_store_is_swapped_whole_and_foreign_files_kept(

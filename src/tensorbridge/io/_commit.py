@@ -23,10 +23,11 @@ that may hold other files (a ``config.json``): :func:`commit_files`.
    and what killed saves left behind are removed.
 
 Where ``os.link`` fails (a filesystem without hard links: ``EPERM``, ``EXDEV``,
-``ENOTSUP``, ``EMLINK``), :func:`commit_files` falls back to the older protocol: the
-previous index is removed, the files renamed into place, the index written last. A
-kill during those renames leaves no index (readers refuse the directory with
-:class:`~tensorbridge.errors.UncommittedCheckpointError`).
+``ENOTSUP``, ``EMLINK``), step 3 copies instead, one file at a time: the file is
+copied to a temporary beside its final name, fsynced and renamed over it, the index
+is replaced by one naming that final name, and only then is the hidden file
+removed. Every instant still has a complete index; the cost is a second write of
+each file, and disk for one more file at a time.
 
 **A directory that is wholly the checkpoint** (a Zarr store: ``tb.save(...,
 "m.zarr")``, ``tb.ZarrWriter``, a DCP conversion to Zarr): :func:`begin_store` and
@@ -166,7 +167,7 @@ def commit_files(
                 os.unlink(dest / h)
         raise
     if not links:
-        _commit_by_renames(dest, hidden, index_name, index)
+        _commit_by_copies(dest, hidden, index_name, index)
     else:
         with atomic_write(dest / index_name) as f:  # the commit: the new files, hidden names
             f.write(_renamed(index, hidden))
@@ -194,15 +195,26 @@ def _can_link(path: Path, probe: Path) -> bool:
     return True
 
 
-def _commit_by_renames(dest: Path, hidden: dict[str, str], index_name: str, index: bytes) -> None:
-    """The fallback without hard links: a window with no index during the renames."""
-    (dest / index_name).unlink(missing_ok=True)  # no old index ever names a new file
-    fsync_dir(dest)
+def _commit_by_copies(dest: Path, hidden: dict[str, str], index_name: str, index: bytes) -> None:
+    """The protocol without hard links: each hidden file copied to its final name, the
+    index moved over to that name before the hidden file goes (no instant without one)."""
+    names = dict(hidden)
+    with atomic_write(dest / index_name) as f:  # the commit: the new files, hidden names
+        f.write(_renamed(index, names))
     for name, h in hidden.items():
-        os.replace(dest / h, dest / name)
-    fsync_dir(dest)
-    with atomic_write(dest / index_name) as f:
-        f.write(index)
+        tmp = dest / temp_name(name)
+        try:
+            shutil.copyfile(dest / h, tmp)
+            fsync_file(tmp)
+            os.replace(tmp, dest / name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(dest)
+        names[name] = name
+        with atomic_write(dest / index_name) as f:
+            f.write(_renamed(index, names))
+        os.unlink(dest / h)
 
 
 def _renamed(index: bytes, names: Mapping[str, str]) -> bytes:
