@@ -20,6 +20,7 @@ spaces to an 8-byte boundary).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +33,7 @@ from ._common import read_small
 
 MAX_HEADER = 100_000_000  # the official reader's limit on the JSON header
 MAX_RANK = 64  # NumPy's NPY_MAXDIMS: no array of a higher rank can be made
+MAX_BYTES = (1 << 63) - 1  # NumPy and torch index bytes with int64: no array spans more
 
 # The official writer orders tensors by its dtype enum, largest first, then by name. A new
 # code goes here at its place in that order (safetensors' src/tensor.rs, enum Dtype).
@@ -245,6 +247,12 @@ def _check_entry(
         raise FormatError(
             f"{where}: {code} with shape {short(shape)} needs {need}, but data_offsets "
             f"[{begin}, {end}] hold {end - begin}"
+        )
+    if count == 0 and math.prod(d for d in shape if d) * max(bits, 8) // 8 > MAX_BYTES:
+        raise FormatError(
+            f"{where}: shape {short(shape)} has dimensions whose product passes the "
+            f"{MAX_BYTES:,} bytes an array can span (a zero dimension does not excuse it); "
+            "corrupt file"
         )
     return row, begin, end, tuple(shape)
 
