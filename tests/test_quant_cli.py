@@ -637,7 +637,9 @@ def test_convert_quantize_peak_anonymous_memory_is_bounded(tmp_path: Path) -> No
     child = run_child(_QUANTIZE_CHILD, str(tmp_path / "w.safetensors"), str(out), str(naive_out))
     streamed, naive = map(int, child.split())
     assert naive > 64 << 20, "the measure misses the naive route's weights"
-    assert streamed < 16 << 20, f"anonymous memory grew {streamed >> 20} MiB while streaming"
+    # a slice's temporaries per worker thread (torch's thread count, at most 8) and the
+    # workers + 1 reused slots of the pipeline: a fixed amount, whatever the model
+    assert streamed < 32 << 20, f"anonymous memory grew {streamed >> 20} MiB while streaming"
     assert out.read_bytes() == naive_out.read_bytes()
 
 

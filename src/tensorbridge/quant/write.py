@@ -46,6 +46,7 @@ time as the writer pulls them (:class:`QuantizedPart`): memory holds one slice.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -57,6 +58,7 @@ from ..convert import to_numpy
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import QuantizationError
 from ..io._common import Deferred
+from ..io._pipeline import Slot, Task
 from . import base
 from .base import as_torch, require, row_pieces
 from .detect import SCHEMES, scheme_named
@@ -273,14 +275,15 @@ class QuantizedPart(Deferred):
         self.row, self.shape = row, shape
         self.layout, self.element = _layout(scheme, layout), element
 
-    def slices(self) -> Iterator[dict[str, torch.Tensor]]:
-        """Each slice's parts by role, in the stored tensors' C order."""
+    def pieces(self) -> Iterator[tuple[torch.Tensor, dict[str, Any]]]:
+        """Each slice of the weight with the options that quantize it, in C order; each
+        slice quantizes on its own (the tasks of :meth:`tasks` run side by side)."""
         w = as_torch(self.load())
         opts: dict[str, Any] = {"scales_only": self.role != "codes"}
         if self.element is not None:
             opts["element"] = self.element
         if self.layout == "gpt-oss":
-            yield from self.gpt_oss_slices(w, opts)
+            yield from self.gpt_oss_pieces(w, opts)
             return
         block_rows = (self.block_size or (128, 128))[0] if self.scheme == "fp8-block" else 1
         *lead, rows, cols = w.shape
@@ -298,13 +301,13 @@ class QuantizedPart(Deferred):
         for idx in np.ndindex(*lead):
             for r0 in range(0, rows, per):
                 rows_at: tuple[Any, ...] = (*idx, slice(r0, r0 + per))
-                yield self.quantize_rows(w[rows_at], opts)
+                yield w[rows_at], opts
                 if self.role == "global_scale":
                     return  # one value for the whole weight
 
-    def gpt_oss_slices(
+    def gpt_oss_pieces(
         self, w: torch.Tensor, opts: dict[str, Any]
-    ) -> Iterator[dict[str, torch.Tensor]]:
+    ) -> Iterator[tuple[torch.Tensor, dict[str, Any]]]:
         """gpt-oss blocks ``[E, out, G, 16]`` hold the transpose of the ``[E, in, out]``
         weight: each slice is a run of output columns of one expert (all of its inputs)."""
         *lead, k_in, out = w.shape
@@ -313,7 +316,21 @@ class QuantizedPart(Deferred):
         for idx in np.ndindex(*lead):
             for c0 in range(0, out, per):
                 cols: tuple[Any, ...] = (*idx, slice(None), slice(c0, c0 + per))
-                yield self.quantize_rows(w[cols], opts)
+                yield w[cols], opts
+
+    def tasks(self, chunk_bytes: int) -> Iterator[Task]:
+        """One task a slice: quantized by a worker thread into its slot while the writer
+        writes the slice before (:mod:`tensorbridge.io._pipeline`)."""
+        for rows, opts in self.pieces():
+            yield functools.partial(self.fill, rows, opts)
+
+    def fill(self, rows: torch.Tensor, opts: dict[str, Any], slot: Slot) -> memoryview:
+        """Quantize one slice into ``slot``; its bytes of this part."""
+        part = self.quantize_rows(rows, opts)[self.role].contiguous()
+        raw = to_numpy(part).reshape(-1).view(np.uint8)
+        buf = slot.reserve(raw.size)
+        buf[: raw.size] = raw
+        return buf[: raw.size].data
 
     def quantize_rows(self, rows: torch.Tensor, opts: dict[str, Any]) -> dict[str, torch.Tensor]:
         """One slice's parts by role, in the written layout (compressed-tensors: U8 e8m0)."""
@@ -322,11 +339,6 @@ class QuantizedPart(Deferred):
             parts["scale"] = parts["scale"].view(torch.uint8)
         return parts
 
-    def chunks(self, chunk_bytes: int) -> Iterator[memoryview]:
-        for parts in self.slices():
-            raw = to_numpy(parts[self.role].contiguous()).reshape(-1).view(np.uint8)
-            for at in range(0, raw.size, max(1, chunk_bytes)):
-                yield raw[at : at + chunk_bytes].data
 
 
 def quantized_parts(
