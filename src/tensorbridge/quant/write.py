@@ -340,7 +340,6 @@ class QuantizedPart(Deferred):
         return parts
 
 
-
 def quantized_parts(
     name: str,
     load: Callable[[], Any],
