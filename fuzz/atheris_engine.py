@@ -65,7 +65,17 @@ def run_atheris(
     def report() -> None:
         print(campaign.summary(time.monotonic() - start), flush=True)
 
-    argv = [sys.argv[0], f"-runs={runs}", f"-seed={seed or 1}", "-max_len=65536", str(corpus)]
+    # libFuzzer's own findings (an RSS over its limit, a unit slower than 10 s) go beside
+    # the harness's, never into the working directory
+    failures.mkdir(parents=True, exist_ok=True)
+    argv = [
+        sys.argv[0],
+        f"-runs={runs}",
+        f"-seed={seed or 1}",
+        "-max_len=65536",
+        f"-artifact_prefix={failures}/libfuzzer-",
+        str(corpus),
+    ]
     if seconds:
         argv.insert(1, f"-max_total_time={int(seconds)}")
     atheris.Setup(argv, one_input, custom_mutator=custom_mutator)
