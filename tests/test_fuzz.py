@@ -133,15 +133,17 @@ def test_atheris_short_run(reader: str, tmp_path: Path) -> None:
     pytest.importorskip("atheris", reason="atheris is not installed (pip install atheris)")
     runs = os.environ.get("TB_FUZZ_ATHERIS_RUNS", "300")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    cwd = tmp_path / "cwd"  # libFuzzer's own artifacts must not land in the working directory
+    cwd.mkdir()
     out = subprocess.run(
         [sys.executable, "-m", "fuzz", "--engine", "atheris", "--reader", reader,
-         "--runs", runs, "--failures", str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=300, check=False, cwd=ROOT,
+         "--runs", runs, "--failures", str(tmp_path / "failures")],
+        capture_output=True, text=True, env=env, timeout=300, check=False, cwd=cwd,
     )  # fmt: skip
     summary = [line for line in out.stdout.splitlines() if line.startswith(f"{reader}: ")]
     assert summary, out.stdout[-2000:] + out.stderr[-2000:]
     assert "failures 0 " in summary[-1], summary[-1]
-    assert not any(tmp_path.iterdir())
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
 _JSON_BOMBS = {

@@ -132,7 +132,9 @@ def _check_members(path: Path) -> None:
     for info in infos:
         stored = info.compress_type == zipfile.ZIP_STORED
         limit = info.compress_size if stored else info.compress_size * DEFLATE_MAX_RATIO + 1024
-        if info.header_offset + info.compress_size > size or info.file_size > limit:
+        # a zip64 record's offset wraps to a negative one in zipfile; torch seeks there
+        outside = info.header_offset < 0 or info.header_offset + info.compress_size > size
+        if outside or info.file_size > limit:
             raise FormatError(
                 f"{str(path)!r}: member {info.filename!r} claims {info.file_size:,} bytes "
                 f"from {info.compress_size:,} stored at offset {info.header_offset:,} of a "
