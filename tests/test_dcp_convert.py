@@ -249,6 +249,27 @@ def test_malicious_metadata_is_refused_without_running(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("framed", [False, True], ids=["unframed", "in-a-frame"])
+def test_a_bytearray_longer_than_the_file_is_refused_unallocated(
+    tmp_path: Path, framed: bool
+) -> None:
+    """BYTEARRAY8 claiming 4 GiB: the pure-Python unpickler allocated it before reading."""
+    import tracemalloc
+
+    claim = pickle.BYTEARRAY8 + (4 << 30).to_bytes(8, "little") + b"x" * 16 + pickle.STOP
+    if framed:  # a frame as long as its bytes: the claim runs past the frame's end
+        claim = pickle.FRAME + len(claim).to_bytes(8, "little") + claim
+    (tmp_path / ".metadata").write_bytes(pickle.PROTO + b"\x05" + claim)
+    tracemalloc.start()
+    try:
+        with pytest.raises(FormatError, match=r"refused to unpickle.*(claims 4,294,967,296|frame)"):
+            tb.io.dcp.read_metadata(tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
 def _one_file_ckpt(tmp_path: Path) -> Path:
     import torch.distributed.checkpoint as dcp
 

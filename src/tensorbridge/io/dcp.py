@@ -58,9 +58,10 @@ import pickle
 import struct
 import warnings
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -99,10 +100,30 @@ _ALLOWED = {
 }
 
 
-# The pure-Python unpickler, as torch's weights_only one: the C unpickler allocates
-# what a hostile stream claims before checking it (a memo index of 2**27 resizes its
-# memo table to 2 GB; a byte string's length is allocated before it is read)
-_Unpickler = pickle._Unpickler
+class _Unpickler(pickle._Unpickler):
+    """The pure-Python unpickler, as torch's weights_only one, reading only what is there.
+
+    The C unpickler allocates what a hostile stream claims before checking it (a memo
+    index of 2**27 resizes its memo table to 2 GB; a byte string's length is allocated
+    before it is read). The pure-Python one reads byte strings from the in-memory
+    stream, which yields what it holds, except ``BYTEARRAY8``: it allocates the claimed
+    length first (a 1 KB file claimed 4 GB), so that opcode reads before it allocates.
+    """
+
+    def _load_bytearray8(self) -> None:
+        me: Any = self  # load() binds read and append on the instance
+        (n,) = struct.unpack("<Q", me.read(8))
+        data = me.read(n)
+        if len(data) != n:
+            raise pickle.UnpicklingError(
+                f"a bytearray claims {n:,} bytes where {len(data):,} remain"
+            )
+        me.append(bytearray(data))
+
+    dispatch: ClassVar[dict[int, Callable[[Any], None]]] = {
+        **pickle._Unpickler.dispatch,
+        pickle.BYTEARRAY8[0]: _load_bytearray8,
+    }
 
 
 class _MetadataUnpickler(_Unpickler):
