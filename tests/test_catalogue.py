@@ -22,6 +22,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,11 @@ class Row:
 
 def cuda_present() -> str | None:
     return "this machine has CUDA" if torch.cuda.is_available() else None
+
+
+def needs(module: str) -> Callable[[], str | None]:
+    """A row's skip: the optional extra ``module`` is absent (its setup needs it)."""
+    return lambda: None if find_spec(module) else f"the {module} extra is not installed"
 
 
 def no_longdouble() -> str | None:
@@ -810,6 +816,7 @@ ROWS: list[Row] = [
         tb.UnsupportedDtypeError,
         r"dequantize='bf16'",
         "open with `dequantize='bf16'`",
+        needs("gguf"),
     ),
     Row(
         "load:framework",
@@ -1457,6 +1464,7 @@ CLI_ROWS: list[Row] = [
         1,
         r"--dequantize bf16",
         "pass `--dequantize bf16`",
+        needs("gguf"),
     ),
     Row(
         "cli:compare-missing",
@@ -1625,6 +1633,9 @@ def test_api_row(row: Row, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 def test_cli_row(
     row: Row, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    why = row.skip()
+    if why:
+        pytest.skip(reason=why)
     env = Env(tmp_path, monkeypatch)
     argv = row.call(env)
     capsys.readouterr()

@@ -9,6 +9,7 @@ own slices with the reference it rebuilt from the same seed.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -361,7 +362,10 @@ def test_a_rank_killed_mid_save_leaves_no_committed_checkpoint(tmp_path: Path) -
     assert [p.name[:18] for p in ckpt.iterdir()] == [".tensorbridge-tmp-"]
     with pytest.raises(tb.UncommittedCheckpointError, match="died before writing"):
         tb.SafetensorsReader(ckpt).read_metadata()
-    with pytest.raises(CheckpointException, match="holds no committed safetensors checkpoint"):
+    # torch 2.10's dcp.load drops read_metadata's error and says "metadata is None"
+    reported = "global_metadata_exc" in inspect.getsource(dcp.state_dict_loader)
+    message = "holds no committed safetensors checkpoint" if reported else "metadata is None"
+    with pytest.raises(CheckpointException, match=message):
         dcp.load(
             {"u8": torch.zeros(5, dtype=torch.uint8)}, storage_reader=tb.SafetensorsReader(ckpt)
         )

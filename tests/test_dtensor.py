@@ -26,6 +26,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 import tensorbridge as tb
 from _dist import run_ranks
 from tensorbridge import _dtensor as dtensor
+from tensorbridge._versions import TORCH
 
 ROWS = tb.dtype_table()
 
@@ -152,7 +153,14 @@ def _check(ref: torch.Tensor, x: Any, blocks: bool, fallback: bool = False) -> d
     t = tb.to_torch(x, gather=True)
     got["torch"] = (type(t) is torch.Tensor, t.dtype == ref.dtype, _bytes(t) == want)
     if fallback:
-        got["redistributed"] = _bytes(dtensor.redistributed(x)) == want
+        try:
+            got["redistributed"] = _bytes(dtensor.redistributed(x)) == want
+        except tb.ShardedTensorError as e:  # torch 2.10 cannot order a lone _StridedShard
+            got["redistributed"] = (
+                TORCH < (2, 13)
+                and "cannot redistribute" in str(e)
+                and any(type(p) is _StridedShard for p in x.placements)
+            )
     if blocks:
         s = tb.local_shard(x)
         local = x.to_local()

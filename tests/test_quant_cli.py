@@ -67,8 +67,10 @@ def test_block_index_is_what_one_scale_changes(case: int) -> None:
         raw = sd[scale_name].clone().reshape(-1)
         if raw.dtype in (torch.uint8, torch.float8_e8m0fnu):  # e8m0: one exponent up
             raw.view(torch.uint8)[b] += 1
-        else:
-            raw[b] = raw[b].to(torch.float32) * 2
+        else:  # doubled, or halved where doubling would overflow the scale's dtype
+            value = raw[b].to(torch.float32)
+            big = bool(value.abs() * 2 > torch.finfo(raw.dtype).max)
+            raw[b] = value / 2 if big else value * 2
         changed["scale"] = raw.reshape(sd[scale_name].shape)
         after = s.dequantize(changed, g, torch.float32).reshape(-1)
         moved = (after != base).nonzero().reshape(-1)

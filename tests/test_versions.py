@@ -42,6 +42,13 @@ def test_versions_are_the_installed_ones() -> None:
     assert _versions.ML_DTYPES[:2] == tuple(int(p) for p in ml_dtypes.__version__.split(".")[:2])
 
 
+def test_numpy_maxdims_is_the_largest_rank_numpy_makes() -> None:
+    n = _versions.NUMPY_MAXDIMS
+    assert np.empty((1,) * n).ndim == n
+    with pytest.raises(ValueError, match="dimension"):
+        np.empty((1,) * (n + 1))
+
+
 @pytest.mark.parametrize("row", EXTENDED, ids=lambda r: r.name)
 def test_numpy_dlpack_extended_says_what_np_from_dlpack_does(row: tb.DTypeRow) -> None:
     t = torch.zeros(4, dtype=row.carrier).view(row.torch)

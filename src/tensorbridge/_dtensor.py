@@ -436,5 +436,12 @@ def redistributed(x: Any) -> torch.Tensor:
     carrier = DTensor.from_local(
         bits, x.device_mesh, x.placements, run_check=False, shape=torch.Size(shape), stride=stride
     )
-    whole: torch.Tensor = carrier.full_tensor().cpu().contiguous()
+    try:
+        whole: torch.Tensor = carrier.full_tensor().cpu().contiguous()
+    except AssertionError as error:  # torch 2.10 cannot order a lone _StridedShard
+        raise ShardedTensorError(
+            f"torch {torch.__version__} cannot redistribute the DTensor ({_where(x)}) with "
+            f"placements {tuple(x.placements)}; redistribute it to Shard / Replicate "
+            "placements first, or upgrade torch (2.13 gathers it)"
+        ) from error
     return whole.view(x.dtype).reshape(x.shape)

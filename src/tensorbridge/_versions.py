@@ -33,6 +33,7 @@ __all__ = [
     "ML_DTYPES",
     "NUMPY",
     "NUMPY_DLPACK_EXTENDED",
+    "NUMPY_MAXDIMS",
     "TORCH",
     "TORCH_DLPACK_READ_ONLY",
     "TORCH_SPARSE_VALIDATION_WARNING",
@@ -56,6 +57,9 @@ def release(version: str) -> tuple[int, ...]:
 NUMPY = release(np.__version__)
 TORCH = release(str(torch.__version__))
 ML_DTYPES = release(ml_dtypes.__version__)
+
+# The largest rank of a NumPy array (NPY_MAXDIMS): 64 from NumPy 2.0, 32 before.
+NUMPY_MAXDIMS = 64 if NUMPY >= (2,) else 32
 
 # np.from_dlpack imports bfloat16, the float8 family and complex32 as ml_dtypes arrays from
 # NumPy 2.5 with ml_dtypes 0.7; before, it raises "Unsupported dtype in DLTensor." for

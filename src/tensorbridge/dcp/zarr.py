@@ -95,13 +95,13 @@ class ZarrWriter(StorageWriter):
         buffer_bytes: int = DEFAULT_CHUNK,
     ) -> None:
         super().__init__()
-        zstore.require_zarr()
         for label, value in (("max_chunk_bytes", max_chunk_bytes), ("buffer_bytes", buffer_bytes)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise InvalidArgumentError(
                     f"{label}={value!r} is not a positive number of bytes; pass an int such "
                     "as 16 << 20 (16 MiB)"
                 )
+        zstore.require_zarr()
         self.path = Path(path)
         self.max_chunk_bytes = max_chunk_bytes
         self.buffer_bytes = buffer_bytes

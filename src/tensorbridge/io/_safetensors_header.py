@@ -27,12 +27,13 @@ from typing import Any, Protocol
 
 import torch
 
+from .._versions import NUMPY_MAXDIMS
 from ..dtypes import BY_SAFETENSORS, PACKED, DTypeRow, PackedRow
 from ..errors import FormatError
 from ._common import read_small
 
 MAX_HEADER = 100_000_000  # the official reader's limit on the JSON header
-MAX_RANK = 64  # NumPy's NPY_MAXDIMS: no array of a higher rank can be made
+MAX_RANK = NUMPY_MAXDIMS  # no array of a higher rank can be made (32 on NumPy 1.x)
 MAX_BYTES = (1 << 63) - 1  # NumPy and torch index bytes with int64: no array spans more
 
 # The official writer orders tensors by its dtype enum, largest first, then by name. A new

@@ -745,15 +745,15 @@ def metadata_value(value: Any, type_name: str) -> Any:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in items
     ):
         raise InvalidArgumentError(f"{value!r} is not a number; a {kind} value is one")
-    try:
-        out = np.array(items, dtype=scalar_type)
-    except OverflowError:
-        out = None
-    if out is None or (
-        np.issubdtype(out.dtype, np.integer)
-        and any(float(v) != int(v) or int(v) != o for v, o in zip(items, out.tolist(), strict=True))
-    ):
-        raise InvalidArgumentError(f"{value!r} does not fit {kind}; pass another type")
+    if np.issubdtype(scalar_type, np.integer):  # checked first: NumPy 1.x wraps around
+        info = np.iinfo(scalar_type)
+        if not all(
+            (isinstance(v, int) or (math.isfinite(v) and v == int(v)))
+            and info.min <= int(v) <= info.max
+            for v in items
+        ):
+            raise InvalidArgumentError(f"{value!r} does not fit {kind}; pass another type")
+    out = np.array(items, dtype=scalar_type)
     return out if isinstance(value, list) else out[0]
 
 

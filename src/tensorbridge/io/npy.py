@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from numpy.lib import format as npformat
 
+from .._versions import NUMPY_MAXDIMS
 from ..dtypes import (
     BY_NUMPY,
     DeviceLike,
@@ -75,7 +76,7 @@ MAGIC = b"\x93NUMPY"
 MAX_HEADER_SIZE = 10_000  # characters, numpy's own default for untrusted files
 _LENGTH_FORMAT = {1: "<H", 2: "<I", 3: "<I"}  # header-length field per major version
 _ENCODING = {1: "latin1", 2: "latin1", 3: "utf8"}
-_MAX_NDIM = 64  # NumPy's NPY_MAXDIMS
+_MAX_NDIM = NUMPY_MAXDIMS  # 32 on NumPy 1.x
 HEAD_LIMIT = len(MAGIC) + 2 + 4 + MAX_HEADER_SIZE * 4  # utf8: up to 4 bytes a character
 
 
