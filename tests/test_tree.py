@@ -604,6 +604,28 @@ def test_tree_to_torch_shares_writable_arrays_and_never_aliases_read_only_ones()
     assert frozen[0] == 0
 
 
+@pytest.mark.parametrize("frozen_first", [True, False])
+def test_float_dtype_shares_the_other_leaves_but_never_aliases_read_only_ones(
+    frozen_first: bool,
+) -> None:
+    """The leaves a cast leaves alone are views where writable, copies where read-only,
+    in whichever order the tree meets them (the pass reuses a dtype's view plan)."""
+    a = np.arange(3)
+    frozen = np.arange(3)
+    frozen.flags.writeable = False
+    backwards = np.arange(3)[::-1]  # torch cannot view it: copied, same values
+    w = np.ones(4, np.float32)
+    leaves = [("frozen", frozen), ("a", a)] if frozen_first else [("a", a), ("frozen", frozen)]
+    tree = dict([*leaves, ("backwards", backwards), ("w", w)])
+    out = tree_to_torch(tree, float_dtype=torch.bfloat16)
+    assert out["w"].dtype == torch.bfloat16 and out["w"].tolist() == [1.0] * 4
+    assert out["a"].data_ptr() == a.ctypes.data
+    assert out["frozen"].data_ptr() != frozen.ctypes.data
+    assert out["backwards"].tolist() == [2, 1, 0]
+    out["frozen"][0] = 9
+    assert frozen[0] == 0
+
+
 # --- planning (pure) --------------------------------------------------------------------------
 
 

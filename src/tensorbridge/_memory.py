@@ -35,7 +35,7 @@ BYTE = BY_TORCH[torch.uint8]
 # One that ends as a tensor is torch's single .to() below this many bytes (one op, no
 # second view to build) and NumPy's memory above it (large NumPy allocations fault in
 # faster). See the benchmarks' cast table, docs/bench/report.md.
-TORCH_COPY_BYTES = 1 << 20
+TORCH_COPY_BYTES = 8 << 20
 
 
 # --- the one bit-cast, both ways -------------------------------------------------------------

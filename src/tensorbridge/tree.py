@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import copy as _copy
 import dataclasses
-import itertools
 import threading
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
@@ -528,6 +527,7 @@ def _torch_pass(
     indexed: list[torch.device] = []  # the target with its index, found once when needed
     specs: dict[Any, Any] = {}  # an array dtype's dtype=, resolved once
     found: dict[Any, Any] = {}  # and its quick plan, once there is one
+    views: dict[Any, Any] = {}  # a writable array's zero-copy quick plan, by dtype
     i = 0
     try:
         # Host casts ahead and nothing overlaps: each array converts on its own, by the
@@ -538,6 +538,8 @@ def _torch_pass(
             if type(x) is np.ndarray:
                 dt = x.dtype
                 quick = found.get(dt) if alone else None
+                if quick is None and views and x.flags.writeable:
+                    quick = views.get(dt)
                 if quick is not None:
                     try:
                         out[i] = quick(x, None)
@@ -549,8 +551,12 @@ def _torch_pass(
                 except KeyError:
                     spec = specs[dt] = cast.spec_of(x)
                 plan = plan_torch(x, spec, device, copy)
-                if alone and plan.quick is not None and plan.copies:
-                    found[dt] = plan.quick  # a cast: it serves every array of the dtype
+                if plan.quick is not None:
+                    if not plan.copies:  # from_numpy: it refuses what it cannot view
+                        if x.flags.writeable:
+                            views[dt] = plan.quick
+                    elif alone:
+                        found[dt] = plan.quick  # a cast: it serves every array of the dtype
                 if plan.batch and x.flags.aligned:  # stageable: see _stageable
                     batched.append((i, plan))
                 else:
@@ -672,42 +678,48 @@ def _spans(leaves: list[Any], at: list[int], rough: bool) -> list[tuple[int, int
     ``rough``: an array that views a tensor is placed at the tensor's whole storage (a
     superset of its bytes: no address to ask NumPy for, the slow part).
     """
-    spans = []
+    spans: list[tuple[int, int]] = []
     owners: list[np.ndarray] = []
+    add, own, ndarray, tensor = spans.append, owners.append, np.ndarray, torch.Tensor
     for i in at:
         x = leaves[i]
-        if isinstance(x, torch.Tensor):
+        if isinstance(x, ndarray):  # the usual leaf first: this runs for every leaf
+            base = x.base
+            if base is None:  # owns its memory: only a tensor leaf could view it
+                own(x)
+                continue
+            if rough and isinstance(base, tensor):  # within the tensor's storage
+                st = base.untyped_storage()
+                lo = st.data_ptr()
+                add((lo, lo + st.nbytes()))
+            elif x.flags.c_contiguous:
+                lo = mem.address(x)
+                add((lo, lo + x.nbytes))
+            else:
+                return None
+        elif isinstance(x, tensor):
             if not x.is_cpu:
                 return None
             st = x.untyped_storage()  # sparse / nested tensors have none: they raise
             lo = st.data_ptr()
-            spans.append((lo, lo + st.nbytes()))
-        elif isinstance(x, np.ndarray):
-            base = x.base
-            if base is None:  # owns its memory: only a tensor leaf could view it
-                owners.append(x)
-                continue
-            if not x.flags.c_contiguous:
-                return None
-            if rough and isinstance(base, torch.Tensor):
-                st = base.untyped_storage()
-                lo = st.data_ptr()
-                spans.append((lo, lo + st.nbytes()))
-            else:
-                lo = mem.address(x)
-                spans.append((lo, lo + x.nbytes))
+            add((lo, lo + st.nbytes()))
         else:  # a producer or a scalar: not worth proving
             return None
     if spans:  # other leaves could view an owner's memory: place the owners too
         for x in owners:
             lo = mem.address(x)
-            spans.append((lo, lo + x.nbytes))
+            add((lo, lo + x.nbytes))
     return spans
 
 
 def _disjoint(spans: list[tuple[int, int]]) -> bool:
     spans.sort()
-    return all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+    end = 0
+    for lo, hi in spans:
+        if lo < end:
+            return False
+        end = hi
+    return True
 
 
 def _stageable(x: Any) -> bool:
