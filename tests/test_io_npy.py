@@ -357,9 +357,13 @@ MALFORMED = {
         _npy("{'descr': '<f4', 'fortran_order': False, 'shape': (3.0,)}"),
         "non-negative ints",
     ),
-    "too many dims": (
-        _npy("{'descr': '<f4', 'fortran_order': False, 'shape': " + str((1,) * 65) + "}"),
-        "at most 64",
+    "too many dims": (  # NumPy's limit: 64 dimensions, 32 on NumPy 1.x
+        _npy(
+            "{'descr': '<f4', 'fortran_order': False, 'shape': "
+            + str((1,) * (npy._MAX_NDIM + 1))
+            + "}"
+        ),
+        f"at most {npy._MAX_NDIM}",
     ),
     "bad fortran_order": (
         _npy("{'descr': '<f4', 'fortran_order': 'no', 'shape': (3,)}"),
