@@ -720,8 +720,9 @@ def metadata_value(value: Any, type_name: str) -> Any:
     ``type_name`` (``"uint64"``, ``"float64"``, ``"string"``, ...): a NumPy scalar or
     1-d array, which :func:`save` stores with that type.
 
-    >>> metadata_value(4096, "uint64"), metadata_value([1, 2], "int64").dtype
-    (np.uint64(4096), dtype('int64'))
+    >>> v = metadata_value(4096, "uint64")
+    >>> type(v).__name__, int(v), metadata_value([1, 2], "int64").dtype
+    ('uint64', 4096, dtype('int64'))
     """
     kind = type_name.upper()
     if kind == "STRING":
