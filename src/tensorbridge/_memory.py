@@ -17,6 +17,7 @@ both build on these; neither re-implements them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,8 +34,9 @@ BYTE = BY_TORCH[torch.uint8]
 # A fresh copy that ends as an array is allocated by NumPy at every size (measured: from
 # 100 elements to 4M, NumPy's np.empty + torch's copy_ beats torch's own .to() + .numpy()).
 # One that ends as a tensor is torch's single .to() below this many bytes (one op, no
-# second view to build) and NumPy's memory above it (large NumPy allocations fault in
-# faster). See the benchmarks' cast table, docs/bench/report.md.
+# second view to build; measured: torch's allocator is as fast or faster up to about
+# 6 MiB) and NumPy's memory above it (NumPy's large allocations are backed by huge pages
+# and fault in faster: 2.4x at 32 MiB). See the benchmarks' cast table and trees.
 TORCH_COPY_BYTES = 8 << 20
 
 
@@ -180,6 +182,37 @@ def host_copy(t: torch.Tensor, dst: DTypeRow) -> torch.Tensor:
     if t.numel() * dst.itemsize < TORCH_COPY_BYTES and t.dtype not in LOOKUP_SOURCES:
         return t.to(dtype=dst.torch, copy=True)  # by keyword: torch's parser decides sooner
     return cast_into(empty(tuple(t.shape), dst), t)
+
+
+# t.bfloat16() and its kin are torch's .to() without its argument parser (0.15 us a call)
+CAST_METHODS = {
+    torch.bfloat16: "bfloat16",
+    torch.float16: "half",
+    torch.float32: "float",
+    torch.float64: "double",
+}
+
+
+def array_caster(src: DTypeRow, dst: DTypeRow) -> Callable[[np.ndarray, Any], torch.Tensor]:
+    """``host_copy(reader(a, src), dst)`` for arrays of a plain ``src`` dtype, written out
+    as a plan's executor (``out`` is unused).
+
+    Every leaf of a tree's ``float_dtype=`` runs it. It refuses (``ValueError``) the
+    strides torch cannot view, as ``reader`` does. ``src`` must be a row without a
+    carrier that torch casts itself (``plain_cast``), and ``dst`` another row.
+    """
+    tdt, itemsize, from_numpy = dst.torch, dst.itemsize, torch.from_numpy
+    method = CAST_METHODS.get(tdt)  # a new tensor: the dtypes differ
+    to = getattr(torch.Tensor, method) if method else lambda t: t.to(dtype=tdt, copy=True)
+
+    def cast(a: np.ndarray, out: Any = None) -> torch.Tensor:
+        t = from_numpy(a) if a.flags.writeable else reader(a, src)
+        if a.size * itemsize < TORCH_COPY_BYTES:  # host_copy's rule
+            made: torch.Tensor = to(t)
+            return made
+        return cast_into(empty(a.shape, dst), t)
+
+    return cast
 
 
 def fresh_copy(t: torch.Tensor, dst: DTypeRow, keep_order: bool) -> np.ndarray:

@@ -971,35 +971,9 @@ def decide_torch(
     # reader picks the window); torch.from_numpy refuses the strides that plan otherwise.
     quick = None
     if direct and dst is not src and not (subclass or requires_grad):
-        quick = _host_cast(src, dst) if src.carrier is None and mem.plain_cast(src) else run_host
+        plain = src.carrier is None and mem.plain_cast(src)
+        quick = mem.array_caster(src, dst) if plain else run_host
     return Plan("torch", (*shown, *grad), reason, True, src, dst, batch, run_host, quick)
-
-
-_CAST_METHODS = {
-    torch.bfloat16: "bfloat16",
-    torch.float16: "half",
-    torch.float32: "float",
-    torch.float64: "double",
-}
-
-
-def _host_cast(src: DTypeRow, dst: DTypeRow) -> Run:
-    """``run_host`` of a cast from a plain dtype, written out: every leaf of a tree's
-    ``float_dtype=`` runs it. It refuses (``ValueError``) the strides torch cannot view."""
-    tdt, itemsize, from_numpy = dst.torch, dst.itemsize, torch.from_numpy
-    # t.bfloat16() is torch's .to() without its argument parser (0.15 us a call): a new
-    # tensor, since the dtypes differ
-    method = _CAST_METHODS.get(tdt)
-    to = getattr(torch.Tensor, method) if method else lambda t: t.to(dtype=tdt, copy=True)
-
-    def cast(x: np.ndarray, out: Any) -> torch.Tensor:
-        t = from_numpy(x) if x.flags.writeable else mem.reader(x, src)
-        if x.size * itemsize < mem.TORCH_COPY_BYTES:
-            made: torch.Tensor = to(t)
-            return made
-        return mem.cast_into(mem.empty(x.shape, dst), t)
-
-    return cast
 
 
 def _tensor_view(row: DTypeRow, subclass: bool, requires_grad: bool) -> Run:
