@@ -472,6 +472,9 @@ def test_process_pool_output_is_byte_identical(ckpt: Path, tmp_path: Path) -> No
     assert _files(tmp_path / "pool") == _files(tmp_path / "serial")
 
 
+# the scheduler's HTTP server falls back to a free port when another process (a second test
+# run, a developer's cluster) holds dask's default 8787, and warns; the fallback is harmless
+@pytest.mark.filterwarnings("ignore:Port 8787 is already in use:UserWarning")
 def test_dask_cluster_output_is_byte_identical(ckpt: Path, tmp_path: Path) -> None:
     distributed = pytest.importorskip("distributed", reason="dask.distributed is an extra")
     tb.save(tb.open(ckpt), f"{tmp_path}/serial/", max_shard_size=600)
