@@ -535,7 +535,7 @@ def _run(
             return Opaque(dotted)
         if isinstance(placeholders, frozenset) and dotted in placeholders:
             return Opaque(dotted)
-        if placeholders is True or refused(dotted):
+        if refused(dotted) or dotted in _PLAIN_TENSOR_TYPES:
             return _Global(dotted)  # refused when called or left in the result
         raise FormatError(f"the global {dotted} is not one this file may hold")
 
