@@ -6,9 +6,9 @@ what                                   module
 safetensors                            :mod:`tensorbridge.io.safetensors`
 ``.npy``                               :mod:`tensorbridge.io.npy`
 ``.npz``                               :mod:`tensorbridge.io.npz`
-``torch.save`` archives (``.pt``,      :mod:`tensorbridge.io.pt` (read with
-``.pth``, ``.bin``; zip and legacy)    ``weights_only=True``: never unpickles
-                                       arbitrary objects)
+``torch.save`` archives (``.pt``,      :mod:`tensorbridge.io.pt` (read by the
+``.pth``, ``.bin``; zip and legacy)    pickle machine, :mod:`tensorbridge.io.
+                                       pickle_machine`: never runs a pickle)
 ``torch.distributed.checkpoint``       :mod:`tensorbridge.io.dcp` (read only; saved
 directories (``.metadata`` +           elsewhere in flat memory by
 ``*.distcp``)                          :mod:`tensorbridge.io.assemble`)
@@ -67,9 +67,10 @@ from ._common import Deferred, TensorFile
 from ._detect import describe, detect, kind_by_suffix, mismatch_note, resolve
 from ._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, listing
 from ._keys import flatten
+from .pickle_machine import Opaque
 from .sharded import ShardedFile
 
-__all__ = ["Destination", "carried_metadata", "destination", "load", "open", "save"]
+__all__ = ["Destination", "Opaque", "carried_metadata", "destination", "load", "open", "save"]
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,11 @@ def _reader(
     """Open ``path`` with the reader its first bytes call for (the suffix's when unrecognised)."""
     kind = detect(path)
     where = repr(str(path))
-    if kind == "unknown":  # let the suffix's reader say precisely what is wrong
+    torch_save = by_kind("pt")
+    torch_named = torch_save is not None and path.suffix.lower() in (*torch_save.suffixes, ".ckpt")
+    if kind in ("unknown", "pickle") and torch_named:
+        kind = "pt"  # its reader says what the first bytes look like instead
+    elif kind == "unknown":  # let the suffix's reader say precisely what is wrong
         kind = kind_by_suffix(path)
     fmt = by_kind(kind)
     if fmt is None and kind != "index":
@@ -201,8 +206,7 @@ def _refusal(kind: str, where: str) -> str:
     return {
         "torchscript": pt.TORCHSCRIPT_MESSAGE.format(where=where),
         "pickle": f"{where} is a plain pickle, not a torch.save archive; tensorbridge never "
-        "unpickles arbitrary data (if you trust it, pickle.load it and pass the arrays to "
-        "tb.save)",
+        "runs a pickle (torch.save archives are read by its own pickle machine)",
         "zip": f"{where} is a zip archive that is neither a .npz (only .npy members) nor a "
         "torch.save archive (a data.pkl member)",
     }.get(

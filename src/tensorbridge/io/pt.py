@@ -1,24 +1,35 @@
-"""``.pt`` / ``.pth`` / ``.bin``: torch.save archives, read without running their pickle.
+"""``.pt`` / ``.pth`` / ``.bin`` / ``.ckpt``: torch.save archives, read without running them.
 
-**Reading** goes through ``torch.load(path, weights_only=True, mmap=True,
-map_location="cpu")`` and nothing else: torch's restricted unpickler builds tensors,
-containers and plain values and refuses every other global, so a file can never make
-tensorbridge import or call anything. A refusal becomes :class:`~tensorbridge.FormatError`;
-a pickled whole ``nn.Module`` and a TorchScript archive each get a message of their own.
-Legacy (pre-1.6) files, a pickle stream rather than a zip, go through the same restricted
-unpickler without ``mmap`` (the format cannot be mapped): their tensors are read into
-memory, and the reader's ``notes`` say so.
-Storages are memory-mapped copy-on-write by torch; NumPy results are read-only views of
-them, torch results writable tensors whose writes never reach the file (the entries of
-one opened file share that private mapping, so tied weights stay tied).
+**Reading** never calls torch's unpickler: :mod:`tensorbridge.io.torch_archive` finds
+the pickle and the storages of either era (zip since torch 1.6, the legacy pickle
+stream before), and :mod:`tensorbridge.io.pickle_machine` interprets the pickle with
+its fixed table. Tensors come only from ``torch._utils._rebuild_tensor_v2`` /
+``_v3`` / ``_rebuild_parameter`` over storages present in the file, every view
+checked against its storage's bytes; any other global becomes an inert
+:class:`~tensorbridge.io.pickle_machine.Opaque` placeholder (a call of a function of
+``builtins``, ``os``, ``torch`` ... is refused). Nothing from the file is imported,
+called, or allowed to change the process.
 
-**Keys.** A state dict's nesting is flattened with ``.`` (``{"model": {"w": t}}`` ->
+**Entries.** A state dict's nesting is flattened with ``.`` (``{"model": {"w": t}}`` ->
 ``"model.w"``; list and tuple items by their index, ``"layers.0"``): the file layer's
 one naming rule (``tensorbridge.io._keys``), by which ``tb.save`` flattens too.
-Non-tensor leaves (an epoch number, a learning rate, a ``torch.Size``) go to
-``.metadata`` under the same dotted key as ``str(value)``; they are never tensors. A
+A pickled ``nn.Module`` (a placeholder whose state has ``_parameters``, ``_buffers``
+and ``_modules``) gives its parameters and persistent buffers under their
+``state_dict`` names (``"0.weight"``, ``"model.encoder.layers.0.linear1.bias"``),
+read from that state alone. Any other placeholder (an ``argparse.Namespace``, a
+dataclass config, a tensor subclass, a sparse or quantized tensor) is a key that
+:meth:`~PtFile.unsupported` names with its global; its plain fields and tensors are
+flattened beneath it. Plain leaves (an epoch number, a learning rate, a
+``torch.Size``) go to ``.metadata`` under the same dotted key as ``str(value)``. A
 file holding a single tensor has one key, the file's stem, and ``load`` returns that
 tensor/array itself (like ``.npy``).
+
+**Memory.** A zip-era file is mapped once: NumPy results are read-only views of the
+map, torch results writable copy-on-write views of a second, private map of the same
+opened file (the entries of one opened file share it, so tied weights stay tied and a
+write never reaches the file). A legacy file's storages are read into memory (that
+format cannot be mapped), and the reader's ``notes`` say so. The file is opened once:
+replacing it under the same name later changes nothing an opened reader gives.
 
 **Writing** converts every value with :func:`tensorbridge.to_torch` (bfloat16 arrays
 become bfloat16 tensors), casts floating values when ``float_dtype`` asks, moves them to
@@ -30,142 +41,133 @@ stay tied), and a view saves its whole storage, as ``torch.save`` always does.
 
 from __future__ import annotations
 
-import builtins
-import io
 import os
-import pickle
-import re
-import struct
-import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import IO, Any, NamedTuple, cast
+from typing import IO, Any, cast
 
 import numpy as np
 import torch
 
-from .._versions import quiet_sparse_validation
-from ..convert import to_numpy, to_torch
+from ..convert import to_torch
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
-from ..errors import FormatError, TensorBridgeError, UnsupportedTensorError
+from ..errors import (
+    FormatError,
+    TensorBridgeError,
+    UnsupportedDtypeError,
+    UnsupportedTensorError,
+)
 from ._common import TensorFile, atomic_write, cast_target, check_unchanged, progress_bar, row_of
-from ._detect import detect
-from ._keys import flatten, is_container
+from .pickle_machine import Opaque, TensorRef
+from .torch_archive import TORCHSCRIPT_MESSAGE, Archive, open_archive
 
-__all__ = ["PtFile", "load", "open", "save"]
+__all__ = ["Opaque", "PtFile", "load", "open", "save"]
 
+__all__ += ["TORCHSCRIPT_MESSAGE"]
 
 _LEGACY_NOTE = (
-    "legacy torch.save format (before torch 1.6): read into memory with weights_only=True, "
+    "legacy torch.save format (before torch 1.6): its storages were read into memory, "
     "not memory-mapped"
 )
-
-
-@quiet_sparse_validation()  # torch 2.15 warns that it validates sparse entries; we want that
-def _torch_load(path: Path) -> tuple[Any, bool]:
-    """The archive's object through the restricted unpickler, and whether it is mapped."""
-    where = repr(str(path))
-    _check_members(path)
-    try:
-        if path.name.lower().endswith(".safetensors"):
-            # torch.load hands any path named so to the safetensors library; a file object
-            # keeps it on its own reader (without a map: torch maps only paths)
-            with builtins.open(path, "rb") as f:
-                return torch.load(f, weights_only=True, map_location="cpu"), False
-        try:
-            return torch.load(path, weights_only=True, mmap=True, map_location="cpu"), True
-        except RuntimeError as err:
-            if "mmap can only be used" not in str(err):
-                raise
-        # the legacy (pre-1.6) format has no zip to map; weights_only still guards it. It
-        # is read into memory anyway, and from a BytesIO a string or storage length the
-        # file lies about reads what is there: a file's read(n) allocates n bytes first
-        data = io.BytesIO(path.read_bytes())
-        return torch.load(data, weights_only=True, map_location="cpu"), False
-    except pickle.UnpicklingError as err:
-        text = str(err)
-        glob = re.search(r"GLOBAL ([\w.]+)", text)
-        name = glob.group(1) if glob else ""
-        if name.startswith("torch.nn.modules.") or name.endswith("Module"):
-            raise FormatError(
-                f"{where} holds a pickled {name} (a whole nn.Module), not a state dict; where "
-                "its code is available, re-save it with torch.save(model.state_dict(), path)"
-            ) from None
-        raise FormatError(
-            f"{where} contains non-tensor objects that only a full unpickle could build"
-            f"{f' (the global {name})' if name else ''}; tensorbridge never unpickles "
-            "arbitrary data. If you trust the file, load it with torch.load(path, "
-            "weights_only=False) and pass the tensors to tb.save"
-        ) from None
-    except RuntimeError as err:
-        msg = str(err)
-        if "TorchScript" in msg:
-            raise FormatError(TORCHSCRIPT_MESSAGE.format(where=where)) from None
-        raise FormatError(
-            f"{where} is not a readable torch.save archive: {msg.splitlines()[0]}"
-        ) from None
-    except (
-        EOFError, ValueError, KeyError, IndexError, TypeError, AttributeError,
-        struct.error, OverflowError,  # a legacy file's record cut short, a size out of range
-        AssertionError,  # torch's legacy loader asserts on a storage key it never saw
-    ) as err:  # fmt: skip
-        raise FormatError(f"{where} is a corrupt torch.save archive: {err}") from None
-
-
-DEFLATE_MAX_RATIO = 1032  # deflate cannot expand data more than this
-
-
-def _check_members(path: Path) -> None:
-    """Refuse a zip whose members claim sizes they cannot hold, before torch reads it.
-
-    torch's zip reader trusts a member's declared size: a 1 KB file whose ``version``
-    member claims 2 GiB kept it busy for 40 s. Legacy (non-zip) files pass through.
-    """
-    with builtins.open(path, "rb") as f:
-        if f.read(4) != b"PK\x03\x04":
-            return
-        try:
-            infos = zipfile.ZipFile(f).infolist()
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError) as err:
-            raise FormatError(f"{str(path)!r} is not a readable zip archive ({err})") from None
-        size = f.seek(0, os.SEEK_END)
-    for info in infos:
-        stored = info.compress_type == zipfile.ZIP_STORED
-        limit = info.compress_size if stored else info.compress_size * DEFLATE_MAX_RATIO + 1024
-        # a zip64 record's offset wraps to a negative one in zipfile; torch seeks there
-        outside = info.header_offset < 0 or info.header_offset + info.compress_size > size
-        if outside or info.file_size > limit:
-            raise FormatError(
-                f"{str(path)!r}: member {info.filename!r} claims {info.file_size:,} bytes "
-                f"from {info.compress_size:,} stored at offset {info.header_offset:,} of a "
-                f"{size:,}-byte file; the archive is corrupt"
-            )
-
 
 # How far a copy may exceed the file (a tensor's values may repeat, by zero strides, but a
 # hostile file must not make a reader allocate gigabytes from a few bytes).
 COPY_MARGIN = 64 << 20
 
-TORCHSCRIPT_MESSAGE = (
-    "{where} is a TorchScript archive (torch.jit.save): it holds a program, not a state "
-    "dict; if you trust it, torch.jit.load(path).state_dict() gives its weights"
-)
 
+class _Entries:
+    """A torch.save object's entries by dotted key: tensors, plain values, placeholders."""
 
-class _Entries(NamedTuple):
-    tensors: dict[str, torch.Tensor]
-    values: dict[str, Any]  # the plain (non-tensor) leaves, as unpickled
-    single: bool  # the archive is one tensor
-    mapped: bool  # zip format, memory-mapped (False: legacy, read into memory)
+    def __init__(self, where: str, stem: str) -> None:
+        self.where, self.stem = where, stem
+        self.order: list[str] = []
+        self.tensors: dict[str, TensorRef] = {}
+        self.values: dict[str, Any] = {}
+        self.skipped: dict[str, str] = {}
+        self.modules: list[str] = []
+        self.inside = 0  # how many modules the walk is inside
 
+    def add(self, key: str, kind: dict[str, Any], value: Any) -> None:
+        if key in self.tensors or key in self.values or key in self.skipped:
+            raise FormatError(f"{self.where}: two entries flatten to the key {key!r}; rename one")
+        if kind is not self.values:
+            self.order.append(key)
+        kind[key] = value
 
-def _entries(path: Path) -> _Entries:
-    """The archive's tensors and plain values by dotted key."""
-    obj, mapped = _torch_load(path)
-    flat = flatten(obj, where=repr(str(path))) if is_container(obj) else {path.stem: obj}
-    tensors = {k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}
-    values = {k: v for k, v in flat.items() if not isinstance(v, torch.Tensor)}
-    return _Entries(tensors, values, isinstance(obj, torch.Tensor), mapped)
+    def walk(self, obj: Any, key: str, *, plain: bool = True) -> None:
+        """Flatten ``obj`` under ``key`` (depth is bounded by the pickle machine)."""
+        t = type(obj)
+        if t is TensorRef:
+            self.add(key, self.tensors, obj)
+        elif t is dict or t is list or t is tuple:
+            items = obj.items() if t is dict else enumerate(obj)
+            for k, v in items:
+                self.walk(v, f"{key}.{k}" if key else str(k), plain=plain)
+        elif t is Opaque:
+            self.opaque(obj, key, plain)
+        elif plain:
+            self.add(key, self.values, obj)
+
+    def opaque(self, obj: Opaque, key: str, plain: bool) -> None:
+        state = obj.state
+        if type(state) is tuple and len(state) == 2 and type(state[0]) is dict:
+            state = state[0]  # (__dict__, __slots__ values)
+        if type(state) is dict and all(
+            type(state.get(k)) is dict for k in ("_parameters", "_buffers", "_modules")
+        ):
+            self.module(obj.name, state, key)
+            return
+        key = key or self.stem  # the whole file is this one object
+        if obj.name.startswith("torch._utils._rebuild_"):
+            kind = obj.name.removeprefix("torch._utils._rebuild_")
+            why = (
+                f"a {kind.replace('_', ' ')} (torch._utils._rebuild_{kind}); tensorbridge's "
+                "file readers give dense tensors, and read this one's other entries"
+            )
+            self.add(key, self.skipped, why)
+            return
+        if obj.args and type(obj.args[0]) is TensorRef:
+            why = f"a tensor of the subclass {obj.name}, whose values need its code"
+            self.add(key, self.skipped, why)
+            return
+        if obj.args is None:
+            why = f"the global {obj.name} itself (a class or function, never imported)"
+        else:
+            why = (
+                f"a {obj.name} object: a placeholder, never imported or called; its tensors "
+                "and plain fields are entries under its name"
+            )
+        self.add(key, self.skipped, why)
+        if type(state) is dict:
+            for k, v in state.items():
+                self.walk(v, f"{key}.{k}", plain=plain)
+        elif state is not None:
+            self.walk(state, f"{key}.state", plain=plain)
+        for k, v in obj.items:
+            self.walk(v, f"{key}.{k}", plain=plain)
+        for i, v in enumerate(obj.listitems):
+            self.walk(v, f"{key}.{i}", plain=plain)
+        if obj.args:
+            self.walk(obj.args, f"{key}.args", plain=False)  # its tensors only
+
+    def module(self, name: str, state: dict[str, Any], key: str) -> None:
+        """A pickled ``nn.Module``: its parameters and persistent buffers, by state_dict name."""
+        if not self.inside:
+            self.modules.append(f"{key or 'the file'} ({name})")
+        self.inside += 1
+        prefix = f"{key}." if key else ""
+        found = state.get("_non_persistent_buffers_set")
+        hidden = found if isinstance(found, (set, frozenset)) else frozenset()
+        for k, v in state["_parameters"].items():
+            if v is not None:
+                self.walk(v, f"{prefix}{k}", plain=False)
+        for k, v in state["_buffers"].items():
+            if v is not None and k not in hidden:
+                self.walk(v, f"{prefix}{k}", plain=False)
+        for k, v in state["_modules"].items():
+            if v is not None:
+                self.walk(v, f"{prefix}{k}", plain=False)
+        self.inside -= 1
 
 
 class PtFile(TensorFile):
@@ -179,54 +181,87 @@ class PtFile(TensorFile):
         super().__init__()
         self._path = Path(path)
         self._where = repr(str(self._path))
-        self._size = os.stat(self._path).st_size
-        entries = _entries(self._path)
-        self._tensors, self._values, self.single = entries.tensors, entries.values, entries.single
+        self._archive: Archive | None = open_archive(self._path, self._where)
+        try:
+            obj = self._archive.obj
+            entries = _Entries(self._where, self._path.stem)
+            entries.walk(obj, "" if type(obj) in (dict, list, tuple, Opaque) else self._path.stem)
+        except BaseException:
+            self._archive.close()
+            raise
+        self._size = self._archive.size
+        self._order, self._tensors = entries.order, entries.tensors
+        self._values, self._skipped = entries.values, entries.skipped
+        self.single = type(obj) is TensorRef
         self.metadata = {k: str(v) for k, v in self._values.items()}
-        self.mapped = entries.mapped
-        if not self.mapped:
-            legacy = detect(self._path) == "pt-legacy"
-            note = _LEGACY_NOTE if legacy else "read into memory, not memory-mapped"
-            self.notes.append(f"{self._path.name}: {note}")
-        self._writable: dict[str, torch.Tensor] | None = None
+        self.mapped = not self._archive.legacy
+        if self._archive.legacy:
+            self.notes.append(f"{self._path.name}: {_LEGACY_NOTE}")
+        if entries.modules:
+            self.notes.append(
+                f"{self._path.name}: pickled nn.Module(s) {', '.join(entries.modules[:3])}: "
+                "their parameters and buffers are read under their state_dict names; the "
+                "modules themselves are never built"
+            )
+        if self._skipped:
+            first = ", ".join(list(self._skipped)[:3])
+            count = f"{len(self._skipped)} entr{'y is' if len(self._skipped) == 1 else 'ies are'}"
+            self.notes.append(
+                f"{self._path.name}: {count} "
+                f"neither tensors nor plain values ({first}); they are listed as unsupported "
+                "and never unpickled"
+            )
 
     def plain_values(self) -> dict[str, Any]:
         return dict(self._values)
 
     def keys(self) -> list[str]:
-        return list(self._tensors)
+        return list(self._order)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tensors or name in self._skipped
 
     def info(self, name: str) -> tuple[DTypeRow, tuple[int, ...]]:
-        t = self._tensor(name, self._tensors)
-        return resolve_dtype(t.dtype), tuple(t.shape)
+        if name in self._skipped:
+            raise UnsupportedDtypeError(f"{self._where}: {name!r} is {self._skipped[name]}")
+        t = self._ref(name)
+        try:
+            row = resolve_dtype(t.dtype)
+        except TensorBridgeError as err:
+            raise UnsupportedDtypeError(f"{self._where}: {name!r}: {err}") from None
+        return row, t.shape
 
-    def _tensor(self, name: str, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-        if name not in tensors:
+    def _ref(self, name: str) -> TensorRef:
+        if name not in self._tensors:
             raise KeyError(f"{name!r} is not in this file; its keys are {self.keys()[:10]}")
-        t = tensors[name]
-        if t.layout is not torch.strided or t.is_nested:
-            raise UnsupportedTensorError(
-                f"{self._where}: {name!r} is a {t.layout} tensor; tensorbridge's file readers "
-                "give dense arrays (torch.load(path, weights_only=True) returns it as it is)"
-            )
-        return t
+        return self._tensors[name]
 
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
+        row, shape = self.info(name)
+        t = self._ref(name)
+        archive = self._archive
+        if archive is None:
+            raise FormatError(f"{self._where} is closed; open it again to read {name!r}")
+        self._check_copy_size(name, t, row)
+        if 0 in shape:
+            return np.empty(shape, row.numpy)
         if self.mapped:
-            check_unchanged(self._path, self._size, self._where)
-        self._check_copy_size(name, self._tensor(name, self._tensors))
-        if not copy_on_write:
-            view: np.ndarray = to_numpy(self._tensor(name, self._tensors), readonly=True)
-            return view
-        if not self.mapped:  # legacy: the tensors are in memory; torch results get a copy
-            copied: np.ndarray = to_numpy(self._tensor(name, self._tensors), copy=True)
-            return copied
-        if self._writable is None:  # a second private mapping that only torch results use
-            self._writable = _entries(self._path).tensors
-        writable: np.ndarray = to_numpy(self._tensor(name, self._writable))
-        return writable
+            check_unchanged(archive.fd, self._size, self._where)
+        writable = copy_on_write and self.mapped
+        raw = archive.storage(t.storage, writable=writable)
+        flat = raw.view(row.carrier_numpy)
+        it = row.itemsize
+        view = np.lib.stride_tricks.as_strided(  # on the carrier: ml_dtypes have no typestr
+            flat[t.offset :],
+            shape=shape,
+            strides=tuple(s * it for s in t.stride),
+            writeable=writable,
+        ).view(row.numpy)
+        if copy_on_write and not self.mapped:  # legacy: the storages are shared, read-only
+            return np.array(view, copy=True)
+        return view
 
-    def _check_copy_size(self, name: str, t: torch.Tensor) -> None:
+    def _check_copy_size(self, name: str, t: TensorRef, row: DTypeRow) -> None:
         """Refuse values that repeat (overlapping strides) to far more than the file holds.
 
         Every consumer of an entry copies it sooner or later (a cast, a torch result,
@@ -234,21 +269,27 @@ class PtFile(TensorFile):
         to claim gigabytes through a zero stride; a view alone would be safe, but is
         refused too, so that every way of reading the entry agrees.
         """
-        need = t.numel() * t.element_size()
-        if need > self._size + COPY_MARGIN and need > t.untyped_storage().nbytes():
+        count = 1
+        for n in t.shape:
+            count *= n
+        need = count * row.itemsize
+        stored = t.storage_numel * row.itemsize
+        if need > self._size + COPY_MARGIN and need > stored:
             raise FormatError(
                 f"{self._where}: {name!r} has shape {list(t.shape)} and strides "
-                f"{list(t.stride())} over a storage of {t.untyped_storage().nbytes()} bytes: "
-                f"its values take {need} bytes, far more than the file's {self._size}; if "
-                "you trust the file, read it with torch.load(path, weights_only=True)"
+                f"{list(t.stride)} over a storage of {stored} bytes: its values take "
+                f"{need} bytes, far more than the file's {self._size}; read a slice of it "
+                "with torch.load(path, weights_only=True, mmap=True) instead"
             )
 
     def close(self) -> None:
-        self._writable = None  # handed-out arrays keep their mapping alive
+        if self._archive is not None:  # handed-out arrays keep their mapping alive
+            self._archive.close()
+            self._archive = None
 
 
 def open(path: str | os.PathLike[str]) -> PtFile:  # the verb every format has
-    """Open a torch.save archive with ``weights_only=True`` and ``mmap=True``.
+    """Open a torch.save archive (either era) through the pickle machine, memory-mapped.
 
     >>> import os, tempfile, torch
     >>> p = os.path.join(tempfile.mkdtemp(), "m.pt")
@@ -258,8 +299,9 @@ def open(path: str | os.PathLike[str]) -> PtFile:  # the verb every format has
     (['model.w'], {'epoch': '3'}, False)
 
     Raises:
-        FormatError: not a zip-format torch.save archive, or one holding objects that
-            only a full unpickle could build.
+        FormatError: not a torch.save archive (the message shows its first bytes), a
+            TorchScript archive, or a corrupt or hostile one (a global the pickle machine
+            refuses, a view outside its storage, a storage missing or of the wrong size).
     """
     return PtFile(path)
 
