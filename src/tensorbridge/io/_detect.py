@@ -44,6 +44,7 @@ import zlib
 from pathlib import Path
 
 from ..errors import FormatError, UncommittedCheckpointError
+from ._files import open_regular
 from ._formats import FORMATS, INDEX_SUFFIX, by_kind, by_suffix
 
 __all__ = [
@@ -93,7 +94,7 @@ def detect(path: str | os.PathLike[str]) -> str:
     """The kind of file at ``path`` (see the module docstring), from its first bytes."""
     if os.path.isdir(path):
         return _directory_kind(Path(path)) or "unknown"
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # a FIFO or device is refused, never waited on
         head = f.read(16)
         size = os.fstat(f.fileno()).st_size
     for fmt in FORMATS:
@@ -125,14 +126,14 @@ _DCP_CLASS = b"torch.distributed.checkpoint.metadata"
 
 def _is_dcp_metadata(path: str | os.PathLike[str]) -> bool:
     """A pickle whose first global is DCP's ``Metadata`` class (read, not unpickled)."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         head = f.read(96)
     return _DCP_CLASS in head and b"Metadata" in head
 
 
 def _zip_kind(path: str | os.PathLike[str]) -> str:
     try:
-        with zipfile.ZipFile(path) as zf:
+        with open_regular(path) as f, zipfile.ZipFile(f) as zf:
             names = zf.namelist()
     except (*ZIP_ERRORS, OSError):
         return "zip"

@@ -78,6 +78,7 @@ from ._common import (
     row_of,
 )
 from ._detect import INDEX_SUFFIX, resolve
+from ._files import Links, open_fd
 from ._formats import by_name
 from ._pipeline import STREAM_CHUNK, pipelined
 from ._safetensors_header import (
@@ -533,7 +534,7 @@ class _Shard:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        self.fd = open_fd(path)  # a regular file, opened without blocking
         # a plain descriptor closed on collection: dropping an unclosed file stays quiet
         self._close = weakref.finalize(self, os.close, self.fd)
         try:
@@ -728,7 +729,10 @@ def open(path: str | os.PathLike[str]) -> SafetensorsFile | ShardedFile:
             tensor and what is wrong.
         FileNotFoundError: no such file, or a directory without one.
     """
-    p = resolve(Path(path), by_name("safetensors").in_directory)
+    given = Path(path)
+    p = resolve(given, by_name("safetensors").in_directory)
+    if p != given:
+        Links.of(given).check(p)
     if p.name.endswith(INDEX_SUFFIX):
         return ShardedFile(p, SafetensorsFile)
     return SafetensorsFile(p)
