@@ -189,13 +189,16 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
         return path
     if _directory_kind(path) is not None:
         return path  # the directory is the store
+    if os.path.lexists(path / "zarr.json") and not (path / "zarr.json").is_file():
+        return path  # a FIFO, a device, a link out: the Zarr reader says which, unread
     if (path / "zarr.json").is_file():  # a store whose own document is damaged
         raise FormatError(
             f"{path}: its zarr.json is no Zarr v3 group or array document (not JSON, or "
             "without zarr_format 3 and a node_type); the store is corrupt"
         )
     for pattern in patterns:
-        found = sorted(p for p in path.glob(pattern) if p.is_file())
+        # not only regular files: a FIFO or a device there is refused by its reader
+        found = sorted(p for p in path.glob(pattern) if p.exists() and not p.is_dir())
         if not pattern.endswith(INDEX_SUFFIX) and found:
             whole = [p for p in found if not _is_shard_name(p.name)]
             if not whole:  # shards without their index: never read one as the checkpoint

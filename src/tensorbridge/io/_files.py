@@ -216,7 +216,7 @@ class Links:
         real = Path(os.path.realpath(path))
         if self.follow or real.is_relative_to(self.area):
             return real
-        where = "its Hugging Face cache repository" if self.area != self.root else "its directory"
+        where = "Hugging Face cache repository" if self.area != self.root else "directory"
         raise LinkError(
             f"{os.fspath(path)} is a link to {real}, outside the checkpoint's {where} "
             f"{self.area}; links out of a checkpoint are not followed: pass follow_links=True "

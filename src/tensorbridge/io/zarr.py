@@ -606,8 +606,9 @@ class ZarrFile(TensorFile):
         links = Links.of(p, follow=follow_links)
         kind = store_kind(p)
         if kind is None:
+            if os.path.lexists(p / GROUP_FILE):  # a FIFO, a device, a link out: say which
+                links.read(p / GROUP_FILE, MAX_NODE_JSON, GROUP_FILE)
             require_committed(p, GROUP_FILE, "Zarr store")  # raises: uncommitted, or missing
-            links.read(p / GROUP_FILE, MAX_NODE_JSON, GROUP_FILE)  # a FIFO, a device, a link
             raise FormatError(f"{where}: its {GROUP_FILE} is no Zarr v3 group or array")
         store = _confined_store(p, links)
         self._arrays: dict[str, Any] = {}
