@@ -422,3 +422,22 @@ def test_links_confine_to_the_checkpoint_directory(tmp_path: Path) -> None:
     assert (
         Links.of(tmp_path / "ck", follow=True).read(tmp_path / "ck" / "sub" / "f", 8, "x") == b"1"
     )
+
+
+def test_the_command_line_refuses_a_link_out_and_follows_it_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tensorbridge.cli import main
+
+    d = _sharded(tmp_path / "ck")
+    _link_out(tmp_path / "elsewhere", d / "model-00002-of-00002.safetensors")
+    assert main(["inspect", str(d)]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--follow-links" in err
+    assert main(["inspect", "--follow-links", str(d)]) == 0
+    assert "model-00002-of-00002.safetensors" not in capsys.readouterr().err
+    out = tmp_path / "out.safetensors"
+    assert main(["convert", str(d), str(out)]) == 1
+    assert "--follow-links" in capsys.readouterr().err
+    assert main(["convert", "--follow-links", "-q", str(d), str(out)]) == 0
+    assert tb.load(out)["b"].tolist() == [1.0] * 4
