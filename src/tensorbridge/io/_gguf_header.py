@@ -384,7 +384,7 @@ def _walk(w: np.ndarray, most: int) -> tuple[int, int]:
             continue
         # short runs (candidates inside strings' text everywhere): string by string, a
         # plain read each, which is linear and costs what the runs would and no more
-        view = memoryview(w)
+        view = w.data
         while done < most and at + 8 <= n:
             end = at + 8 + _U64(view, at)[0]
             if end > n:
