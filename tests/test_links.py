@@ -404,7 +404,7 @@ def test_reads_are_bounded_by_the_bytes_got(tmp_path: Path) -> None:
     p = tmp_path / "c.json"
     p.write_bytes(b"x" * 100)
     assert read_limited(p, 100, "config") == b"x" * 100
-    with pytest.raises(tb.FormatError, match="over the 99 bytes of any config"):
+    with pytest.raises(tb.FormatError, match="over 99 bytes, the limit of any config"):
         read_limited(p, 99, "config")
     with open_regular(p) as f:
         assert os.get_blocking(f.fileno())  # O_NONBLOCK cleared once the type is checked

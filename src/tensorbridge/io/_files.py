@@ -135,7 +135,7 @@ def read_regular(f: BinaryIO, path: str | os.PathLike[str], limit: int, what: st
         parts.append(piece)
         got += len(piece)
     if got > limit:
-        raise FormatError(f"{os.fspath(path)}: over the {limit:,} bytes of any {what}")
+        raise FormatError(f"{os.fspath(path)}: over {limit:,} bytes, the limit of any {what}")
     return b"".join(parts)
 
 
@@ -153,7 +153,7 @@ def read_limited(
     >>> read_limited(p, 1, "config")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    tensorbridge.errors.FormatError: .../c.json: over the 1 bytes of any config
+    tensorbridge.errors.FormatError: .../c.json: over 1 bytes, the limit of any config
     """
     with open_regular(path, nofollow=nofollow) as f:
         return read_regular(f, path, limit, what)

@@ -712,10 +712,14 @@ class SafetensorsFile(TensorFile):
         return f"<SafetensorsFile {str(self.path)!r}: {len(self._where)} tensors>"
 
 
-def open(path: str | os.PathLike[str]) -> SafetensorsFile | ShardedFile:
+def open(
+    path: str | os.PathLike[str], *, follow_links: bool = False
+) -> SafetensorsFile | ShardedFile:
     """Open a safetensors file, a ``*.safetensors.index.json`` or a directory holding one.
 
-    Only the header is read (and checked); tensors are mapped when asked for.
+    Only the header is read (and checked); tensors are mapped when asked for. A shard
+    (or a directory's file) that is a link leading out of the directory raises
+    :class:`~tensorbridge.errors.LinkError` unless ``follow_links=True``.
 
     >>> import os, tempfile, numpy as np
     >>> path = os.path.join(tempfile.mkdtemp(), "a.safetensors")
@@ -732,9 +736,9 @@ def open(path: str | os.PathLike[str]) -> SafetensorsFile | ShardedFile:
     given = Path(path)
     p = resolve(given, by_name("safetensors").in_directory)
     if p != given:
-        Links.of(given).check(p)
+        Links.of(given, follow=follow_links).check(p)
     if p.name.endswith(INDEX_SUFFIX):
-        return ShardedFile(p, SafetensorsFile)
+        return ShardedFile(p, SafetensorsFile, Links.of(p, follow=follow_links))
     return SafetensorsFile(p)
 
 
