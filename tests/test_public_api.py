@@ -23,6 +23,7 @@ PUBLIC = [
     "DestinationExistsError",
     "FormatError",
     "InvalidArgumentError",
+    "LinkError",
     "LocalShard",
     "MissingExtraError",
     "NoDataError",

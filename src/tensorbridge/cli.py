@@ -93,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--quiet", "-q", action="store_true", help="no progress bar and no notes on stderr"
         )
+        p.add_argument(
+            "--follow-links",
+            action="store_true",
+            help="read files a checkpoint names (shards, chunks, config.json) that are links "
+            "leading out of its directory",
+        )
 
     def scheme_options(p: argparse.ArgumentParser, help: str) -> None:
         p.add_argument("--scheme", metavar="NAME", help=help)
@@ -393,7 +399,12 @@ def _open(path: str, args: argparse.Namespace) -> TensorFile:
     dequantize = _dtype_arg(args.dequantize, "--dequantize", floating=True)
     if dequantize is not None and not _is_gguf(path):
         dequantize = None  # it applies to the GGUF files among those read (compare A B)
-    f = tbio.open(path, dtype=_dtype_arg(args.as_dtype, "--as-dtype"), dequantize=dequantize)
+    f = tbio.open(
+        path,
+        dtype=_dtype_arg(args.as_dtype, "--as-dtype"),
+        dequantize=dequantize,
+        follow_links=getattr(args, "follow_links", False),
+    )
     if not args.quiet:
         for note in f.notes:
             print(f"note: {note}", file=sys.stderr)
@@ -569,7 +580,7 @@ def _quantization(
 
     index = {n: f.info(n) for n in f if n not in unsupported}
     try:
-        p = plan(index, read_config(getattr(f, "path", None)))
+        p = plan(index, read_config(getattr(f, "path", None), follow_links=f.follow_links))
     except QuantizationError as e:
         return {"refused": str(e)}
     if not p.quantized:
@@ -1394,7 +1405,9 @@ def _quant_plan(f: TensorFile, scheme: str | None, block_size: Any) -> Any:
 
     index = {n: f.info(n) for n in f if n not in f.unsupported()}
     opts = {"block_size": block_size} if block_size is not None else {}
-    return plan(index, read_config(getattr(f, "path", None)), scheme, opts)
+    return plan(
+        index, read_config(getattr(f, "path", None), follow_links=f.follow_links), scheme, opts
+    )
 
 
 def _quantized_side(args: argparse.Namespace, block_size: Any) -> str | None:

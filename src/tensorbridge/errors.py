@@ -19,6 +19,7 @@ __all__ = [
     "DestinationExistsError",
     "FormatError",
     "InvalidArgumentError",
+    "LinkError",
     "MissingExtraError",
     "NoDataError",
     "QuantizationError",
@@ -83,6 +84,15 @@ class ShapeMismatchError(TensorBridgeError, ValueError):
 
 class FormatError(TensorBridgeError, ValueError):
     """A file that is malformed, truncated, or not of the format its name says."""
+
+
+class LinkError(FormatError):
+    """A file a checkpoint names (a shard, a chunk, a config) is a link leading outside it.
+
+    Links that stay inside the checkpoint's directory (or, in a Hugging Face cache, its
+    repository) are followed; pass ``follow_links=True`` (command line:
+    ``--follow-links``) to follow the others.
+    """
 
 
 class DestinationExistsError(TensorBridgeError, FileExistsError):

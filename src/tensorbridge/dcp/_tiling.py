@@ -18,13 +18,11 @@ redistribute the tensor to Shard/Replicate placements before saving
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Sequence
 
+from .._boxes import Box, TooIrregular, first_overlap
 from ..errors import UnsupportedTensorError
-
-Box = tuple[Sequence[int], Sequence[int]]  # (offsets, sizes)
 
 
 def check_tiles(name: str, shape: Sequence[int], boxes: Sequence[Box]) -> None:
@@ -50,26 +48,16 @@ def check_tiles(name: str, shape: Sequence[int], boxes: Sequence[Box]) -> None:
 
 
 def _check_disjoint(name: str, boxes: list[Box]) -> None:
-    """A sweep along dimension 0: each box is compared only with those still open there."""
-    if not boxes:
-        return
-    order = sorted(boxes, key=lambda b: tuple(b[0]))
-    if len(order[0][0]) == 0:  # 0-dim: one element, so one writer at most
-        if len(order) > 1:
-            _overlap(name, order[0], order[1])
-        return
-    active: list[tuple[int, int]] = []  # (end along dim 0, index into order), sorted
-    for i, box in enumerate(order):
-        start = box[0][0]
-        del active[: bisect.bisect_right(active, (start, len(order)))]
-        for _, j in active:
-            other = order[j]
-            if all(
-                o1 < o2 + n2 and o2 < o1 + n1
-                for o1, n1, o2, n2 in zip(box[0], box[1], other[0], other[1], strict=True)
-            ):
-                _overlap(name, other, box)
-        bisect.insort(active, (start + box[1][0], i))
+    """Raise at the first two boxes that overlap (O(N log N): see :mod:`tensorbridge._boxes`)."""
+    try:
+        found = first_overlap(boxes)
+    except TooIrregular as err:
+        raise UnsupportedTensorError(
+            f"tensor {name!r}: {err}, too many to check that they tile it; redistribute "
+            "the tensor to fewer Shard placements before saving"
+        ) from None
+    if found is not None:
+        _overlap(name, boxes[found[0]], boxes[found[1]])
 
 
 def _overlap(name: str, a: Box, b: Box) -> None:

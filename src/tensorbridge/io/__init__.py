@@ -65,6 +65,7 @@ from ..errors import (
 from . import dcp, gguf, npy, npz, pt, safetensors, zarr  # noqa: F401 - tb.io.<format> without an import
 from ._common import Deferred, TensorFile
 from ._detect import describe, detect, kind_by_suffix, mismatch_note, resolve
+from ._files import Links
 from ._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, listing
 from ._keys import flatten
 from .pickle_machine import Opaque
@@ -160,9 +161,16 @@ def destination(path: str | os.PathLike[str]) -> Destination:
 
 
 def _reader(
-    path: Path, dtype: DTypeLike | None = None, dequantize: DTypeLike | None = None
+    path: Path,
+    dtype: DTypeLike | None = None,
+    dequantize: DTypeLike | None = None,
+    follow_links: bool = False,
 ) -> TensorFile:
-    """Open ``path`` with the reader its first bytes call for (the suffix's when unrecognised)."""
+    """Open ``path`` with the reader its first bytes call for (the suffix's when unrecognised).
+
+    Files that ``path`` names (shards, chunks) are confined to its directory unless
+    ``follow_links`` (see :class:`~tensorbridge.io._files.Links`).
+    """
     kind = detect(path)
     where = repr(str(path))
     torch_save = by_kind("pt")
@@ -186,14 +194,17 @@ def _reader(
             "(open it with tb.open(path, dequantize=...))"
         )
     f: TensorFile
+    options: dict[str, Any] = {"follow_links": follow_links} if fmt and fmt.links else {}
     if fmt is None:  # a shard index: each shard by its own reader
-        f = ShardedFile(path, lambda shard: _reader(shard, dtype))
+        links = Links.of(path, follow=follow_links)
+        f = ShardedFile(path, lambda shard: _reader(shard, dtype, None, follow_links), links)
     elif dequantize is not None:
-        f = fmt.reader(path, dequantize=dequantize)
+        f = fmt.reader(path, dequantize=dequantize, **options)
     elif fmt.raw_dtype:
-        f = fmt.reader(path, dtype=dtype)
+        f = fmt.reader(path, dtype=dtype, **options)
     else:
-        f = fmt.reader(path)
+        f = fmt.reader(path, **options)
+    f.follow_links = follow_links
     note = mismatch_note(path, kind)
     if note:
         f.notes.insert(0, note)
@@ -530,6 +541,7 @@ def load(
     dtype: DTypeLike | None = None,
     dequantize: DTypeLike | None = None,
     scheme: str | None = None,
+    follow_links: bool = False,
 ) -> Any:
     """Load a file's tensors as NumPy arrays (default) or torch tensors.
 
@@ -541,9 +553,12 @@ def load(
     ``dequantize`` (``"bf16"``, ``"f16"``, ``"f32"``) reads a quantized checkpoint as
     the unquantized model (see :func:`open`): a GGUF file's block-quantized tensors, or
     a safetensors checkpoint's codes and scales (``scheme=`` names the scheme when no
-    config beside it does).
+    config beside it does). ``follow_links=True`` follows links that lead out of the
+    checkpoint's directory (see :func:`open`).
     """
-    with open(path, dtype=dtype, dequantize=dequantize, scheme=scheme) as f:
+    with open(
+        path, dtype=dtype, dequantize=dequantize, scheme=scheme, follow_links=follow_links
+    ) as f:
         return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
 
 
@@ -553,6 +568,7 @@ def open(
     dtype: DTypeLike | None = None,
     dequantize: DTypeLike | None = None,
     scheme: str | None = None,
+    follow_links: bool = False,
 ) -> TensorFile:
     """Open a file, shard index or checkpoint directory lazily; nothing is read until asked.
 
@@ -567,6 +583,14 @@ def open(
     ``hf_quant_config.json``), else unambiguous tensor names; anything else raises
     :class:`~tensorbridge.QuantizationError`.
 
+    Only regular files are read (a FIFO, a device such as ``/dev/zero``, a socket or a
+    directory where a file belongs raises :class:`~tensorbridge.FormatError`). ``path``
+    itself may be a link; a file it names (a shard, a Zarr chunk, a DCP ``.distcp``, a
+    ``config.json``, the file a directory holds) that is a link leading out of the
+    checkpoint's directory raises :class:`~tensorbridge.LinkError` unless
+    ``follow_links=True``. Links that stay inside are followed, and so are those of a
+    Hugging Face cache snapshot into its repository's ``blobs``.
+
     >>> import tempfile, os, numpy as np, tensorbridge as tb
     >>> p = os.path.join(tempfile.mkdtemp(), "a.npz")
     >>> tb.save({"x": np.arange(3)}, p)
@@ -574,15 +598,18 @@ def open(
     ...     f.keys(), f["x"].tolist()
     (['x'], [0, 1, 2])
     """
-    resolved = resolve(Path(path))
+    given = Path(path)
+    resolved = resolve(given)
+    if resolved != given:  # a directory's file (or a .distcp's .metadata): the checkpoint's
+        Links.of(given, follow=follow_links).check(resolved)
     if detect(resolved) == "gguf":  # its tensors name their own block types
         if scheme is not None:
             raise InvalidArgumentError(
                 "scheme= names the scheme of a safetensors checkpoint; a GGUF file's "
                 "tensors name their own types: leave out scheme="
             )
-        return _reader(resolved, dtype, dequantize)
-    f = _reader(resolved, dtype)
+        return _reader(resolved, dtype, dequantize, follow_links)
+    f = _reader(resolved, dtype, None, follow_links)
     if dequantize is None:
         if scheme is not None:
             f.close()

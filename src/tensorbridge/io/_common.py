@@ -35,6 +35,7 @@ from .._versions import byte_bounds
 from ..convert import to_numpy, to_torch
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
 from ..errors import DestinationError, FormatError, InvalidArgumentError, UnsupportedDtypeError
+from ._files import Links, open_regular, read_limited
 from ._pipeline import STREAM_CHUNK, Task, pipelined
 
 DEFAULT_CHUNK = 64 << 20
@@ -222,20 +223,20 @@ def fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def read_small(path: Path, limit: int, what: str) -> bytes:
-    """A small file's bytes (an index, a metadata pickle), refused past ``limit`` bytes.
+def read_small(path: Path, limit: int, what: str, links: Links | None = None) -> bytes:
+    """A small regular file's bytes (an index, a metadata pickle), refused past ``limit``.
 
-    The size is checked before the read, so the buffer is the file's size, never the
-    limit (``f.read(limit + 1)`` allocates the whole limit up front).
+    The buffer grows with the bytes actually read, never with the limit or a claimed
+    size (:func:`~tensorbridge.io._files.read_limited`); ``links``: ``path`` is a file a
+    checkpoint names, confined to it.
 
     Raises:
-        FormatError: the file is over ``limit`` bytes.
+        FormatError: the file is over ``limit`` bytes, or no regular file.
+        LinkError: a link out of the checkpoint ``links`` confines.
     """
-    with path.open("rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size > limit:
-            raise FormatError(f"{path}: {size:,} bytes, over the {limit:,} of any {what}")
-        return f.read(size)
+    if links is not None:
+        return links.read(path, limit, what)
+    return read_limited(path, limit, what)
 
 
 def row_of(x: Any) -> DTypeRow:
@@ -388,7 +389,7 @@ class Deferred(abc.ABC):
 
 def map_file(path: str | os.PathLike[str], *, copy_on_write: bool = False) -> mmap.mmap | bytes:
     """Map a whole file read-only (or copy-on-write); empty files give ``b""``."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             return b""
@@ -488,6 +489,7 @@ class TensorFile(abc.ABC):
     notes: list[str]  # what a user should know about how the file was read (shown by the CLI)
     aliases: dict[str, str]  # a tied name -> the stored name it shares (written once)
     single: bool = False  # one bare array (.npy, a .pt of one tensor): load returns it alone
+    follow_links: bool = False  # opened with follow_links=True: files it names may lie anywhere
 
     def __init__(self) -> None:
         self.metadata = {}

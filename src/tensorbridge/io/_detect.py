@@ -44,6 +44,7 @@ import zlib
 from pathlib import Path
 
 from ..errors import FormatError, UncommittedCheckpointError
+from ._files import open_regular
 from ._formats import FORMATS, INDEX_SUFFIX, by_kind, by_suffix
 
 __all__ = [
@@ -93,7 +94,7 @@ def detect(path: str | os.PathLike[str]) -> str:
     """The kind of file at ``path`` (see the module docstring), from its first bytes."""
     if os.path.isdir(path):
         return _directory_kind(Path(path)) or "unknown"
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # a FIFO or device is refused, never waited on
         head = f.read(16)
         size = os.fstat(f.fileno()).st_size
     for fmt in FORMATS:
@@ -125,14 +126,14 @@ _DCP_CLASS = b"torch.distributed.checkpoint.metadata"
 
 def _is_dcp_metadata(path: str | os.PathLike[str]) -> bool:
     """A pickle whose first global is DCP's ``Metadata`` class (read, not unpickled)."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         head = f.read(96)
     return _DCP_CLASS in head and b"Metadata" in head
 
 
 def _zip_kind(path: str | os.PathLike[str]) -> str:
     try:
-        with zipfile.ZipFile(path) as zf:
+        with open_regular(path) as f, zipfile.ZipFile(f) as zf:
             names = zf.namelist()
     except (*ZIP_ERRORS, OSError):
         return "zip"
@@ -188,13 +189,16 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
         return path
     if _directory_kind(path) is not None:
         return path  # the directory is the store
+    if os.path.lexists(path / "zarr.json") and not (path / "zarr.json").is_file():
+        return path  # a FIFO, a device, a link out: the Zarr reader says which, unread
     if (path / "zarr.json").is_file():  # a store whose own document is damaged
         raise FormatError(
             f"{path}: its zarr.json is no Zarr v3 group or array document (not JSON, or "
             "without zarr_format 3 and a node_type); the store is corrupt"
         )
     for pattern in patterns:
-        found = sorted(p for p in path.glob(pattern) if p.is_file())
+        # not only regular files: a FIFO or a device there is refused by its reader
+        found = sorted(p for p in path.glob(pattern) if p.exists() and not p.is_dir())
         if not pattern.endswith(INDEX_SUFFIX) and found:
             whole = [p for p in found if not _is_shard_name(p.name)]
             if not whole:  # shards without their index: never read one as the checkpoint

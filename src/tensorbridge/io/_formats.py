@@ -88,6 +88,7 @@ class Format:
     extra: str | None = None  # the pip extra that installs its library (``tensorbridge[zarr]``)
     chunked: bool = False  # tensors stored as boxes of a global tensor (assembled when saved)
     deferred: bool = False  # ``save`` takes values computed as they are written (``Deferred``)
+    links: bool = False  # the reader opens other files its file names: it takes follow_links=
 
     def __repr__(self) -> str:
         return f"<Format {self.name}>"
@@ -179,6 +180,7 @@ FORMATS: tuple[Format, ...] = (
         memory_map=True,
         magic=b"GGUF",
         in_directory=("*.gguf",),
+        links=True,
     ),
     Format(
         "zarr",
@@ -190,6 +192,7 @@ FORMATS: tuple[Format, ...] = (
         metadata=True,
         directory=True,
         extra="zarr",
+        links=True,
     ),
     Format(
         "dcp",
@@ -202,6 +205,7 @@ FORMATS: tuple[Format, ...] = (
         writes=False,
         in_directory=(".metadata",),
         chunked=True,
+        links=True,
     ),
 )
 

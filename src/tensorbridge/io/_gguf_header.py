@@ -306,20 +306,23 @@ class _Cursor:
 
 _U64 = struct.Struct("<Q").unpack_from
 _SPAN = 1 << 16  # bytes a window of strings holds beyond its estimate
+_MAX_WINDOW = 1 << 16  # bytes a window holds at most: its arrays stay small
 
 
 def _skip_strings(buf: Any, pos: int, count: int, size: int) -> int:
     """Where ``count`` length-prefixed strings from ``pos`` end (past ``size``: truncated).
 
     Only the lengths are read, never the text, and mostly by NumPy: a tokenizer's
-    150,000 strings cost a millisecond or two, not a Python step each (see
-    :func:`_walk`). Windows of bytes are walked until ``count`` strings are passed.
+    150,000 strings cost a few milliseconds, not a Python step each (see :func:`_walk`).
+    Windows of at most ``_MAX_WINDOW`` bytes are walked until ``count`` strings are
+    passed, so time is linear in the bytes walked and memory fixed, whatever the
+    strings hold (5M empty strings, a 40 MB array, take about a second).
     """
     done = 0
     while done < count:
         if pos + 8 > size:
             return size + 1
-        span = min(size - pos, _SPAN + 16 * (count - done))  # ~16 bytes a token
+        span = min(size - pos, _SPAN + 16 * (count - done), _MAX_WINDOW)  # ~16 bytes a token
         got, end = _walk(np.frombuffer(buf, np.uint8, span, pos), count - done)
         done, pos = done + got, pos + end
     return pos
@@ -331,37 +334,65 @@ def _walk(w: np.ndarray, most: int) -> tuple[int, int]:
     string runs out of the window).
 
     A string shorter than 256 bytes starts with a u64 whose seven high bytes are zero:
-    every such position in the window is a candidate, its end ``start + 8 + length``.
-    Runs of candidates each ending where the next begins are taken at once; a candidate
-    inside some string's text (a NUL-padded token) never joins the chain, since the
-    chain is followed from the true start only. A start that is no candidate (a long
-    string) is passed with one plain read.
+    every such position in the window is a candidate, its successor the candidate at
+    its end. The chain of successors is followed from the true start only (a candidate
+    inside some string's text, such as a NUL-padded token, is never on it). Runs of
+    candidates each ending where the next begins are taken at once (a tokenizer's
+    tokens are one run), and so are empty strings (as many as a run of zeros holds).
+    Where runs stay short (candidates inside strings' text everywhere, as 7-byte
+    strings of zeros make), the rest of the window is walked string by string with a
+    plain read each: linear, about 0.2 µs a string. A start that is no candidate (a
+    long string) is passed with one plain read.
     """
+    n = w.size
+    if n < 8:  # the window holds less than one length
+        return 1, n + 1
     zero = w == 0
     r2 = zero[:-1] & zero[1:]
     r4 = r2[:-2] & r2[2:]
     r7 = r4[:-3] & r4[3:]  # r7[i]: bytes i..i+6 are zero
-    starts = np.flatnonzero(r7) - 1  # bytes start+1..start+7 zero
-    starts = starts[starts >= 0]
+    starts = np.flatnonzero(r7[1:])  # bytes start+1..start+7 zero
     ends = starts + 8 + w[starts]
+    m = starts.size
     run_ends = np.flatnonzero(ends[:-1] != starts[1:])  # where a chain of candidates breaks
+    nonzero = np.flatnonzero(w)
+    runs = 0
     done = at = 0
-    while done < most and at + 8 <= w.size:
+    while done < most and at + 8 <= n:
         i = int(np.searchsorted(starts, at))
-        if i == starts.size or starts[i] != at:  # a long string: one plain step
+        if i == m or starts[i] != at:  # a long string: one plain step
             at += 8 + int.from_bytes(w[at : at + 8].tobytes(), "little")
             done += 1
             continue
-        b = int(np.searchsorted(run_ends, i))
-        last = min(int(run_ends[b]) if b < run_ends.size else starts.size - 1, i + most - done - 1)
-        if ends[last] > w.size:  # keep the strings wholly inside the window
-            last = i + int(np.searchsorted(ends[i : last + 1], w.size, "right")) - 1
-            if last < i:
+        if ends[i] > n:  # runs out of the window
+            break
+        if runs < 64 and w[at] == 0:  # empty strings: as many as the zeros from here hold
+            runs += 1
+            b = int(np.searchsorted(nonzero, at))
+            k = min(((int(nonzero[b]) if b < nonzero.size else n) - at) // 8, most - done)
+            done += k
+            at += 8 * k
+            continue
+        if runs < 64:  # a run at a time
+            runs += 1
+            b = int(np.searchsorted(run_ends, i))
+            last = min(int(run_ends[b]) if b < run_ends.size else m - 1, i + most - done - 1)
+            if ends[last] > n:  # keep the strings wholly inside the window
+                last = i + int(np.searchsorted(ends[i : last + 1], n, "right")) - 1
+            done += last - i + 1
+            at = int(ends[last])
+            continue
+        # short runs (candidates inside strings' text everywhere): string by string, a
+        # plain read each, which is linear and costs what the runs would and no more
+        view = w.data
+        while done < most and at + 8 <= n:
+            end = at + 8 + _U64(view, at)[0]
+            if end > n:
                 break
-        done += last - i + 1
-        at = int(ends[last])
-    if done == 0:  # the window holds less than one length: read it plainly
-        at = 8 + int.from_bytes(w[:8].tobytes(), "little") if w.size >= 8 else w.size + 1
+            done, at = done + 1, end
+        break
+    if done == 0:  # the first string runs out of the window: read its length plainly
+        at = 8 + int.from_bytes(w[:8].tobytes(), "little")
         done = 1
     return done, at
 

@@ -64,9 +64,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._boxes import TooIrregular, first_overlap
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError
 from ._common import TensorFile, check_unchanged, read_small
+from ._detect import ZIP_ERRORS
+from ._files import Links
 from .pickle_machine import Opaque, StorageRef, StorageType, TensorRef, unpickle
 from .torch_archive import read_value
 
@@ -74,7 +77,7 @@ __all__ = ["METADATA_FILE", "Chunk", "DcpFile", "load", "open", "read_metadata"]
 
 METADATA_FILE = ".metadata"
 MAX_METADATA = 1 << 30  # a .metadata larger than this is no checkpoint's
-MAX_VALUE = 64 << 20  # a non-tensor value's bytes read for metadata, at most
+MAX_VALUE = 64 << 20  # a non-tensor value's bytes (stored, and each item decompressed), at most
 
 _DCP = "torch.distributed.checkpoint.metadata"
 _OLD = "torch.distributed._shard.sharded_tensor.metadata"  # torch 2.0 - 2.2 pickled these
@@ -143,12 +146,15 @@ class CheckpointMetadata:
     storage: dict[tuple[str, tuple[int, ...] | None], StoredItem]
 
 
-def read_metadata(path: str | os.PathLike[str]) -> CheckpointMetadata:
+def read_metadata(
+    path: str | os.PathLike[str], links: Links | None = None
+) -> CheckpointMetadata:
     """A DCP ``.metadata`` file, through the pickle machine, checked field by field.
 
-    ``path`` is the checkpoint directory or its ``.metadata`` file. DCP's classes become
-    inert records of the machine (nothing of torch's is built or called), read into a
-    :class:`CheckpointMetadata` of plain values.
+    ``path`` is the checkpoint directory or its ``.metadata`` file; ``links`` confines
+    it to the checkpoint's directory (default: no confinement, the caller named it).
+    DCP's classes become inert records of the machine (nothing of torch's is built or
+    called), read into a :class:`CheckpointMetadata` of plain values.
 
     Raises:
         FormatError: a global that is not DCP metadata (nothing of it is called), a
@@ -157,7 +163,7 @@ def read_metadata(path: str | os.PathLike[str]) -> CheckpointMetadata:
     p = Path(path)
     if p.is_dir():
         p = p / METADATA_FILE
-    raw = read_small(p, MAX_METADATA, "DCP .metadata file")
+    raw = read_small(p, MAX_METADATA, "DCP .metadata file", links)
     try:
         meta = unpickle(raw, placeholders=_PLACEHOLDERS)
     except FormatError as err:
@@ -363,11 +369,12 @@ def _locate(buf: Any, start: int, length: int, where: str) -> tuple[_Rebuild, in
                 raise _Unrecognised("no single data.pkl")
             prefix = pkl[0][: -len("data.pkl")]
             order = infos.get(prefix + "byteorder")
-            if order is not None and zf.read(order) != b"little":
+            if order is not None and _member(zf, order, 16) != b"little":
                 raise _Unrecognised("big-endian storage")
-            if infos[pkl[0]].file_size > MAX_VALUE:
+            data_pkl = _member(zf, infos[pkl[0]], MAX_VALUE)
+            if data_pkl is None:
                 raise _Unrecognised("a data.pkl too large for one tensor")
-            rebuilt = _chunk_tensor(zf.read(pkl[0]))
+            rebuilt = _chunk_tensor(data_pkl)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as err:
         raise FormatError(
             f"{where}: the stored tensor is not a valid torch.save zip ({err})"
@@ -409,6 +416,39 @@ def _locate(buf: Any, start: int, length: int, where: str) -> tuple[_Rebuild, in
     return rebuilt, start + data, info.file_size
 
 
+def _member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> bytes | None:
+    """A zip member's bytes, read in pieces up to ``limit``; None past it.
+
+    Neither the member's declared size nor its compression ratio is trusted: a deflated
+    member of 1 MB may claim, or hold, 1 GiB.
+    """
+    if info.file_size > limit:
+        return None
+    out = bytearray()
+    with zf.open(info) as f:
+        while piece := f.read(min(1 << 20, limit + 1 - len(out))):
+            out += piece
+            if len(out) > limit:
+                return None
+    return bytes(out)
+
+
+def _inflates_within(raw: bytes, limit: int) -> bool:
+    """Whether the members of the zip ``raw`` decompress to at most ``limit`` bytes in all
+    (read, in pieces, not taken from their headers). Not a zip: its bytes are its size."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(raw)) as zf:
+            left = limit
+            for info in zf.infolist():
+                data = _member(zf, info, left)
+                if data is None:
+                    return False
+                left -= len(data)
+    except (*ZIP_ERRORS, OSError):
+        return True  # no zip (a legacy torch.save: stored as is), or one torch.load refuses
+    return True
+
+
 # --- the reader --------------------------------------------------------------------------------
 
 
@@ -431,9 +471,9 @@ class Chunk:
 class _Mapped:
     """A ``.distcp`` file, mapped read-only once and shared by every chunk in it."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, links: Links) -> None:
         self.path = path
-        with path.open("rb") as f:
+        with links.open(path) as f:  # a regular file in the checkpoint
             self.size = os.fstat(f.fileno()).st_size
             self.map: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
 
@@ -454,11 +494,15 @@ class DcpFile(TensorFile):
 
     chunked = True
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, follow_links: bool = False) -> None:
+        """``follow_links``: read ``.distcp`` files that are links out of the directory."""
         super().__init__()
         p = Path(path)
         self.path = p if p.is_dir() else p.parent
-        self._meta = read_metadata(self.path)
+        self.follow_links = follow_links
+        self._links = Links.of(self.path, follow=follow_links)
+        meta = self.path / METADATA_FILE  # confined, unless the caller named it
+        self._meta = read_metadata(meta, None if meta == p else self._links)
         self._files: dict[str, _Mapped] = {}
         self._tensors: dict[str, Any] = {}
         self._values: dict[str, Any] = {}
@@ -678,12 +722,12 @@ class DcpFile(TensorFile):
         f = self._files.get(name)
         if f is None:
             p = self.path / name
-            if not p.is_file():
+            if not p.exists():
                 raise FormatError(
                     f"{self.path}: the metadata names {name}, which is missing; the checkpoint "
                     "is incomplete"
                 )
-            f = self._files[name] = _Mapped(p)
+            f = self._files[name] = _Mapped(p, self._links)
         return f
 
     def _read_value(self, key: str) -> None:
@@ -700,6 +744,11 @@ class DcpFile(TensorFile):
             self._skip(key, "stored transformed or too large to read as a plain value")
             return
         raw = bytes(mapped.map[info.offset : info.offset + info.length])
+        if not _inflates_within(raw, MAX_VALUE):  # a deflated data.pkl of 1 GiB fits in 1 MB
+            self._skip(
+                key, f"over {MAX_VALUE >> 20} MiB once decompressed, past the limit of a value"
+            )
+            return
         try:
             value = read_value(raw, f"the value {key!r}")
         except FormatError as err:
@@ -733,28 +782,30 @@ def _plain(v: Any) -> bool:
 def _disjoint(chunks: list[Chunk]) -> bool:
     """No two non-empty boxes overlap (with the element count, they then tile the shape).
 
-    A sweep along the first dimension: each box is compared only with the boxes whose
-    first-dimension range it meets (one, for row shards), not with every other box.
+    O(N log N) in the chunk count (:func:`tensorbridge._boxes.first_overlap`).
+
+    Raises:
+        FormatError: chunks split along three or more dimensions in no grid, too many to
+            check (see :data:`tensorbridge._boxes.MAX_WORK`).
     """
-    boxes = sorted((c for c in chunks if 0 not in c.shape), key=lambda c: c.offsets)
-    if not boxes or not boxes[0].offsets:
-        return len(boxes) <= 1
-    active: list[Chunk] = []
-    for b in boxes:
-        active = [a for a in active if a.offsets[0] + a.shape[0] > b.offsets[0]]
-        for a in active:
-            if all(
-                ao < bo + bn and bo < ao + an
-                for ao, an, bo, bn in zip(a.offsets, a.shape, b.offsets, b.shape, strict=True)
-            ):
-                return False
-        active.append(b)
-    return True
+    boxes = [(c.offsets, c.shape) for c in chunks if 0 not in c.shape]
+    try:
+        return first_overlap(boxes) is None
+    except TooIrregular as err:
+        raise FormatError(
+            f"{err}: too many chunks to check that they tile the tensor; the checkpoint is "
+            "corrupt or was saved from an unusual placement (read it with "
+            "torch.distributed.checkpoint)"
+        ) from None
 
 
-def open(path: str | os.PathLike[str]) -> DcpFile:  # the verb every format has
-    """Open a DCP checkpoint directory (or its ``.metadata``) lazily."""
-    return DcpFile(path)
+def open(path: str | os.PathLike[str], *, follow_links: bool = False) -> DcpFile:
+    """Open a DCP checkpoint directory (or its ``.metadata``) lazily.
+
+    A ``.metadata`` or ``.distcp`` file that is a link leading out of the directory
+    raises :class:`~tensorbridge.errors.LinkError` unless ``follow_links=True``.
+    """
+    return DcpFile(path, follow_links=follow_links)
 
 
 def load(path: str | os.PathLike[str], **options: Any) -> Any:

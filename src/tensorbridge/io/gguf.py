@@ -78,6 +78,7 @@ from ._common import (
     progress_bar,
     row_of,
 )
+from ._files import Links, open_regular
 from ._gguf_header import (
     ALIGNMENT_KEY,
     ARCHITECTURE_KEY,
@@ -331,11 +332,13 @@ class GGUFFile(TensorFile):
         *,
         dequantize: DTypeLike | None = None,
         split: bool = True,
+        follow_links: bool = False,
     ):
         super().__init__()
         self.path = Path(path)
+        self.follow_links = follow_links  # the other files of a split set may be links out
         self.dequantize = None if dequantize is None else _float_row(dequantize)
-        with self.path.open("rb") as fh:
+        with open_regular(self.path) as fh:
             size = os.fstat(fh.fileno()).st_size
             if size == 0:
                 raise FormatError(f"{str(self.path)!r} is empty; it is no GGUF file")
@@ -405,11 +408,12 @@ class GGUFFile(TensorFile):
                 files.append(self)
                 continue
             p = self.path.with_name(f"{m.group(1)}-{i + 1:05d}-of-{count:05d}.gguf")
-            if not p.is_file():
+            if not p.exists():
                 raise FormatError(
                     f"{str(p)!r}, shard {i + 1} of {count} of the split GGUF set "
                     f"{self.path.name} belongs to, is missing; put every shard in one directory"
                 )
+            Links.of(self.path, follow=self.follow_links).check(p)
             other = GGUFFile(p, dequantize=self.dequantize, split=False)
             self._shards.append(other)
             said = {k: other._split_int(k) for k in (SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS)}
@@ -561,8 +565,16 @@ class GGUFFile(TensorFile):
         return f"<GGUFFile {str(self.path)!r}: {len(self._entries)} tensors{files}>"
 
 
-def open(path: str | os.PathLike[str], *, dequantize: DTypeLike | None = None) -> GGUFFile:
+def open(
+    path: str | os.PathLike[str],
+    *,
+    dequantize: DTypeLike | None = None,
+    follow_links: bool = False,
+) -> GGUFFile:
     """Open a GGUF file: its header is read and checked, tensors mapped when asked for.
+
+    The other files of a split set are looked for beside it; one that is a link out of
+    its directory is refused unless ``follow_links=True``.
 
     >>> import os, tempfile, numpy as np
     >>> p = os.path.join(tempfile.mkdtemp(), "m.gguf")
@@ -572,7 +584,7 @@ def open(path: str | os.PathLike[str], *, dequantize: DTypeLike | None = None) -
     ...     f.ggml_type("w"), f.raw("w").shape
     ('Q8_0', (4, 1, 34))
     """
-    return GGUFFile(path, dequantize=dequantize)
+    return GGUFFile(path, dequantize=dequantize, follow_links=follow_links)
 
 
 def load(

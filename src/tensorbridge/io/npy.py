@@ -29,7 +29,6 @@ copy-on-write mapping per opened file (writes never reach the file).
 from __future__ import annotations
 
 import ast
-import builtins
 import io
 import os
 import struct
@@ -69,6 +68,7 @@ from ._common import (
     progress_bar,
     row_of,
 )
+from ._files import open_regular
 
 __all__ = ["MAX_HEADER_SIZE", "NpyFile", "disk_dtype", "load", "open", "save"]
 
@@ -425,7 +425,7 @@ class NpyFile(MappedFile):
 
     def __init__(self, path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> None:
         p = Path(path)
-        with builtins.open(p, "rb") as f:
+        with open_regular(p) as f:
             size = os.fstat(f.fileno()).st_size
             head = f.read(min(size, HEAD_LIMIT))
         super().__init__(p, size)
@@ -445,7 +445,7 @@ class NpyFile(MappedFile):
 
     def _owned(self, name: str) -> np.ndarray:
         self._check(name)
-        with builtins.open(self._path, "rb") as f:
+        with open_regular(self._path) as f:
             f.seek(self.header.offset)
             return read_data(f, self.header, repr(str(self._path)))
 

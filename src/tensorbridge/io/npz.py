@@ -41,6 +41,7 @@ from ..dtypes import DeviceLike, DTypeLike, DTypeRow
 from ..errors import FormatError, TensorBridgeError, UnsupportedTensorError
 from ._common import DEFAULT_CHUNK, TensorFile, atomic_write, progress_bar
 from ._detect import ZIP_ERRORS
+from ._files import open_regular
 from .npy import (
     HEAD_LIMIT,
     Header,
@@ -152,11 +153,12 @@ class NpzFile(MappedFile):
         where = repr(str(p))
         self._raw = raw_row(dtype)
         try:
-            with zipfile.ZipFile(p) as zf:
+            with open_regular(p) as fh, zipfile.ZipFile(fh) as zf:
                 infos = zf.infolist()
+                size = os.fstat(fh.fileno()).st_size
         except ZIP_ERRORS as err:
             raise FormatError(f"{where}: not a readable .npz (zip) archive: {err}") from None
-        super().__init__(p, os.stat(p).st_size)
+        super().__init__(p, size)
         self._members: dict[str, zipfile.ZipInfo] = {}
         for info in infos:
             if not info.filename:
@@ -260,7 +262,7 @@ class NpzFile(MappedFile):
 def _member(path: Path, info: zipfile.ZipInfo, where: str) -> Iterator[BinaryIO]:
     """A deflated member as a stream; zip and zlib failures become :class:`FormatError`."""
     try:
-        with zipfile.ZipFile(path) as zf, zf.open(info) as f:
+        with open_regular(path) as fh, zipfile.ZipFile(fh) as zf, zf.open(info) as f:
             yield f  # type: ignore[misc]
     except ZIP_ERRORS as err:
         raise FormatError(f"{where}: corrupt member data: {err}") from None

@@ -78,6 +78,7 @@ from ._common import (
     row_of,
 )
 from ._detect import INDEX_SUFFIX, resolve
+from ._files import Links, open_fd
 from ._formats import by_name
 from ._pipeline import STREAM_CHUNK, pipelined
 from ._safetensors_header import (
@@ -533,7 +534,7 @@ class _Shard:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        self.fd = open_fd(path)  # a regular file, opened without blocking
         # a plain descriptor closed on collection: dropping an unclosed file stays quiet
         self._close = weakref.finalize(self, os.close, self.fd)
         try:
@@ -711,10 +712,14 @@ class SafetensorsFile(TensorFile):
         return f"<SafetensorsFile {str(self.path)!r}: {len(self._where)} tensors>"
 
 
-def open(path: str | os.PathLike[str]) -> SafetensorsFile | ShardedFile:
+def open(
+    path: str | os.PathLike[str], *, follow_links: bool = False
+) -> SafetensorsFile | ShardedFile:
     """Open a safetensors file, a ``*.safetensors.index.json`` or a directory holding one.
 
-    Only the header is read (and checked); tensors are mapped when asked for.
+    Only the header is read (and checked); tensors are mapped when asked for. A shard
+    (or a directory's file) that is a link leading out of the directory raises
+    :class:`~tensorbridge.errors.LinkError` unless ``follow_links=True``.
 
     >>> import os, tempfile, numpy as np
     >>> path = os.path.join(tempfile.mkdtemp(), "a.safetensors")
@@ -728,9 +733,12 @@ def open(path: str | os.PathLike[str]) -> SafetensorsFile | ShardedFile:
             tensor and what is wrong.
         FileNotFoundError: no such file, or a directory without one.
     """
-    p = resolve(Path(path), by_name("safetensors").in_directory)
+    given = Path(path)
+    p = resolve(given, by_name("safetensors").in_directory)
+    if p != given:
+        Links.of(given, follow=follow_links).check(p)
     if p.name.endswith(INDEX_SUFFIX):
-        return ShardedFile(p, SafetensorsFile)
+        return ShardedFile(p, SafetensorsFile, Links.of(p, follow=follow_links))
     return SafetensorsFile(p)
 
 

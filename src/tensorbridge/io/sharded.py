@@ -31,6 +31,7 @@ import numpy as np
 from ..dtypes import DTypeRow
 from ..errors import FormatError
 from ._common import TensorFile
+from ._files import Links
 from ._safetensors_header import read_index, short
 
 __all__ = ["ShardedFile"]
@@ -39,9 +40,18 @@ __all__ = ["ShardedFile"]
 class ShardedFile(TensorFile):
     """A shard index and its shards, read as one file; ``metadata`` is the first shard's."""
 
-    def __init__(self, index: str | os.PathLike[str], opener: Callable[[Path], TensorFile]) -> None:
+    def __init__(
+        self,
+        index: str | os.PathLike[str],
+        opener: Callable[[Path], TensorFile],
+        links: Links | None = None,
+    ) -> None:
+        """``links``: where the shards may lie (default: the index's directory, links
+        leading out of it refused)."""
         super().__init__()
         self.path = Path(index)
+        links = links or Links.of(self.path)
+        self.follow_links = links.follow
         weight_map = read_index(self.path)
         self._shards: list[TensorFile] = []
         self._where: dict[str, TensorFile] = {}
@@ -49,11 +59,12 @@ class ShardedFile(TensorFile):
         try:
             for file in sorted(set(weight_map.values())):
                 shard_path = self.path.parent / file
-                if not shard_path.is_file():
+                if not shard_path.exists():
                     raise FormatError(
                         f"{self.path}: the index names the shard {file}, which is not in "
                         f"{self.path.parent}; the download is incomplete"
                     )
+                links.check(shard_path)  # its reader refuses anything but a regular file
                 shard = opener(shard_path)
                 self._shards.append(shard)
                 self._file[id(shard)] = file

@@ -50,6 +50,7 @@ import functools
 import json
 import math
 import os
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,7 @@ from ._common import (
     progress_bar,
     row_of,
 )
+from ._files import Links, read_limited, read_regular
 
 if TYPE_CHECKING:
     import zarr as zarr_module
@@ -562,7 +564,7 @@ def store_kind(path: str | os.PathLike[str]) -> str | None:
         st = doc.stat()
     except OSError:
         return None
-    if st.st_size > MAX_NODE_JSON:
+    if st.st_size > MAX_NODE_JSON or not stat.S_ISREG(st.st_mode):  # a FIFO, /dev/zero
         return None
     # detecting, resolving and opening a store each ask: parse a large zarr.json once
     return _node_kind(str(doc), st.st_ino, st.st_size, st.st_mtime_ns)
@@ -570,8 +572,8 @@ def store_kind(path: str | os.PathLike[str]) -> str | None:
 
 @functools.lru_cache(maxsize=16)
 def _node_kind(doc: str, ino: int, size: int, mtime_ns: int) -> str | None:
-    try:
-        meta = json.loads(Path(doc).read_bytes())
+    try:  # a file swapped for a FIFO or a device since the stat is refused, never waited on
+        meta = json.loads(read_limited(doc, MAX_NODE_JSON, GROUP_FILE))
     except (OSError, ValueError, RecursionError):
         return None
     if isinstance(meta, dict) and meta.get("zarr_format") == 3:
@@ -588,18 +590,27 @@ class ZarrFile(TensorFile):
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, max_fill_bytes: int | None = MAX_FILL_BYTES
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_fill_bytes: int | None = MAX_FILL_BYTES,
+        follow_links: bool = False,
     ) -> None:
         super().__init__()
         zarr = require_zarr()
         p = Path(path)
         self.path = p
         self.max_fill_bytes = max_fill_bytes
+        self.follow_links = follow_links
         where = repr(str(p))
+        links = Links.of(p, follow=follow_links)
         kind = store_kind(p)
         if kind is None:
+            if os.path.lexists(p / GROUP_FILE):  # a FIFO, a device, a link out: say which
+                links.read(p / GROUP_FILE, MAX_NODE_JSON, GROUP_FILE)
             require_committed(p, GROUP_FILE, "Zarr store")  # raises: uncommitted, or missing
             raise FormatError(f"{where}: its {GROUP_FILE} is no Zarr v3 group or array")
+        store = _confined_store(p, links)
         self._arrays: dict[str, Any] = {}
         self._values: dict[str, Any] = {}
         self._saved: dict[str, Any] = {}
@@ -607,10 +618,10 @@ class ZarrFile(TensorFile):
             if kind == "array":
                 self.single = True
                 self._arrays[p.name.removesuffix(".zarr") or "x"] = zarr.open_array(
-                    os.fspath(p), mode="r", zarr_format=3
+                    store, mode="r", zarr_format=3
                 )
                 return
-            group = zarr.open_group(os.fspath(p), mode="r", zarr_format=3)
+            group = zarr.open_group(store, mode="r", zarr_format=3)
             attrs = dict(group.attrs)
             saved = attrs.pop(RESERVED, None)
             order = saved.get("keys") if isinstance(saved, dict) else None
@@ -693,6 +704,8 @@ class ZarrFile(TensorFile):
         self._check_fill(name, nbytes)
         try:
             out: np.ndarray = np.asarray(self._get(name)[...])
+        except FormatError:  # a chunk that is a FIFO, a device, a link out of the store
+            raise
         except (ValueError, TypeError, KeyError, IndexError, ArithmeticError) as err:
             # zarr's codecs and indexers say so (a chunk of 0 elements divides by zero)
             raise FormatError(
@@ -749,6 +762,69 @@ class ZarrFile(TensorFile):
         )
 
 
+def _confined_store(path: Path, links: Links) -> Any:
+    """A read-only zarr store of ``path`` that reads only regular files inside it.
+
+    zarr's ``LocalStore`` reads a key with ``Path.read_bytes()``: a chunk or a
+    ``zarr.json`` that is ``/dev/zero`` is read until memory runs out, a FIFO hangs
+    the read, a link is followed anywhere. This store reads each key through
+    :class:`~tensorbridge.io._files.Links` (a regular file, confined to the store
+    unless links are followed) and by the bytes it holds.
+    """
+    return _store_class()(path, links)
+
+
+@functools.cache
+def _store_class() -> Any:
+    import asyncio
+
+    from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.storage import LocalStore
+
+    def read(links: Links, path: Path, byte_range: Any) -> bytes | None:
+        try:
+            f = links.open(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # an absent chunk: zarr fills it with the fill value
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if byte_range is None:
+                limit = MAX_NODE_JSON if path.name == GROUP_FILE else size
+                return read_regular(f, path, limit, f"Zarr {path.name} ({size:,} bytes)")
+            if isinstance(byte_range, RangeByteRequest):
+                start, n = byte_range.start, byte_range.end - byte_range.start
+            elif isinstance(byte_range, OffsetByteRequest):
+                start, n = byte_range.offset, size - byte_range.offset
+            elif isinstance(byte_range, SuffixByteRequest):
+                start = max(0, size - byte_range.suffix)
+                n = size - start
+            else:  # pragma: no cover - zarr's three kinds of request
+                raise FormatError(f"{path}: an unknown byte range {byte_range!r}")
+            f.seek(max(0, start))
+            return f.read(max(0, min(n, size - start)))
+
+    class ConfinedStore(LocalStore):
+        def __init__(self, root: Path, links: Links) -> None:
+            super().__init__(root, read_only=True)
+            self.links = links
+
+        def with_read_only(self, read_only: bool = False) -> Any:
+            return type(self)(self.root, self.links)
+
+        async def get(self, key: str, prototype: Any = None, byte_range: Any = None) -> Any:
+            prototype = prototype or default_buffer_prototype()
+            if not self._is_open:
+                await self._open()
+            data = await asyncio.to_thread(read, self.links, self.root / key, byte_range)
+            return None if data is None else prototype.buffer.from_bytes(data)
+
+        async def get_partial_values(self, prototype: Any, key_ranges: Any) -> list[Any]:
+            return [await self.get(key, prototype, r) for key, r in key_ranges]
+
+    return ConfinedStore
+
+
 def _physical_memory() -> int:
     """This machine's RAM in bytes (no limit where the platform does not say)."""
     try:
@@ -758,7 +834,10 @@ def _physical_memory() -> int:
 
 
 def open(
-    path: str | os.PathLike[str], *, max_fill_bytes: int | None = MAX_FILL_BYTES
+    path: str | os.PathLike[str],
+    *,
+    max_fill_bytes: int | None = MAX_FILL_BYTES,
+    follow_links: bool = False,
 ) -> TensorFile:
     """Open a Zarr v3 store (a group of arrays, or one array) lazily.
 
@@ -766,7 +845,8 @@ def open(
     more than ``max_fill_bytes`` (zarr fills absent chunks with the fill value) raises
     :class:`~tensorbridge.errors.FormatError`; ``max_fill_bytes=None`` reads sparse
     stores (zarr skips chunks equal to the fill value by default) whatever they
-    declare.
+    declare. A ``zarr.json`` or chunk that is a link leading out of the store raises
+    :class:`~tensorbridge.errors.LinkError` unless ``follow_links=True``.
 
     >>> import os, tempfile, numpy as np
     >>> p = os.path.join(tempfile.mkdtemp(), "s.zarr")
@@ -779,7 +859,7 @@ def open(
         UncommittedCheckpointError: a save into ``path`` never committed.
         FormatError: ``path`` is no Zarr v3 store.
     """
-    return ZarrFile(path, max_fill_bytes=max_fill_bytes)
+    return ZarrFile(path, max_fill_bytes=max_fill_bytes, follow_links=follow_links)
 
 
 def load(

@@ -332,7 +332,12 @@ class DequantizedFile(TensorFile):
         self.src = src
         self.row = _float_row(dtype)
         self.path = getattr(src, "path", None)
-        cfg = config_of(config) if config is not None else read_config(self.path)
+        self.follow_links = src.follow_links
+        cfg = (
+            config_of(config)
+            if config is not None
+            else read_config(self.path, follow_links=src.follow_links)
+        )
         skip = src.unsupported()
         index: Index = {n: src.info(n) for n in src if n not in skip}
         self.plan: Plan = plan(index, cfg, scheme, _options(block_size, None, None))

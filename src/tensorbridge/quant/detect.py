@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import QuantizationError, TensorBridgeError
+from ..errors import FormatError, LinkError, QuantizationError, TensorBridgeError
+from ..io._files import Links, read_limited
 from .awq import AWQ
 from .base import Config, Group, Index, Scheme
 from .ct_packed import PackQuantized
@@ -140,19 +141,27 @@ def scheme_named(name: str) -> Scheme:
     raise QuantizationError(f"unknown scheme {name!r}; pass one of {', '.join(SCHEMES)}")
 
 
-def read_config(path: str | os.PathLike[str] | None) -> Config | None:
-    """The quantization config beside a checkpoint file or in a checkpoint directory."""
+def read_config(
+    path: str | os.PathLike[str] | None, *, follow_links: bool = False
+) -> Config | None:
+    """The quantization config beside a checkpoint file or in a checkpoint directory.
+
+    Each config is a regular file of at most ``MAX_CONFIG`` bytes inside the
+    checkpoint's directory (or Hugging Face cache repository); one that is a link out
+    of it raises :class:`~tensorbridge.errors.LinkError` unless ``follow_links=True``.
+    """
     if path is None:
         return None
     p = Path(path)
     directory = p if p.is_dir() else p.parent
-    config_json = _json(directory / "config.json")
+    links = Links.of(directory, follow=follow_links)
+    config_json = _json(directory / "config.json", links)
     if isinstance(config_json, Mapping) and isinstance(
         config_json.get("quantization_config"), Mapping
     ):
         return Config(config_json["quantization_config"], "config.json")
     for name in ("hf_quant_config.json", "quantize_config.json"):
-        data = _json(directory / name)
+        data = _json(directory / name, links)
         if isinstance(data, Mapping):
             if name == "quantize_config.json" and "quant_method" not in data:
                 data = {**data, "quant_method": "gptq"}
@@ -184,22 +193,25 @@ def config_of(config: Any) -> Config | None:
 MAX_CONFIG = 1 << 26  # a config.json over 64 MiB is no model's configuration
 
 
-def _json(path: Path) -> Any:
+def _json(path: Path, links: Links | None = None) -> Any:
+    """A config file's JSON (None when absent), read as a regular file of at most
+    ``MAX_CONFIG`` bytes (``links``: confined to the checkpoint)."""
     try:
-        size = path.stat().st_size
+        if links is not None:
+            raw = links.read(path, MAX_CONFIG, "model config")
+        else:
+            raw = read_limited(path, MAX_CONFIG, "model config")
     except FileNotFoundError:
         return None
-    if size > MAX_CONFIG:
-        raise QuantizationError(
-            f"{path} is over {MAX_CONFIG:,} bytes, too large for a model config; pass "
-            "config= the quantization_config dict instead"
-        )
+    except LinkError:
+        raise
+    except FormatError as e:  # a FIFO, a device, a directory, or over the limit
+        raise QuantizationError(f"{e}; pass config= the quantization_config dict instead") from None
+    except OSError as e:
+        raise QuantizationError(f"{path} is not readable ({e}); fix or remove it") from None
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, RecursionError) as e:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:
         raise QuantizationError(f"{path} is not readable JSON ({e}); fix or remove it") from None
 
 
