@@ -19,7 +19,8 @@ byte-identical to ``np.save`` (Fortran-ordered arrays included).
 
 **Reading** validates every header before mapping anything: magic and version, header
 length within ``MAX_HEADER_SIZE`` and the file, a literal-only parse (``ast.literal_eval``,
-never pickle), exactly the three keys, a shape of non-negative ints, and a data length
+never pickle; Python 2's ``2L`` integers in version 1.0 / 2.0 headers are read as
+``np.load`` reads them), exactly the three keys, a shape of non-negative ints, and a data length
 equal to the shape times the item size, to the byte. Object arrays are refused. Any
 violation raises :class:`~tensorbridge.FormatError` naming the file (and member).
 With ``mmap=True`` NumPy results are read-only views of the file; torch results share one
@@ -33,9 +34,11 @@ import builtins
 import io
 import os
 import struct
+import tokenize
 from collections.abc import Iterable, Mapping
 from math import prod
 from pathlib import Path
+from tokenize import TokenError
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
@@ -140,6 +143,32 @@ def header_bytes(row: DTypeRow, shape: tuple[int, ...], fortran: bool = False) -
     return buf.getvalue()
 
 
+def header_literal(text: str, major: int) -> Any:
+    """The header's dict, read as ``np.load`` reads it (``numpy/lib/_format_impl.py``).
+
+    ``ast.literal_eval`` first (literals only: never calls, never pickles). Python 2
+    wrote long integers with an ``L`` suffix (``'shape': (2L,)``, NumPy's own
+    ``win64python2.npy``); for a version 1.0 or 2.0 header that is not a literal, NumPy
+    drops each ``L`` token that directly follows a number (``_filter_header``) and
+    tries again: so does this, with the same tokenizer, which only splits text.
+
+    >>> header_literal("{'shape': (2L, 3L), }", 1)
+    {'shape': (2, 3)}
+    """
+    try:
+        return ast.literal_eval(text)
+    except SyntaxError:
+        if major > 2:  # NumPy never wrote version 3.0 on Python 2
+            raise
+    tokens: list[tokenize.TokenInfo] = []
+    after_number = False
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if not (after_number and token.type == tokenize.NAME and token.string == "L"):
+            tokens.append(token)
+        after_number = token.type == tokenize.NUMBER
+    return ast.literal_eval(tokenize.untokenize(tokens))
+
+
 def parse_header(head: bytes, size: int, where: str, raw: DTypeRow | None = None) -> Header:
     """Validate the start of a ``.npy`` (``head``: its first bytes) holding ``size`` bytes.
 
@@ -181,8 +210,8 @@ def parse_header(head: bytes, size: int, where: str, raw: DTypeRow | None = None
     if len(text) > MAX_HEADER_SIZE:
         raise bad(f"the header has {len(text)} characters, more than {MAX_HEADER_SIZE}")
     try:
-        d = ast.literal_eval(text)  # literals only: never calls, never pickles
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        d = header_literal(text, major)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, TokenError):
         raise bad(f"the header is not a Python literal: {text.strip()[:200]!r}") from None
     if not isinstance(d, dict) or set(d) != {"descr", "fortran_order", "shape"}:
         got = sorted(map(str, d)) if isinstance(d, dict) else type(d).__name__
