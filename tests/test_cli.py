@@ -214,6 +214,67 @@ def test_convert_every_pair_bit_exact(
         assert_same_bits(np.asarray(got[name]), want)
 
 
+def _destinations() -> list[tuple[str, str, list[str]]]:
+    """Every destination convert writes: (source kind, destination, extra options).
+
+    Each suffix of each writable format row, a directory, a shard index, and what a DCP
+    checkpoint converts to (a directory of .npy files, sharded safetensors, a Zarr store).
+    """
+    from tensorbridge.io._formats import FORMATS
+
+    out = []
+    for f in FORMATS:
+        for suffix in f.suffixes if f.writes else ():
+            extra = ["--include", "w"] if not f.many_arrays else []
+            extra += [f"--metadata={k}=llama" for k in f.required_metadata]
+            out.append(("file", f"out{suffix}", extra))
+    out += [("file", "out/", []), ("file", "out.safetensors.index.json", [])]
+    out += [("dcp", "out/", ["--format", "npy"]), ("dcp", "out/", []), ("dcp", "out.zarr", [])]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("source", "dst", "extra"), _destinations(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_what_convert_writes_inspect_and_load_read_back(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, source: str, dst: str, extra: list[str]
+) -> None:
+    if dst.endswith(".zarr"):
+        pytest.importorskip("zarr", reason="Zarr stores are an extra (tensorbridge[zarr])")
+    w, b = np.arange(6, dtype=np.float32).reshape(2, 3), bf16([1.0, -2.0])
+    if source == "dcp":
+        import torch.distributed.checkpoint as dcp
+
+        src = tmp_path / "dcp"
+        with pytest.warns(UserWarning, match="torch.distributed"):  # no process group: one rank
+            dcp.save({"w": torch.from_numpy(w), "b": tb_torch(b)}, checkpoint_id=src)
+    else:
+        src = tmp_path / "src.safetensors"
+        tbio.save({"w": w, "b": b}, src)
+    out = f"{tmp_path}{os.sep}{dst}"  # a Path would drop a directory's trailing /
+    rc, _, err = run(capsys, "convert", src, out, "--no-progress", *extra)
+    assert (rc, err) == (0, "")
+    expected = {"w": w, "b": b}
+    if "--include" in extra:  # one bare array, named after its file
+        expected = {"out": w}
+    rc, listing, err = run(capsys, "inspect", out, "--json")
+    assert (rc, err) == (0, "")
+    (doc,) = json.loads(listing)
+    assert sorted(t["name"] for t in doc["tensors"]) == sorted(expected)
+    got = tbio.load(out)
+    if not isinstance(got, dict):
+        got = {"out": got}
+    assert sorted(got) == sorted(expected)
+    for name, want in expected.items():
+        assert_same_bits(np.asarray(got[name]), want)
+
+
+def tb_torch(a: np.ndarray) -> torch.Tensor:
+    from tensorbridge import to_torch
+
+    return to_torch(a)
+
+
 def test_convert_float_dtype_casts_floats_only(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

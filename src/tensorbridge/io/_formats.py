@@ -84,7 +84,10 @@ class Format:
     writes: bool = True  # ``save`` writes it (False: read-only)
     magic: bytes = b""  # the first bytes that identify it, where a fixed magic does
     in_directory: tuple[str, ...] = ()  # names a checkpoint directory is searched for, best first
+    directory_rank: int = 0  # directories are searched by rank, then table order: models first
     directory: bool = False  # a store is a directory (Zarr), recognised by its contents
+    # the directory holding ``in_directory``'s files is the checkpoint, one entry a file
+    file_per_entry: bool = False
     extra: str | None = None  # the pip extra that installs its library (``tensorbridge[zarr]``)
     chunked: bool = False  # tensors stored as boxes of a global tensor (assembled when saved)
     deferred: bool = False  # ``save`` takes values computed as they are written (``Deferred``)
@@ -153,6 +156,8 @@ FORMATS: tuple[Format, ...] = (
         kinds=("npz",),
         memory_map=True,
         raw_dtype=True,
+        in_directory=("*.npz",),
+        directory_rank=1,
     ),
     Format(
         "pt",
@@ -203,6 +208,21 @@ FORMATS: tuple[Format, ...] = (
         in_directory=(".metadata",),
         chunked=True,
     ),
+    Format(  # what ``convert dcp/ out/ --format npy`` writes
+        "npy-dir",
+        "tensorbridge.io.npy",
+        "NpyDirectory",
+        "a directory of .npy files",
+        suffixes=(),
+        kinds=("npy-dir",),
+        memory_map=True,
+        raw_dtype=True,
+        writes=False,
+        in_directory=("*.npy",),
+        directory_rank=2,
+        directory=True,
+        file_per_entry=True,
+    ),
 )
 
 # what a directory destination gets: model.safetensors in it
@@ -224,7 +244,8 @@ def by_kind(kind: str) -> Format | None:
 
 
 def by_name(name: str) -> Format:
-    """The format called ``name`` ("safetensors", "npy", "npz", "pt", "gguf", "zarr", "dcp")."""
+    """The format called ``name`` ("safetensors", "npy", "npz", "pt", "gguf", "zarr", "dcp",
+    "npy-dir")."""
     return _BY_NAME[name]
 
 

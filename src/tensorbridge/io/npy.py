@@ -73,7 +73,7 @@ from ._common import (
     row_of,
 )
 
-__all__ = ["MAX_HEADER_SIZE", "NpyFile", "disk_dtype", "load", "open", "save"]
+__all__ = ["MAX_HEADER_SIZE", "NpyDirectory", "NpyFile", "disk_dtype", "load", "open", "save"]
 
 MAGIC = b"\x93NUMPY"
 MAX_HEADER_SIZE = 10_000  # characters, numpy's own default for untrusted files
@@ -481,6 +481,52 @@ class NpyFile(MappedFile):
     def _check(self, name: str) -> None:
         if name != self.name:
             raise KeyError(f"{name!r} is not in this file; its one key is {self.name!r}")
+
+
+class NpyDirectory(TensorFile):
+    """A directory of ``NAME.npy`` files, one entry each, named by the file's stem.
+
+    ``convert dcp/ out/ --format npy`` writes one (``tb.save(tb.open(dcp), out,
+    format="npy")``). Every file's header is validated when the directory is opened;
+    each file is mapped when first read. Other files in the directory are ignored.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self._files: dict[str, NpyFile] = {}
+        try:
+            for p in sorted(self.path.glob("*.npy")):
+                if p.is_file():
+                    self._files[p.stem] = NpyFile(p, dtype=dtype)
+        except BaseException:
+            self.close()
+            raise
+        if not self._files:
+            raise FileNotFoundError(f"{self.path} holds no .npy file")
+
+    def keys(self) -> list[str]:
+        return list(self._files)
+
+    def _file(self, name: str) -> NpyFile:
+        try:
+            return self._files[name]
+        except KeyError:
+            keys = self.keys()[:10]
+            raise KeyError(f"{name!r} is not in {self.path}; its keys are {keys}") from None
+
+    def info(self, name: str) -> tuple[DTypeRow, tuple[int, ...]]:
+        return self._file(name).info(name)
+
+    def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
+        return self._file(name)._array(name, copy_on_write=copy_on_write)
+
+    def _owned(self, name: str) -> np.ndarray:
+        return self._file(name)._owned(name)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
 
 
 def open(path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> TensorFile:
