@@ -302,8 +302,12 @@ def test_cli_messages_come_from_the_table(
     assert main(["convert", str(src), str(tmp_path / "o.npz")]) == 0
     assert capsys.readouterr().err == (
         "note: dropped metadata who: .npz files have no place for it (convert to "
-        ".safetensors or .pt or .gguf or .zarr to keep it)\n"
+        ".safetensors or .pt or .gguf or .zarr to keep it; --no-metadata leaves it out "
+        "without this note)\n"
     )
+    assert main(["convert", str(src), str(tmp_path / "o.npz"), "--overwrite", "-q"]) == 0
+    assert main(["convert", str(src), str(tmp_path / "o.npz"), "--overwrite", "--no-metadata"]) == 0
+    assert capsys.readouterr().err == ""
     assert main(["convert", str(src), str(tmp_path / "a.npy"), "--include", "a", "--verify"]) == 0
     assert "verify: bit-exact" in capsys.readouterr().out
 

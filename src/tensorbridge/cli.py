@@ -19,11 +19,12 @@ import json
 import os
 import re
 import sys
+import textwrap
 import time
 from collections.abc import Iterator, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .errors import MissingExtraError, TensorBridgeError
+from .errors import InvalidArgumentError, MissingExtraError, TensorBridgeError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -112,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     reading(p)
 
     p = command("convert", "convert a checkpoint between formats, streamed, atomically")
+    p.epilog = f"{_destinations()}\n\n{p.epilog}"
     p.add_argument("src", metavar="SRC")
     p.add_argument("dst", metavar="DST")
     p.add_argument(
@@ -160,6 +162,11 @@ def _parser() -> argparse.ArgumentParser:
         "--metadata-json",
         metavar="FILE",
         help="add the metadata keys of a JSON object in FILE (typed as --metadata's VALUE)",
+    )
+    p.add_argument(
+        "--no-metadata",
+        action="store_true",
+        help="leave SRC's metadata out (a .pt source: its plain values, such as epoch)",
     )
     p.add_argument(
         "--block-size",
@@ -248,6 +255,27 @@ def _parser() -> argparse.ArgumentParser:
 
     command("demo", "convert a small bf16 model's weights both ways and report, offline")
     return parser
+
+
+def _destinations() -> str:
+    """What each destination of convert keeps, from the format table (imports nothing heavy)."""
+    from .io._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX
+
+    rows = [(", ".join(f.suffixes), f.keeps) for f in FORMATS if f.writes]
+    sharded = f"NAME{DIRECTORY_FORMAT.suffixes[0]}{INDEX_SUFFIX}"
+    rows += [
+        ("DIR/", f"model{DIRECTORY_FORMAT.suffixes[0]} inside (a DCP source: shards + index)"),
+        (sharded, "shards of --max-shard-size and their index"),
+        ("DIR/ --format npy", "a DCP source: one NAME.npy per tensor; no metadata"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = [
+        textwrap.fill(
+            keeps, 98, initial_indent=f"  {suffix:<{width}}  ", subsequent_indent=" " * (width + 4)
+        )
+        for suffix, keeps in rows
+    ]
+    return "destinations (by DST's suffix) and what each keeps:\n" + "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -802,7 +830,11 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 f"selected; pick one with --include NAME or write "
                 f"{listing(lambda f: f.many_arrays)}"
             )
-        meta, dropped = tbio.carried_metadata(src, dst.format, names)
+        meta, dropped = (
+            ({}, [])
+            if args.no_metadata
+            else tbio.carried_metadata(src, dst.format, names, fix="pass --no-metadata")
+        )
         meta.update(given_meta)
         clash = [k for k in given_meta if k in names]
         if clash and dst.format.metadata_with_tensors:
@@ -822,7 +854,8 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         if dropped and not args.quiet:
             print(
                 f"note: dropped metadata {', '.join(dropped)}: {dst.path.suffix} files have no "
-                f"place for it (convert to {listing(lambda f: f.metadata, ' or ')} to keep it)",
+                f"place for it (convert to {tbio.metadata_homes(dropped, names)} to keep it; "
+                "--no-metadata leaves it out without this note)",
                 file=sys.stderr,
             )
         progress = _progress(args)
@@ -833,9 +866,22 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 src[names[0]], dst.path, float_dtype=float_dtype, progress=progress, overwrite=True
             )
         else:
-            values: Mapping[str, Any] = _Lazy(src, names)
+            values: Any = _Lazy(src, names)
             if schemes and dst.format.name == "safetensors":
                 values = {n: src.stream_value(n) for n in names}
+            try:
+                tree = (
+                    tbio.nested_values(src, names, plain=not args.no_metadata)
+                    if dst.format.nested
+                    else None
+                )
+            except InvalidArgumentError as e:  # a list's items selected in part
+                raise _UsageError(
+                    f"{e} (--include / --exclude), or convert to "
+                    f"{listing(lambda f: f.many_arrays and not f.nested)}, which keep flat names"
+                ) from None
+            if tree is not None:  # the source's nesting, its plain values in their places
+                values, meta = tree, given_meta
             tbio.save(
                 values,
                 args.dst,
@@ -1219,6 +1265,7 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
                 view,
                 _as_directory(args.dst),
                 float_dtype=float_dtype,
+                metadata=False if args.no_metadata else None,
                 max_shard_size=args.max_shard_size,
                 overwrite=args.overwrite,
                 progress=_progress(args),
@@ -1243,7 +1290,9 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
             "bytes_out": out_bytes,
             "seconds": round(took, 3),
             "skipped": sorted(unsupported),
-            "dropped_metadata": sorted(src.plain_values()) if args.format == "npy" else [],
+            "dropped_metadata": sorted(src.plain_values())
+            if args.format == "npy" or args.no_metadata
+            else [],
         }
         ok = True
         if args.verify:

@@ -91,6 +91,8 @@ class Format:
     extra: str | None = None  # the pip extra that installs its library (``tensorbridge[zarr]``)
     chunked: bool = False  # tensors stored as boxes of a global tensor (assembled when saved)
     deferred: bool = False  # ``save`` takes values computed as they are written (``Deferred``)
+    nested: bool = False  # ``save`` keeps a tree's nesting and plain values (else: dotted names)
+    keeps: str = ""  # what a conversion to it keeps, for ``convert --help``
 
     def __repr__(self) -> str:
         return f"<Format {self.name}>"
@@ -133,6 +135,7 @@ FORMATS: tuple[Format, ...] = (
         memory_map=True,
         deferred=True,
         in_directory=("*.safetensors" + INDEX_SUFFIX, "*.safetensors"),
+        keeps="tensors by dotted name; metadata as text; shards with an index",
     ),
     Format(
         "npy",
@@ -146,6 +149,7 @@ FORMATS: tuple[Format, ...] = (
         memory_map=True,
         raw_dtype=True,
         magic=b"\x93NUMPY",
+        keeps="one array; no metadata",
     ),
     Format(
         "npz",
@@ -158,6 +162,7 @@ FORMATS: tuple[Format, ...] = (
         raw_dtype=True,
         in_directory=("*.npz",),
         directory_rank=1,
+        keeps="arrays by dotted name; no metadata",
     ),
     Format(
         "pt",
@@ -171,6 +176,9 @@ FORMATS: tuple[Format, ...] = (
         metadata_with_tensors=True,
         memory_map=True,
         in_directory=("*.bin" + INDEX_SUFFIX, "*.bin", "*.pt", "*.pth"),
+        nested=True,
+        keeps="a .pt source's nesting and plain values, as torch.load gives them; from "
+        "other sources, tensors by dotted name with the metadata beside them",
     ),
     Format(
         "gguf",
@@ -184,6 +192,7 @@ FORMATS: tuple[Format, ...] = (
         memory_map=True,
         magic=b"GGUF",
         in_directory=("*.gguf",),
+        keeps="tensors by name; typed metadata (general.architecture required)",
     ),
     Format(
         "zarr",
@@ -195,6 +204,7 @@ FORMATS: tuple[Format, ...] = (
         metadata=True,
         directory=True,
         extra="zarr",
+        keeps="one array per tensor; metadata as attributes",
     ),
     Format(
         "dcp",

@@ -20,7 +20,10 @@ Non-tensor leaves (an epoch number, a learning rate, a ``torch.Size``) go to
 file holding a single tensor has one key, the file's stem, and ``load`` returns that
 tensor/array itself (like ``.npy``).
 
-**Writing** converts every value with :func:`tensorbridge.to_torch` (bfloat16 arrays
+**Writing** keeps the nesting it is given (``tb.save`` passes a tree as it is, and a
+``.pt`` source converted to ``.pt`` is rebuilt from the reader's :meth:`structure`, so
+``torch.load`` of the output gives the source's nesting and plain values back). It
+converts every tensor with :func:`tensorbridge.to_torch` (bfloat16 arrays
 become bfloat16 tensors), casts floating values when ``float_dtype`` asks, moves them to
 the CPU, and hands them to ``torch.save`` inside an atomic write. ``torch.save`` needs
 every tensor in memory at once, so unlike ``.npy`` and ``.safetensors`` a cast save holds
@@ -37,6 +40,7 @@ import pickle
 import re
 import struct
 import zipfile
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any, NamedTuple, cast
@@ -50,7 +54,7 @@ from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedTensorError
 from ._common import TensorFile, atomic_write, cast_target, check_unchanged, progress_bar, row_of
 from ._detect import detect
-from ._keys import flatten, is_container
+from ._keys import flatten, is_container, skeleton
 
 __all__ = ["PtFile", "load", "open", "save"]
 
@@ -157,15 +161,17 @@ class _Entries(NamedTuple):
     values: dict[str, Any]  # the plain (non-tensor) leaves, as unpickled
     single: bool  # the archive is one tensor
     mapped: bool  # zip format, memory-mapped (False: legacy, read into memory)
+    structure: Any  # the containers, leaves as Leaf(dotted key) (None: not a container)
 
 
 def _entries(path: Path) -> _Entries:
-    """The archive's tensors and plain values by dotted key."""
+    """The archive's tensors and plain values by dotted key, and its nesting."""
     obj, mapped = _torch_load(path)
     flat = flatten(obj, where=repr(str(path))) if is_container(obj) else {path.stem: obj}
     tensors = {k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}
     values = {k: v for k, v in flat.items() if not isinstance(v, torch.Tensor)}
-    return _Entries(tensors, values, isinstance(obj, torch.Tensor), mapped)
+    structure = skeleton(obj) if is_container(obj) else None
+    return _Entries(tensors, values, isinstance(obj, torch.Tensor), mapped, structure)
 
 
 class PtFile(TensorFile):
@@ -182,6 +188,7 @@ class PtFile(TensorFile):
         self._size = os.stat(self._path).st_size
         entries = _entries(self._path)
         self._tensors, self._values, self.single = entries.tensors, entries.values, entries.single
+        self._structure = entries.structure
         self.metadata = {k: str(v) for k, v in self._values.items()}
         self.mapped = entries.mapped
         if not self.mapped:
@@ -192,6 +199,9 @@ class PtFile(TensorFile):
 
     def plain_values(self) -> dict[str, Any]:
         return dict(self._values)
+
+    def structure(self) -> Any:
+        return self._structure
 
     def keys(self) -> list[str]:
         return list(self._tensors)
@@ -292,6 +302,12 @@ def load(
         return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
 
 
+# Leaves other than tensors that ``torch.load(weights_only=True)`` rebuilds (torch 2.13's
+# allowlist), so a nested checkpoint tensorbridge writes is one torch and tensorbridge read.
+PLAIN_VALUES = (str, int, float, bool, type(None), bytes, complex, torch.Size, torch.dtype,
+                torch.device)  # fmt: skip
+
+
 def save(
     tensors: Any,
     path: str | os.PathLike[str],
@@ -300,53 +316,58 @@ def save(
     metadata: Mapping[str, Any] | None = None,
     progress: bool | None = None,
 ) -> None:
-    """Write a tensor, or a mapping of names to tensors/arrays, with ``torch.save``, atomically.
+    """Write a tensor, or a tree of tensors/arrays and plain values, with ``torch.save``.
 
     The signature every format's ``save`` has (:mod:`tensorbridge.io._formats`); this
-    format has no options of its own.
+    format has no options of its own. Written atomically.
+
+    ``tensors`` may nest (dicts, ``OrderedDict``, lists, tuples, as a training
+    checkpoint does: ``{"model": {...}, "optimizer": {...}, "epoch": 3}``): the file
+    keeps that nesting, and ``torch.load`` gives it back. Leaves are tensors, arrays,
+    or plain values torch's ``weights_only`` loader rebuilds (:data:`PLAIN_VALUES`:
+    numbers, strings, bytes, ``None``, ``torch.Size``, dtypes, devices); keys are
+    strings, numbers or tuples of them.
 
     ``metadata`` (plain values: str, int, float, bool, None) is stored beside the
-    tensors under its own keys, as a training checkpoint stores its ``epoch``; reading
+    tensors at the top level, as a training checkpoint stores its ``epoch``; reading
     the file back gives them in ``metadata`` again.
 
     >>> import os, tempfile, ml_dtypes, numpy as np, torch
     >>> p = os.path.join(tempfile.mkdtemp(), "w.pt")
-    >>> save({"w": np.ones(2, ml_dtypes.bfloat16)}, p)
-    >>> torch.load(p, weights_only=True)["w"].dtype
-    torch.bfloat16
+    >>> save({"model": {"w": np.ones(2, ml_dtypes.bfloat16)}, "step": 7}, p)
+    >>> ckpt = torch.load(p, weights_only=True)
+    >>> ckpt["model"]["w"].dtype, ckpt["step"]
+    (torch.bfloat16, 7)
 
     Args:
-        tensors: a tensor or array, or a flat mapping of string keys to them.
+        tensors: a tensor or array, or a tree (mapping, list, tuple) of them.
         float_dtype: cast floating-point values (only) to this dtype.
         progress: show a progress bar (``None``: when stderr is a terminal).
 
     Raises:
-        UnsupportedDtypeError / UnsupportedTensorError: a value with no torch counterpart
-            (the message names its key).
+        UnsupportedDtypeError / UnsupportedTensorError: a value with no torch counterpart,
+            or a leaf that is neither a tensor nor a plain value (the message names its key).
     """
     path = Path(path)
-    if isinstance(tensors, Mapping):
-        data: Any = {}
-        for key, value in tensors.items():
-            if not isinstance(key, str):
-                raise UnsupportedTensorError(f"{str(path)!r}: keys are strings, got {key!r}")
-            try:
-                data[key] = _as_saved(value, float_dtype)
-            except TensorBridgeError as err:
-                raise type(err)(f"at {key!r}: {err}") from None
-        saved = list(data.values())
+    where = repr(str(path))
+    saved: list[torch.Tensor] = []
+    if is_container(tensors):
+        data: Any = _saved_tree(tensors, float_dtype, "", where, saved)
         for key, value in (metadata or {}).items():
+            if not isinstance(data, dict):
+                raise UnsupportedTensorError(
+                    f"{where}: a file whose top level is a {type(data).__name__} has no "
+                    "place for metadata; pass a mapping, or leave out metadata="
+                )
             if key in data:
                 raise UnsupportedTensorError(
-                    f"{str(path)!r}: metadata key {key!r} is also a tensor's name; rename one"
+                    f"{where}: metadata key {key!r} is also a tensor's name; rename one"
                 )
-            data[key] = (
-                value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
-            )
+            data[key] = value if isinstance(value, PLAIN_VALUES) else str(value)
     else:
         if metadata:
             raise UnsupportedTensorError(
-                f"{str(path)!r}: a file of one bare tensor has no place for metadata; pass a "
+                f"{where}: a file of one bare tensor has no place for metadata; pass a "
                 "mapping such as {'weight': tensor}"
             )
         data = _as_saved(tensors, float_dtype)
@@ -364,6 +385,49 @@ def save(
                 raise
     finally:
         bar.close()
+
+
+def _saved_tree(obj: Any, float_dtype: Any, key: str, where: str, saved: list[torch.Tensor]) -> Any:
+    """``obj`` as ``torch.save`` gets it: containers rebuilt, tensors converted, plain
+    values kept; every tensor also appended to ``saved``."""
+    if is_container(obj):
+        if isinstance(obj, Mapping):
+            out: Any = OrderedDict() if type(obj) is OrderedDict else {}
+            if type(obj) is OrderedDict:
+                out.__dict__.update(obj.__dict__)  # state_dict()'s _metadata (versions)
+            for k, v in obj.items():
+                if not _plain_key(k):
+                    raise UnsupportedTensorError(
+                        f"{where}: at {key or 'the top level'!r}, the key {k!r} is a "
+                        f"{type(k).__qualname__}; keys are strings, numbers or tuples of them"
+                    )
+                out[k] = _saved_tree(v, float_dtype, f"{key}.{k}" if key else str(k), where, saved)
+            return out
+        items = [
+            _saved_tree(v, float_dtype, f"{key}.{i}" if key else str(i), where, saved)
+            for i, v in enumerate(obj)
+        ]
+        return items if type(obj) is list else tuple(items)
+    if isinstance(obj, (torch.Tensor, np.ndarray, np.generic)):
+        try:
+            t = _as_saved(obj, float_dtype)
+        except TensorBridgeError as err:
+            raise type(err)(f"at {key!r}: {err}") from None
+        saved.append(t)
+        return t
+    if isinstance(obj, PLAIN_VALUES):
+        return obj
+    raise UnsupportedTensorError(
+        f"at {key!r}: {type(obj).__qualname__} is not a tensor, an array or a plain value "
+        "(numbers, strings, None, torch.Size); a .pt file tensorbridge writes loads with "
+        "torch.load(weights_only=True), so it holds no other objects"
+    )
+
+
+def _plain_key(k: Any) -> bool:
+    if type(k) is tuple:
+        return all(_plain_key(x) for x in k)
+    return isinstance(k, (str, int, float, bool, type(None), bytes))
 
 
 def _as_saved(x: Any, float_dtype: Any) -> torch.Tensor:
