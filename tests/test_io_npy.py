@@ -615,3 +615,80 @@ def test_random_corruption_never_escapes_as_another_error(tmp_path: Path, data: 
             npy.load(p, framework=framework)
     except (FormatError, UnsupportedDtypeError):
         pass
+
+
+# --- NumPy to NumPy: members torch cannot hold are copied, never read -------------------------
+
+
+def _exotic() -> dict[str, np.ndarray]:
+    return {
+        "long": np.arange(3, dtype=np.longdouble) / 3,  # float128 on x86-64 Linux
+        "text": np.array(["ab", "ç"]),
+        "raw": np.array([b"x\x00", b"yz"]),
+        "rec": np.zeros(2, [("a", "<i4"), ("b", "<f8")]),
+        "when": np.array(["2026-12-04"], dtype="datetime64[D]"),
+        "w": np.arange(4, dtype=np.float32),
+    }
+
+
+@pytest.mark.parametrize("write", [np.savez, np.savez_compressed], ids=["stored", "deflated"])
+def test_numpy_to_numpy_carries_members_torch_cannot_hold(
+    tmp_path: Path, write: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tensorbridge.cli import main
+
+    src, dst = tmp_path / "src.npz", tmp_path / "dst.npz"
+    write(src, **_exotic())
+    with tb.open(src) as f:
+        assert "w" not in f.unsupported() and "long" in f.unsupported()
+        tb.save(f, dst)
+    with zipfile.ZipFile(src) as a, zipfile.ZipFile(dst) as b:
+        for name in _exotic():  # each member's .npy, byte for byte
+            assert a.read(f"{name}.npy") == b.read(f"{name}.npy"), name
+    with np.load(dst) as z:
+        assert z["long"].dtype == np.longdouble  # the bytes were compared above, padding too
+        assert np.array_equal(z["long"], _exotic()["long"])
+    assert main(["convert", str(src), str(tmp_path / "cli.npz"), "--verify"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == "verify: bit-exact"
+    assert err.startswith("note: copied long (float128), text (<U2), raw (|S2), rec (")
+    assert err.rstrip().endswith("unchanged: no torch dtype holds them, so their .npy bytes "
+                                 "are carried as they are")  # fmt: skip
+    assert main(["convert", str(src), str(tmp_path / "one.npy"), "--include", "text", "-q"]) == 0
+    assert np.load(tmp_path / "one.npy").tolist() == ["ab", "ç"]
+    assert main(["convert", str(tmp_path / "one.npy"), str(tmp_path / "back.npz"), "-q"]) == 0
+    assert np.load(tmp_path / "back.npz")["one"].tolist() == ["ab", "ç"]
+    # a cast cannot reach float128; leaving it out converts the rest, cast
+    assert main(["convert", str(src), str(tmp_path / "c.npz"), "--float-dtype", "f16", "-q"]) == 1
+    assert capsys.readouterr().err.endswith(
+        "error: at 'long': float128 has no torch dtype, so it is copied unchanged and cannot "
+        "be cast; leave it out, or convert without a cast\n"
+    )
+    assert not (tmp_path / "c.npz").exists()
+    # torch-side destinations still refuse what torch cannot hold
+    assert main(["convert", str(src), str(tmp_path / "x.safetensors"), "-q"]) == 1
+    assert "float128 (16 bytes) has no torch dtype" in capsys.readouterr().err
+
+
+def test_object_members_are_not_carried(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tensorbridge.cli import main
+
+    src = tmp_path / "o.npz"
+    np.savez(src, o=np.array([{"a": 1}], dtype=object), w=np.ones(2))
+    with (
+        tb.open(src) as f,
+        pytest.raises(
+            UnsupportedDtypeError,
+            match=r"member 'o.npy': descr '\|O' holds Python objects, which only pickle can read; "
+            r"tensorbridge never unpickles, and does not copy them to another file either",
+        ),
+    ):
+        tb.save(f, tmp_path / "d.npz")
+    assert main(["convert", str(src), str(tmp_path / "d.npz")]) == 1
+    assert (
+        capsys.readouterr()
+        .err.rstrip()
+        .endswith("pass --exclude NAME or --skip-unsupported to convert the rest")
+    )
+    assert main(["convert", str(src), str(tmp_path / "d.npz"), "--skip-unsupported", "-q"]) == 0
+    assert list(np.load(tmp_path / "d.npz")) == ["w"]

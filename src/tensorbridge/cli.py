@@ -389,11 +389,11 @@ def _dump(obj: Any, out: TextIO) -> None:
 class _Lazy(Mapping[str, Any]):
     """Names of an open file, values read (mapped) only when asked: keeps convert streaming."""
 
-    def __init__(self, f: TensorFile, names: list[str]) -> None:
-        self._f, self._names = f, names
+    def __init__(self, f: TensorFile, names: list[str], carried: Mapping[str, Any]) -> None:
+        self._f, self._names, self._carried = f, names, carried
 
     def __getitem__(self, name: str) -> Any:
-        return self._f[name]
+        return self._carried[name] if name in self._carried else self._f[name]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
@@ -823,7 +823,24 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 f"no tensor of {args.src} matches --include/--exclude; "
                 f"'tensorbridge inspect {args.src}' lists the names"
             )
-        names, unsupported = _convertible(src, names, args)
+        try:  # NumPy to NumPy: members torch cannot hold are copied as they are
+            carried = tbio.carried_members(src, dst.format, names)
+        except TensorBridgeError as e:  # an object array
+            if not args.skip_unsupported:
+                raise TensorBridgeError(
+                    f"{e}; pass --exclude NAME or --skip-unsupported to convert the rest"
+                ) from None
+            carried = {}
+        selected = names
+        names, unsupported = _convertible(src, [n for n in names if n not in carried], args)
+        names = [n for n in selected if n in carried or n in names]
+        if carried and not args.quiet:
+            kinds = ", ".join(f"{n} ({c.stored})" for n, c in list(carried.items())[:5])
+            print(
+                f"note: copied {kinds}{' ...' if len(carried) > 5 else ''} unchanged: no "
+                "torch dtype holds them, so their .npy bytes are carried as they are",
+                file=sys.stderr,
+            )
         if not dst.format.many_arrays and len(names) != 1:
             raise _UsageError(
                 f"a {dst.path.suffix} file holds one array but {len(names)} tensors were "
@@ -863,10 +880,14 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             return _convert_quantized(args, src, dst, names, meta, quantize, block_size, start, out)
         if not dst.format.many_arrays:
             tbio.save(
-                src[names[0]], dst.path, float_dtype=float_dtype, progress=progress, overwrite=True
+                carried.get(names[0]) or src[names[0]],
+                dst.path,
+                float_dtype=float_dtype,
+                progress=progress,
+                overwrite=True,
             )
         else:
-            values: Any = _Lazy(src, names)
+            values: Any = _Lazy(src, names, carried)
             if schemes and dst.format.name == "safetensors":
                 values = {n: src.stream_value(n) for n in names}
             try:
@@ -894,7 +915,11 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         if schemes:
             _copy_config(src, dst, args.overwrite)
         took = time.perf_counter() - start
-        in_bytes = sum(src.nbytes(n) for n in names if n not in src.aliases)
+        in_bytes = sum(
+            c.size if (c := carried.get(n)) else src.nbytes(n)
+            for n in names
+            if n not in src.aliases
+        )
         out_bytes = sum(p.stat().st_size for p in dst.existing())
         written = _written(dst)
         summary: dict[str, Any] = {
@@ -914,7 +939,9 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         }
         ok = True
         if args.verify:
-            problems = _verify(src, names, written, float_dtype, progress)
+            kept = [n for n in names if n not in carried]
+            problems = _verify(src, kept, written, float_dtype, progress) if kept else []
+            problems += _verify_carried(carried, names, written)
             summary["verified"] = not problems
             summary["problems"] = problems
             ok = not problems
@@ -1352,6 +1379,32 @@ def _verify(
                     problems.append(f"{name}: the bytes differ")
         finally:
             bar.close()
+    return problems
+
+
+def _verify_carried(carried: Mapping[str, Any], names: list[str], dst_path: str) -> list[str]:
+    """Every member copied unchanged (``NpyBytes``) must be in the output byte for byte."""
+    from . import io as tbio
+
+    problems: list[str] = []
+    if not carried:
+        return problems
+    with tbio.open(dst_path) as written:
+        keys = written.keys()
+        for name, want in carried.items():
+            key = keys[0] if written.single else name
+            if key not in keys:
+                problems.append(f"{name}: missing from the output")
+                continue
+            got = written.npy_bytes(key)  # type: ignore[attr-defined]
+            with want.opener() as a, got.opener() as b:
+                step = 1 << 20
+                same = want.size == got.size and all(
+                    a.read(min(step, want.size - i)) == b.read(min(step, want.size - i))
+                    for i in range(0, want.size, step)
+                )
+            if not same:
+                problems.append(f"{name}: the bytes differ")
     return problems
 
 

@@ -71,6 +71,7 @@ from .sharded import ShardedFile
 
 __all__ = [
     "Destination",
+    "carried_members",
     "carried_metadata",
     "destination",
     "load",
@@ -240,7 +241,9 @@ def _tensors(obj: Any, where: str, plain: bool = False) -> dict[str, Any]:
             flat[name] = np.asarray(value)
         elif type(value) is not torch.Tensor and isinstance(value, torch.Tensor):
             _refuse_quantized(value, f"at {name!r}: ")
-        elif not plain and not isinstance(value, (torch.Tensor, np.ndarray, Deferred)):
+        elif not plain and not isinstance(
+            value, (torch.Tensor, np.ndarray, Deferred, npy.NpyBytes)
+        ):
             raise UnsupportedTensorError(
                 f"at {name!r}: {type(value).__qualname__} is not a tensor or array; file "
                 "formats store tensors only (put other values in metadata=)"
@@ -358,8 +361,6 @@ def save(
             f"{listing(lambda f: f.metadata, ' or ')} to keep it, or leave out metadata= "
             f"({', '.join(map(str, list(given)[:5]))})"
         )
-    if given is not None and fmt.text_metadata:
-        given = {str(k): str(v) for k, v in given.items()}
     options: dict[str, Any] = {}
     if fmt.sharding:
         options.update(max_shard_size=max_shard_size, index=dst.sharded)
@@ -372,6 +373,8 @@ def save(
         options.update(quantize=quantize)
     if isinstance(obj, TensorFile):
         obj, given = _file_values(obj, fmt, given, keep)
+    if given is not None and fmt.text_metadata:  # the file's own metadata too
+        given = {str(k): str(v) for k, v in given.items()}
     single = fmt.single_array and (
         not fmt.many_arrays or isinstance(obj, (torch.Tensor, np.ndarray))
     )
@@ -399,13 +402,14 @@ def _file_values(
     """An opened file's tensors as ``save`` writes them (mapped, or computed while written),
     and the metadata to keep: the file's own (:func:`carried_metadata`) unless given, or
     none (``keep`` false). A format that keeps nesting gets the file's tree."""
-    unsupported = f.unsupported()
+    names = f.keys()
+    carried = carried_members(f, fmt, names)  # NumPy to NumPy: float128, strings as they are
+    unsupported = {n: why for n, why in f.unsupported().items() if n not in carried}
     if unsupported:
         first, reason = next(iter(unsupported.items()))
         raise UnsupportedDtypeError(
             f"{reason}; save the other entries: {{n: f[n] for n in f.keys() if n != {first!r}}}"
         )
-    names = f.keys()
     tree = nested_values(f, names, plain=keep and metadata is None) if fmt.nested else None
     if tree is not None:
         return tree, metadata
@@ -419,9 +423,12 @@ def _file_values(
                 stacklevel=3,
             )
     if fmt.single_array and not fmt.many_arrays and len(names) == 1:
-        return f[names[0]], metadata or None
+        return carried.get(names[0]) or f[names[0]], metadata or None
     values: dict[str, Any] = {}
     for name in names:
+        if name in carried:
+            values[name] = carried[name]
+            continue
         value = f.stream_value(name)
         values[name] = value if fmt.deferred or not isinstance(value, Deferred) else f[name]
     return values, metadata or None
@@ -429,6 +436,18 @@ def _file_values(
 
 # the values of safetensors' "format" mark: the framework that wrote the file
 WRITER_MARKS = ("pt", "np", "tf", "flax", "mlx")
+
+
+def carried_members(f: TensorFile, fmt: Format, names: list[str]) -> dict[str, Any]:
+    """The entries of ``names`` that torch cannot hold, as their ``.npy`` bytes, where both
+    ``f`` and ``fmt`` are NumPy formats (``npy.NpyBytes``: copied unchanged, never read).
+
+    Raises:
+        UnsupportedDtypeError: an object array (a pickle): never read, never copied.
+    """
+    if not (fmt.npy_members and isinstance(f, npy.NpyEntries)):
+        return {}
+    return {n: f.npy_bytes(n) for n in f.unsupported() if n in names}
 
 
 def carried_metadata(

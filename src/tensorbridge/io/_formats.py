@@ -92,6 +92,7 @@ class Format:
     chunked: bool = False  # tensors stored as boxes of a global tensor (assembled when saved)
     deferred: bool = False  # ``save`` takes values computed as they are written (``Deferred``)
     nested: bool = False  # ``save`` keeps a tree's nesting and plain values (else: dotted names)
+    npy_members: bool = False  # ``save`` takes ``npy.NpyBytes``: copies a .npy torch cannot hold
     keeps: str = ""  # what a conversion to it keeps, for ``convert --help``
 
     def __repr__(self) -> str:
@@ -149,6 +150,7 @@ FORMATS: tuple[Format, ...] = (
         memory_map=True,
         raw_dtype=True,
         magic=b"\x93NUMPY",
+        npy_members=True,
         keeps="one array; no metadata",
     ),
     Format(
@@ -162,7 +164,9 @@ FORMATS: tuple[Format, ...] = (
         raw_dtype=True,
         in_directory=("*.npz",),
         directory_rank=1,
-        keeps="arrays by dotted name; no metadata",
+        npy_members=True,
+        keeps="arrays by dotted name; no metadata; from a NumPy source, members torch cannot "
+        "hold (float128, strings) copied unchanged",
     ),
     Format(
         "pt",
