@@ -617,6 +617,8 @@ class TensorFile(abc.ABC):
             )
         if keys is None:
             unsupported = self.unsupported()
+            if unsupported and self.single:  # no other entry to read instead
+                raise UnsupportedDtypeError(next(iter(unsupported.values())))
             if unsupported:
                 first, reason = next(iter(unsupported.items()))
                 more = f" (and {len(unsupported) - 1} more)" if len(unsupported) > 1 else ""
