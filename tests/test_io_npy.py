@@ -692,3 +692,7 @@ def test_object_members_are_not_carried(tmp_path: Path, capsys: pytest.CaptureFi
     )
     assert main(["convert", str(src), str(tmp_path / "d.npz"), "--skip-unsupported", "-q"]) == 0
     assert list(np.load(tmp_path / "d.npz")) == ["w"]
+    np.savez(src, o=np.array([None], dtype=object), t=np.array(["kept"]))
+    assert main(["convert", str(src), str(tmp_path / "e.npz"), "--skip-unsupported", "-q"]) == 0
+    assert "skipped o: " in capsys.readouterr().err  # the strings are still copied
+    assert list(np.load(tmp_path / "e.npz")) == ["t"]

@@ -824,13 +824,13 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 f"'tensorbridge inspect {args.src}' lists the names"
             )
         try:  # NumPy to NumPy: members torch cannot hold are copied as they are
-            carried = tbio.carried_members(src, dst.format, names)
+            carried = tbio.carried_members(
+                src, dst.format, names, skip_refused=args.skip_unsupported
+            )
         except TensorBridgeError as e:  # an object array
-            if not args.skip_unsupported:
-                raise TensorBridgeError(
-                    f"{e}; pass --exclude NAME or --skip-unsupported to convert the rest"
-                ) from None
-            carried = {}
+            raise TensorBridgeError(
+                f"{e}; pass --exclude NAME or --skip-unsupported to convert the rest"
+            ) from None
         selected = names
         names, unsupported = _convertible(src, [n for n in names if n not in carried], args)
         names = [n for n in selected if n in carried or n in names]

@@ -438,16 +438,29 @@ def _file_values(
 WRITER_MARKS = ("pt", "np", "tf", "flax", "mlx")
 
 
-def carried_members(f: TensorFile, fmt: Format, names: list[str]) -> dict[str, Any]:
+def carried_members(
+    f: TensorFile, fmt: Format, names: list[str], *, skip_refused: bool = False
+) -> dict[str, Any]:
     """The entries of ``names`` that torch cannot hold, as their ``.npy`` bytes, where both
     ``f`` and ``fmt`` are NumPy formats (``npy.NpyBytes``: copied unchanged, never read).
+
+    ``skip_refused``: an entry that cannot be copied either is left out (it stays in
+    ``f.unsupported()``) instead of raising.
 
     Raises:
         UnsupportedDtypeError: an object array (a pickle): never read, never copied.
     """
     if not (fmt.npy_members and isinstance(f, npy.NpyEntries)):
         return {}
-    return {n: f.npy_bytes(n) for n in f.unsupported() if n in names}
+    out = {}
+    for name in f.unsupported():
+        if name in names:
+            try:
+                out[name] = f.npy_bytes(name)
+            except UnsupportedDtypeError:
+                if not skip_refused:
+                    raise
+    return out
 
 
 def carried_metadata(
