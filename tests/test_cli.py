@@ -284,6 +284,12 @@ def test_convert_pt_to_pt_keeps_the_nesting(
     assert got["config_dict"] == {"dim": 2, "heads": [1, 2]} and got["global_step"] == 7
     assert all(torch.equal(got["model"][k], v) for k, v in model.items())
     assert list(got["model"]) == list(model)  # dotted keys of the source stay single keys
+    rc, _, err = run(capsys, "convert", tmp_path / "src.pt", tmp_path / "m.pt", "--metadata",
+                     "global_step=8", "--metadata", "note=resumed")  # fmt: skip
+    again = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert (rc, again["global_step"], again["note"], list(again)[:3]) == (
+        0, 8, "resumed", ["global_step", "model", "config_dict"]
+    )  # fmt: skip
     rc, _, err = run(capsys, "convert", tmp_path / "src.pt", tmp_path / "w.pt", "--no-metadata",
                      "--exclude", "model.layers.2.*")  # fmt: skip
     assert (rc, err) == (0, "")

@@ -359,7 +359,7 @@ def save(
                     f"{where}: a file whose top level is a {type(data).__name__} has no "
                     "place for metadata; pass a mapping, or leave out metadata="
                 )
-            if key in data:
+            if key in data and not isinstance(data[key], PLAIN_VALUES):  # a plain value: replaced
                 raise UnsupportedTensorError(
                     f"{where}: metadata key {key!r} is also a tensor's name; rename one"
                 )
