@@ -214,6 +214,151 @@ def test_convert_every_pair_bit_exact(
         assert_same_bits(np.asarray(got[name]), want)
 
 
+def _destinations() -> list[tuple[str, str, list[str]]]:
+    """Every destination convert writes: (source kind, destination, extra options).
+
+    Each suffix of each writable format row, a directory, a shard index, and what a DCP
+    checkpoint converts to (a directory of .npy files, sharded safetensors, a Zarr store).
+    """
+    from tensorbridge.io._formats import FORMATS
+
+    out = []
+    for f in FORMATS:
+        for suffix in f.suffixes if f.writes else ():
+            extra = ["--include", "w"] if not f.many_arrays else []
+            extra += [f"--metadata={k}=llama" for k in f.required_metadata]
+            out.append(("file", f"out{suffix}", extra))
+    out += [("file", "out/", []), ("file", "out.safetensors.index.json", [])]
+    out += [("dcp", "out/", ["--format", "npy"]), ("dcp", "out/", []), ("dcp", "out.zarr", [])]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("source", "dst", "extra"), _destinations(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_what_convert_writes_inspect_and_load_read_back(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, source: str, dst: str, extra: list[str]
+) -> None:
+    if dst.endswith(".zarr"):
+        pytest.importorskip("zarr", reason="Zarr stores are an extra (tensorbridge[zarr])")
+    w, b = np.arange(6, dtype=np.float32).reshape(2, 3), bf16([1.0, -2.0])
+    if source == "dcp":
+        import torch.distributed.checkpoint as dcp
+
+        src = tmp_path / "dcp"
+        with pytest.warns(UserWarning, match="torch.distributed"):  # no process group: one rank
+            dcp.save({"w": torch.from_numpy(w), "b": tb_torch(b)}, checkpoint_id=src)
+    else:
+        src = tmp_path / "src.safetensors"
+        tbio.save({"w": w, "b": b}, src)
+    out = f"{tmp_path}{os.sep}{dst}"  # a Path would drop a directory's trailing /
+    rc, _, err = run(capsys, "convert", src, out, "--no-progress", *extra)
+    assert (rc, err) == (0, "")
+    expected = {"w": w, "b": b}
+    if "--include" in extra:  # one bare array, named after its file
+        expected = {"out": w}
+    rc, listing, err = run(capsys, "inspect", out, "--json")
+    assert (rc, err) == (0, "")
+    (doc,) = json.loads(listing)
+    assert sorted(t["name"] for t in doc["tensors"]) == sorted(expected)
+    got = tbio.load(out)
+    if not isinstance(got, dict):
+        got = {"out": got}
+    assert sorted(got) == sorted(expected)
+    for name, want in expected.items():
+        assert_same_bits(np.asarray(got[name]), want)
+
+
+def test_convert_pt_to_pt_keeps_the_nesting(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """{global_step, model: {...}, config_dict: {...}} stays that checkpoint: the code that
+    loads it (ckpt["config_dict"]) still finds its keys."""
+    model = {f"layers.{i}.{w}": torch.randn(2, 2) for i in range(3) for w in ("q", "k")}
+    ckpt = {"global_step": 7, "model": model, "config_dict": {"dim": 2, "heads": [1, 2]}}
+    torch.save(ckpt, tmp_path / "src.pt")
+    rc, out, err = run(capsys, "convert", tmp_path / "src.pt", tmp_path / "dst.pt", "--verify")
+    assert (rc, err) == (0, "") and "verify: bit-exact" in out
+    got = torch.load(tmp_path / "dst.pt", weights_only=True)
+    assert list(got) == ["global_step", "model", "config_dict"]
+    assert got["config_dict"] == {"dim": 2, "heads": [1, 2]} and got["global_step"] == 7
+    assert all(torch.equal(got["model"][k], v) for k, v in model.items())
+    assert list(got["model"]) == list(model)  # dotted keys of the source stay single keys
+    rc, _, err = run(capsys, "convert", tmp_path / "src.pt", tmp_path / "m.pt", "--metadata",
+                     "global_step=8", "--metadata", "note=resumed")  # fmt: skip
+    again = torch.load(tmp_path / "m.pt", weights_only=True)
+    assert (rc, again["global_step"], again["note"], list(again)[:3]) == (
+        0, 8, "resumed", ["global_step", "model", "config_dict"]
+    )  # fmt: skip
+    rc, _, err = run(capsys, "convert", tmp_path / "src.pt", tmp_path / "w.pt", "--no-metadata",
+                     "--exclude", "model.layers.2.*")  # fmt: skip
+    assert (rc, err) == (0, "")
+    assert list(torch.load(tmp_path / "w.pt", weights_only=True)) == ["model"]
+    rc, _, err = run(capsys, "convert", tmp_path / "src.pt", tmp_path / "x.pt",
+                     "--exclude", "config_dict.heads.0")  # fmt: skip
+    assert rc == 0  # plain values are metadata: the selection picks tensors
+    torch.save({"layers": [torch.ones(1), torch.zeros(1)]}, tmp_path / "list.pt")
+    rc, _, err = run(capsys, "convert", tmp_path / "list.pt", tmp_path / "y.pt",
+                     "--exclude", "layers.0")  # fmt: skip
+    assert rc == 2
+    assert one_error_line(err, "convert") == (
+        "list.pt: layers is a list, and leaving out its item 'layers.0' would "
+        "renumber the items after it; keep all of its items or none (--include / --exclude), "
+        "or convert to .safetensors / .npz / .gguf / .zarr, which keep flat names"
+    )
+
+
+def test_metadata_that_names_tensors_and_no_metadata(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """compressed-tensors' hadamards.safetensors: metadata keys equal to tensor names."""
+    import tensorbridge as tb
+
+    src = tmp_path / "hadamards.safetensors"
+    tbio.save({"h1": np.eye(2), "h2": np.eye(2)}, src, metadata={"h1": "1", "h2": "2"})
+    rc, _, err = run(capsys, "convert", src, tmp_path / "h.pt")
+    assert rc == 1
+    assert one_error_line(err, "convert") == (
+        f"metadata key 'h1' of {src.name} is also a tensor's name; a torch zip archive cannot "
+        "hold both: write .safetensors or .gguf or .zarr, or pass --no-metadata to leave the "
+        "metadata out"
+    )
+    rc, _, err = run(capsys, "convert", src, tmp_path / "h.pt", "--no-metadata")
+    assert (rc, err) == (0, "")
+    assert sorted(torch.load(tmp_path / "h.pt", weights_only=True)) == ["h1", "h2"]
+    rc, _, err = run(capsys, "convert", src, tmp_path / "h.npz")  # the hint names only homes
+    assert rc == 0 and "(convert to .safetensors or .gguf or .zarr to keep it;" in err
+    with tb.open(src) as f:
+        with pytest.raises(tb.TensorBridgeError, match=r"or pass metadata=False to leave"):
+            tb.save(f, tmp_path / "api.pt")
+        tb.save(f, tmp_path / "api.pt", metadata=False)
+        with pytest.warns(UserWarning, match=r"save to .safetensors or .gguf or .zarr to keep"):
+            tb.save(f, tmp_path / "api.npz")
+        tb.save(f, tmp_path / "quiet.npz", metadata=False)  # no warning: asked for
+    assert sorted(tbio.load(tmp_path / "api.pt")) == ["h1", "h2"]
+
+
+def test_convert_help_says_what_each_destination_keeps(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tensorbridge.io._formats import FORMATS
+
+    with pytest.raises(SystemExit):
+        main(["convert", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps
+    assert "destinations (by DST's suffix) and what each keeps:" in text
+    for f in FORMATS:
+        if f.writes:
+            assert f"{', '.join(f.suffixes)} {f.keeps}" in text, f.name
+    assert "--no-metadata leave SRC's metadata out" in text
+
+
+def tb_torch(a: np.ndarray) -> torch.Tensor:
+    from tensorbridge import to_torch
+
+    return to_torch(a)
+
+
 def test_convert_float_dtype_casts_floats_only(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

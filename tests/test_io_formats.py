@@ -19,6 +19,7 @@ from tensorbridge.errors import FormatError, UnsupportedTensorError
 from tensorbridge.io import TensorFile, destination
 from tensorbridge.io._detect import detect
 from tensorbridge.io._formats import FORMATS, Format, by_kind, by_suffix, listing
+from tensorbridge.io._formats import by_name as format_named
 from tensorbridge.io._keys import flatten
 
 WRITABLE = [f for f in FORMATS if f.writes]
@@ -53,11 +54,15 @@ def test_rows_are_consistent() -> None:
     kinds = [k for f in FORMATS for k in f.kinds]
     assert len(suffixes) == len(set(suffixes)) and len(kinds) == len(set(kinds))
     assert all(s.startswith(".") and s == s.lower() for s in suffixes)
-    assert [f.name for f in FORMATS] == ["safetensors", "npy", "npz", "pt", "gguf", "zarr", "dcp"]
+    names = [f.name for f in FORMATS]
+    assert names == ["safetensors", "npy", "npz", "pt", "gguf", "zarr", "dcp", "npy-dir"]
     for f in FORMATS:
         assert f.single_array or f.many_arrays, f.name
         assert not f.text_metadata or f.metadata, f.name
-        assert by_suffix(f.suffixes[0].upper()) is f and by_kind(f.kinds[0]) is f
+        assert by_kind(f.kinds[0]) is f
+        # a suffix names each format but a directory whose files are its entries
+        assert by_suffix(f.suffixes[0].upper()) is f if f.suffixes else f.file_per_entry
+        assert not f.file_per_entry or (f.directory and f.in_directory and not f.writes)
         assert repr(f) == f"<Format {f.name}>"
 
 
@@ -213,6 +218,35 @@ def test_a_read_only_format_is_refused_as_a_destination(
         read_only.save  # noqa: B018
 
 
+def test_a_directory_opens_what_tensorbridge_writes_into_one(tmp_path: Path) -> None:
+    """A directory of .npy files (convert --format npy) is one checkpoint, a file an
+    entry; a directory holding one .npz opens it; model files rank before both."""
+    arrays = tmp_path / "arrays"
+    arrays.mkdir()
+    tb.save(np.arange(3, dtype=np.int16), arrays / "model.layers.0.w.npy")
+    tb.save(np.ones(2, ml_dtypes.bfloat16), arrays / "b.npy")
+    (arrays / "README").write_text("not an array")
+    assert detect(arrays) == "npy-dir"
+    with tb.open(arrays) as f:
+        assert isinstance(f, format_named("npy-dir").reader)  # type: ignore[arg-type]
+        assert f.keys() == ["b", "model.layers.0.w"] and f.info("b")[0].name == "bfloat16"
+        assert f.get("model.layers.0.w", framework="torch").tolist() == [0, 1, 2]
+    with pytest.raises(KeyError, match=r"'c' is not in this file; its keys are \['b', "):
+        tb.load(arrays, keys=["c"])
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    tb.save({"x": np.zeros(2)}, packed / "weights.npz")
+    assert list(tb.load(packed)) == ["x"]
+    tb.save({"y": torch.ones(1)}, packed / "pytorch_model.bin")  # a model file ranks first
+    assert list(tb.load(packed)) == ["y"]
+    tb.save({"z": np.ones(1)}, arrays / "model.safetensors")
+    assert list(tb.load(arrays)) == ["z"]
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.npy").write_bytes(b"\x93NUMPY\x01\x00")  # validated when opened
+    with pytest.raises(FormatError, match=r"x.npy': truncated"):
+        tb.open(tmp_path / "bad")
+
+
 # --- one dotted-name rule ----------------------------------------------------------------------
 
 
@@ -268,8 +302,12 @@ def test_cli_messages_come_from_the_table(
     assert main(["convert", str(src), str(tmp_path / "o.npz")]) == 0
     assert capsys.readouterr().err == (
         "note: dropped metadata who: .npz files have no place for it (convert to "
-        ".safetensors or .pt or .gguf or .zarr to keep it)\n"
+        ".safetensors or .pt or .gguf or .zarr to keep it; --no-metadata leaves it out "
+        "without this note)\n"
     )
+    assert main(["convert", str(src), str(tmp_path / "o.npz"), "--overwrite", "-q"]) == 0
+    assert main(["convert", str(src), str(tmp_path / "o.npz"), "--overwrite", "--no-metadata"]) == 0
+    assert capsys.readouterr().err == ""
     assert main(["convert", str(src), str(tmp_path / "a.npy"), "--include", "a", "--verify"]) == 0
     assert "verify: bit-exact" in capsys.readouterr().out
 

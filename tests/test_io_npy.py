@@ -6,6 +6,7 @@ import io
 import os
 import struct
 import textwrap
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -406,6 +407,91 @@ def test_malformed_npy_raises_format_error(tmp_path: Path, case: str) -> None:
     assert message in str(info.value)
 
 
+# Headers np.load reads (numpy/lib/_format_impl.py, _read_array_header / _filter_header):
+# tensorbridge reads each of them, and refuses each header np.load refuses.
+_F8 = "'descr': '<f4', 'fortran_order': False"
+HEADERS = {
+    "python 2 long (NumPy's win64python2.npy)": (f"{{{_F8}, 'shape': (3L,), }}", 1, True),
+    "python 2 long, version 2.0": (f"{{{_F8}, 'shape': (3L,), }}", 2, True),
+    "python 2 long, 2-D": ("{'descr': '<f4', 'fortran_order': True, 'shape': (1L, 3L)}", 1, True),
+    "python 2 long, space before L": (f"{{{_F8}, 'shape': (3 L,), }}", 1, True),
+    "python 2 unicode prefixes": (
+        "{u'descr': u'<f4', u'fortran_order': False, u'shape': (3L,), }",
+        1,
+        True,
+    ),
+    "double quotes": ('{"descr": "<f4", "fortran_order": False, "shape": (3,)}', 1, True),
+    "no padding": (f"{{{_F8}, 'shape': (3,)}}", 1, True),
+    "indented, tabs, CRLF": (f"  {{{_F8},\t'shape': (3,)}}\t\r", 1, True),
+    "over several lines": ("{'descr': '<f4',\n 'fortran_order': False,\n 'shape': (3,)}", 1, True),
+    "a comment": (f"{{{_F8}, 'shape': (3,)}}  # written by hand", 1, True),
+    "hex shape": (f"{{{_F8}, 'shape': (0x3,)}}", 1, True),
+    "version 3.0": (f"{{{_F8}, 'shape': (3,), }}", 3, True),
+    "python 2 long in version 3.0": (f"{{{_F8}, 'shape': (3L,), }}", 3, False),
+    "lower-case l": (f"{{{_F8}, 'shape': (3l,), }}", 1, False),
+    "an L after the dict": (f"{{{_F8}, 'shape': (3,), }} L", 1, False),
+    "bytes descr": ("{'descr': b'<f4', 'fortran_order': False, 'shape': (3,)}", 1, False),
+    "bytes keys": ("{b'descr': '<f4', b'fortran_order': False, b'shape': (3,)}", 1, False),
+    "bool shape": (f"{{{_F8}, 'shape': (True, 3)}}", 1, False),
+    "NUL padding": (f"{{{_F8}, 'shape': (3,)}}\0\0", 1, False),
+}
+
+
+@pytest.mark.parametrize("case", HEADERS, ids=str)
+def test_reads_every_header_np_load_reads(tmp_path: Path, case: str) -> None:
+    header, version, readable = HEADERS[case]
+    text = header.encode("utf8" if version == 3 else "latin1") + b"\n"
+    length = struct.pack("<H" if version == 1 else "<I", len(text))
+    data = np.arange(3, dtype="<f4").tobytes()
+    p = tmp_path / "h.npy"
+    p.write_bytes(b"\x93NUMPY" + bytes([version, 0]) + length + text + data)
+    try:
+        with warnings.catch_warnings():  # NumPy warns that a Python 2 header is slow
+            warnings.simplefilter("ignore", UserWarning)
+            ref = np.load(p)
+    except (ValueError, TypeError):
+        ref = None
+    assert (ref is not None) == readable  # the table says what np.load does
+    if ref is None:
+        with pytest.raises(FormatError, match=r"h.npy': "):
+            npy.load(p)
+        return
+    got = npy.load(p)
+    assert got.shape == ref.shape and got.dtype == ref.dtype and bits(got) == bits(ref)
+    assert type(got.shape[0]) is int
+
+
+NUMPY_DATA = Path(np.__file__).parent / "lib" / "tests" / "data"
+WIN64PYTHON2 = (  # numpy/lib/tests/data/win64python2.npy, byte for byte
+    b"\x93NUMPY\x01\x00F\x00{'descr': '<f8', 'fortran_order': False, 'shape': (2L,), }"
+    + b" " * 11
+    + b"\n"
+    + np.ones(2, "<f8").tobytes()
+)
+
+
+@pytest.mark.parametrize("name", ["win64python2.npy", "python3.npy"])
+def test_numpys_own_test_files(tmp_path: Path, name: str) -> None:
+    shipped = NUMPY_DATA / name
+    if not shipped.is_file():
+        pytest.skip(reason=f"the installed NumPy does not ship {shipped}")
+    got = npy.load(shipped)
+    assert got.dtype == np.float64 and bits(got) == bits(np.ones(2))
+    if name == "win64python2.npy":
+        assert shipped.read_bytes() == WIN64PYTHON2
+    with tb.open(shipped) as f:  # and what it writes is a plain .npy
+        tb.save(f, tmp_path / "out.npy")
+    assert bits(np.load(tmp_path / "out.npy")) == bits(np.ones(2))
+
+
+def test_python2_header_recreated(tmp_path: Path) -> None:
+    (tmp_path / "p2.npy").write_bytes(WIN64PYTHON2)
+    assert bits(npy.load(tmp_path / "p2.npy")) == bits(np.ones(2))
+    with zipfile.ZipFile(tmp_path / "p2.npz", "w") as zf:  # a Python 2 np.savez member
+        zf.writestr("a.npy", WIN64PYTHON2)
+    assert bits(npy.load(tmp_path / "p2.npz")["a"]) == bits(np.ones(2))
+
+
 def test_every_truncation_of_a_valid_file_raises(tmp_path: Path) -> None:
     npy.save(np.arange(5, dtype=ml_dtypes.bfloat16), tmp_path / "ok.npy")
     good = (tmp_path / "ok.npy").read_bytes()
@@ -529,3 +615,84 @@ def test_random_corruption_never_escapes_as_another_error(tmp_path: Path, data: 
             npy.load(p, framework=framework)
     except (FormatError, UnsupportedDtypeError):
         pass
+
+
+# --- NumPy to NumPy: members torch cannot hold are copied, never read -------------------------
+
+
+def _exotic() -> dict[str, np.ndarray]:
+    return {
+        "long": np.arange(3, dtype=np.longdouble) / 3,  # float128 on x86-64 Linux
+        "text": np.array(["ab", "ç"]),
+        "raw": np.array([b"x\x00", b"yz"]),
+        "rec": np.zeros(2, [("a", "<i4"), ("b", "<f8")]),
+        "when": np.array(["2026-12-04"], dtype="datetime64[D]"),
+        "w": np.arange(4, dtype=np.float32),
+    }
+
+
+@pytest.mark.parametrize("write", [np.savez, np.savez_compressed], ids=["stored", "deflated"])
+def test_numpy_to_numpy_carries_members_torch_cannot_hold(
+    tmp_path: Path, write: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tensorbridge.cli import main
+
+    src, dst = tmp_path / "src.npz", tmp_path / "dst.npz"
+    write(src, **_exotic())
+    with tb.open(src) as f:
+        assert "w" not in f.unsupported() and "long" in f.unsupported()
+        tb.save(f, dst)
+    with zipfile.ZipFile(src) as a, zipfile.ZipFile(dst) as b:
+        for name in _exotic():  # each member's .npy, byte for byte
+            assert a.read(f"{name}.npy") == b.read(f"{name}.npy"), name
+    with np.load(dst) as z:
+        assert z["long"].dtype == np.longdouble  # the bytes were compared above, padding too
+        assert np.array_equal(z["long"], _exotic()["long"])
+    assert main(["convert", str(src), str(tmp_path / "cli.npz"), "--verify"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == "verify: bit-exact"
+    assert err.startswith("note: copied long (float128), text (<U2), raw (|S2), rec (")
+    assert err.rstrip().endswith("unchanged: no torch dtype holds them, so their .npy bytes "
+                                 "are carried as they are")  # fmt: skip
+    assert main(["convert", str(src), str(tmp_path / "one.npy"), "--include", "text", "-q"]) == 0
+    assert np.load(tmp_path / "one.npy").tolist() == ["ab", "ç"]
+    assert main(["convert", str(tmp_path / "one.npy"), str(tmp_path / "back.npz"), "-q"]) == 0
+    assert np.load(tmp_path / "back.npz")["one"].tolist() == ["ab", "ç"]
+    # a cast cannot reach float128; leaving it out converts the rest, cast
+    assert main(["convert", str(src), str(tmp_path / "c.npz"), "--float-dtype", "f16", "-q"]) == 1
+    assert capsys.readouterr().err.endswith(
+        "error: at 'long': float128 has no torch dtype, so it is copied unchanged and cannot "
+        "be cast; leave it out, or convert without a cast\n"
+    )
+    assert not (tmp_path / "c.npz").exists()
+    # torch-side destinations still refuse what torch cannot hold
+    assert main(["convert", str(src), str(tmp_path / "x.safetensors"), "-q"]) == 1
+    assert "float128 (16 bytes) has no torch dtype" in capsys.readouterr().err
+
+
+def test_object_members_are_not_carried(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tensorbridge.cli import main
+
+    src = tmp_path / "o.npz"
+    np.savez(src, o=np.array([{"a": 1}], dtype=object), w=np.ones(2))
+    with (
+        tb.open(src) as f,
+        pytest.raises(
+            UnsupportedDtypeError,
+            match=r"member 'o.npy': descr '\|O' holds Python objects, which only pickle can read; "
+            r"tensorbridge never unpickles, and does not copy them to another file either",
+        ),
+    ):
+        tb.save(f, tmp_path / "d.npz")
+    assert main(["convert", str(src), str(tmp_path / "d.npz")]) == 1
+    assert (
+        capsys.readouterr()
+        .err.rstrip()
+        .endswith("pass --exclude NAME or --skip-unsupported to convert the rest")
+    )
+    assert main(["convert", str(src), str(tmp_path / "d.npz"), "--skip-unsupported", "-q"]) == 0
+    assert list(np.load(tmp_path / "d.npz")) == ["w"]
+    np.savez(src, o=np.array([None], dtype=object), t=np.array(["kept"]))
+    assert main(["convert", str(src), str(tmp_path / "e.npz"), "--skip-unsupported", "-q"]) == 0
+    assert "skipped o: " in capsys.readouterr().err  # the strings are still copied
+    assert list(np.load(tmp_path / "e.npz")) == ["t"]

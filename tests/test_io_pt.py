@@ -178,8 +178,18 @@ def test_not_a_torch_archive(tmp_path: Path) -> None:
 
 
 def test_save_refusals_name_the_key(tmp_path: Path) -> None:
-    with pytest.raises(UnsupportedTensorError, match=r"at 'meta': .*str is not a tensor"):
-        pt.save({"w": torch.ones(1), "meta": "hello"}, tmp_path / "m.pt")
+    with pytest.raises(
+        UnsupportedTensorError,
+        match=r"^at 'cfg.hook': object is not a tensor, an array or a plain value \(numbers, "
+        r"strings, None, torch.Size\); a .pt file tensorbridge writes loads with "
+        r"torch.load\(weights_only=True\), so it holds no other objects$",
+    ):
+        pt.save({"w": torch.ones(1), "cfg": {"hook": object()}}, tmp_path / "m.pt")
+    with pytest.raises(
+        UnsupportedTensorError,
+        match=r"at 'cfg', the key frozenset\(\) is a frozenset; keys are strings, numbers",
+    ):
+        pt.save({"cfg": {frozenset(): 1}}, tmp_path / "m.pt")
     with pytest.raises(tb.UnsupportedDtypeError, match=r"at 's'"):
         pt.save({"s": np.array(["a"])}, tmp_path / "m.pt")
     with pytest.raises(UnsupportedTensorError, match=r"to_dense"):
@@ -217,3 +227,98 @@ def test_values_repeated_far_beyond_the_file_are_refused(tmp_path: Path) -> None
                 match=r"'big' has shape \[67108864, 4\] and strides \[0, 1\].*torch\.load",
             ):
                 f.read(["big"], **options)
+
+
+# --- nesting: a .pt destination keeps the tree it is given, or the .pt source's ---------------
+
+
+def same_tree(a: Any, b: Any) -> bool:
+    """Equal containers (types, key order, OrderedDict attributes), tensors bit for bit."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return (
+            list(a) == list(b) and vars(a) == vars(b) if type(a) is not dict else list(a) == list(b)
+        ) and all(same_tree(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and type(a) in (list, tuple):
+        return len(a) == len(b) and all(same_tree(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and bits(a) == bits(b)
+    return bool(a == b)
+
+
+def checkpoint() -> dict[str, Any]:
+    """A training checkpoint as Lightning and hand-written loops save one."""
+    from collections import OrderedDict
+
+    model = OrderedDict((f"layers.{i}.weight", torch.randn(3, 2)) for i in range(3))
+    model["emb"] = torch.ones(4, dtype=torch.bfloat16)
+    model._metadata = OrderedDict({"": {"version": 1}, "layers.0": {"version": 2}})  # type: ignore[attr-defined]
+    return {
+        "global_step": 129,
+        "model": model,
+        "config_dict": {"lr": 3e-4, "betas": (0.9, 0.95), "name": "tiny", "dropout": None},
+        "optimizer": {
+            "state": {0: {"exp_avg": torch.zeros(3, 2), "step": torch.tensor(129.0)}},
+            "param_groups": [{"params": [0, 1, 2, 3], "lr": 3e-4, "fused": False}],
+        },
+        "a.b": torch.full((1,), 2.0),  # a key with a dot, beside a nested one
+        "a": {"c": torch.zeros(1)},
+        "shape": torch.Size([3, 2]),
+        "empty": {},
+        "blob": b"\x00\xff",
+    }
+
+
+def test_save_keeps_a_nested_tree(tmp_path: Path) -> None:
+    ckpt = checkpoint()
+    tb.save(ckpt, tmp_path / "ckpt.pt")
+    assert same_tree(torch.load(tmp_path / "ckpt.pt", weights_only=True), ckpt)
+    got = tb.load(tmp_path / "ckpt.pt")  # read back by the one dotted-name rule
+    assert "config_dict.betas.1" not in got and "optimizer.state.0.exp_avg" in got
+    with pt.open(tmp_path / "ckpt.pt") as f:
+        assert f.plain_values()["config_dict.betas.1"] == 0.95
+    with pytest.raises(FormatError, match=r"two entries flatten to the key 'a.c'"):
+        tb.save({**ckpt, "a.c": torch.ones(1)}, tmp_path / "clash.pt")  # tb.load could not
+    assert not (tmp_path / "clash.pt").exists()
+
+
+def test_pt_to_pt_keeps_the_source_structure(tmp_path: Path) -> None:
+    ckpt = checkpoint()
+    torch.save(ckpt, tmp_path / "src.pt")
+    with tb.open(tmp_path / "src.pt") as f:
+        tb.save(f, tmp_path / "dst.pt")
+        tb.save(f, tmp_path / "bare.pt", metadata=False)  # the plain values left out
+        tb.save(f, tmp_path / "new.pt", metadata={"note": "re-saved"})  # ... replaced
+    assert same_tree(torch.load(tmp_path / "dst.pt", weights_only=True), ckpt)
+    bare = torch.load(tmp_path / "bare.pt", weights_only=True)
+    assert list(bare) == ["model", "optimizer", "a.b", "a", "empty"]
+    assert list(bare["optimizer"]) == ["state"] and bare["empty"] == {}
+    assert same_tree(bare["model"], ckpt["model"])
+    new = torch.load(tmp_path / "new.pt", weights_only=True)
+    assert new["note"] == "re-saved" and "global_step" not in new
+    with tb.open(tmp_path / "src.pt") as f:  # flat formats keep dotted names, as before
+        tb.save(f, tmp_path / "flat.safetensors")
+    assert "config_dict.lr" in tb.open(tmp_path / "flat.safetensors").metadata
+
+
+def test_structure_is_the_readers_skeleton(tmp_path: Path) -> None:
+    from tensorbridge.io._keys import Leaf, rebuild
+
+    torch.save({"m": [torch.ones(1), {"w": torch.zeros(1)}], 3: "x"}, tmp_path / "s.pt")
+    with pt.open(tmp_path / "s.pt") as f:
+        skel = f.structure()
+        assert skel == {"m": [Leaf("m.0"), {"w": Leaf("m.1.w")}], 3: Leaf("3")}
+        assert sorted([*f.keys(), *f.plain_values()]) == ["3", "m.0", "m.1.w"]
+    with pytest.raises(
+        tb.InvalidArgumentError,
+        match=r"^t: m is a list, and leaving out its item 'm.0' would renumber the items after "
+        r"it; keep all of its items or none$",
+    ):
+        rebuild(skel, {"m.1.w": 1, "3": "x"}, where="t")
+    assert rebuild(skel, {"3": "x"}, where="t") == {3: "x"}  # the whole list left out
+    torch.save(torch.ones(2), tmp_path / "one.pt")
+    tb.save({"w": np.ones(2)}, tmp_path / "flat.safetensors")
+    for name in ("one.pt", "flat.safetensors"):  # nothing nested to keep
+        with tb.open(tmp_path / name) as f:
+            assert f.structure() is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -618,10 +619,7 @@ def test_gptq_v2_and_the_unknown_format() -> None:
     a = tb.dequantize(v1, config={**base, "checkpoint_format": "gptq"})[pre + "weight"]
     b = tb.dequantize(v2, config={**base, "checkpoint_format": "gptq_v2"})[pre + "weight"]
     assert torch.equal(a, b)  # the same weights, zeros stored two ways
-    with pytest.raises(
-        tb.QuantizationError, match=r"does not say its checkpoint_format.*'gptq_v2'"
-    ):
-        tb.dequantize(v1, config=base)
+    assert torch.equal(tb.dequantize(v1, config=base)[pre + "weight"], a)  # no format: v1
     sym = gptq_layer(4, v2=False, symmetric=True)  # AutoGPTQ symmetric: every stored zero 7
     ref = autogptq_dequantize(*(sym[pre + k] for k in ("qweight", "qzeros", "scales", "g_idx")), 4)
     assert torch.equal(tb.dequantize(sym, config=base, dtype="f16")[pre + "weight"], ref.t())
@@ -635,6 +633,69 @@ def test_gptq_v2_and_the_unknown_format() -> None:
         config={"bits": 4, "group_size": 32, "checkpoint_format": "gptq_v2"},
     )
     assert torch.equal(one, b)  # one weight, parts by keyword
+
+
+@pytest.mark.parametrize("sym", [False, True], ids=["asym", "sym"])
+@pytest.mark.parametrize("desc_act", [False, True], ids=["in-order", "act-order"])
+def test_gptq_quantize_config_without_a_format_is_autogptq_v1(
+    sym: bool, desc_act: bool, tmp_path: Path
+) -> None:
+    """Most published GPTQ models (TheBloke's, AutoGPTQ exports): ``quantize_config.json``
+    with bits / group_size / desc_act / sym and no format key. transformers' GPTQConfig
+    defaults ``format`` to ``"gptq"`` (v1, zeros stored minus one): read as AutoGPTQ does."""
+    pre = "model.layers.0.self_attn.q_proj."
+    sd = gptq_layer(4, v2=False, symmetric=sym)
+    if not desc_act:  # AutoGPTQ writes g_idx either way; in order it is i // group_size
+        sd[pre + "g_idx"] = (torch.arange(256) // 32).to(torch.int32)
+    ref = autogptq_dequantize(*(sd[pre + k] for k in ("qweight", "qzeros", "scales", "g_idx")), 4)
+    d = tmp_path / "model"
+    tb.save(sd, d / "model.safetensors")
+    cfg = {
+        "bits": 4,
+        "group_size": 32,
+        "damp_percent": 0.01,
+        "desc_act": desc_act,
+        "sym": sym,
+        "true_sequential": True,
+        "model_name_or_path": None,
+        "model_file_base_name": "model",
+    }
+    (d / "quantize_config.json").write_text(json.dumps(cfg))
+    with tb.open(d, dequantize="f16") as f:
+        got = f.get(pre + "weight", framework="torch")
+    assert np.array_equal(bits(got), bits(ref.t().contiguous()))
+
+
+@pytest.mark.parametrize(
+    ("said", "given"),
+    [
+        (
+            {"checkpoint_format": "gptq", "format": "gptq_v2"},
+            "checkpoint_format: 'gptq', format: 'gptq_v2'",
+        ),
+        (
+            {"is_marlin_format": True, "checkpoint_format": "gptq"},
+            "checkpoint_format: 'gptq', is_marlin_format: True",
+        ),
+    ],
+)
+def test_gptq_config_that_contradicts_itself_is_refused(said: dict[str, Any], given: str) -> None:
+    base = {"quant_method": "gptq", "bits": 4, "group_size": 32}
+    with pytest.raises(
+        tb.QuantizationError,
+        match=rf"^the GPTQ config contradicts itself \({re.escape(given)}\); keep the one that "
+        r"names the checkpoint's format and remove the others$",
+    ):
+        tb.dequantize(gptq_layer(4, v2=False), config={**base, **said})
+    agree = {**base, "checkpoint_format": "gptq_v2", "format": "GPTQ_V2"}  # the same, twice
+    v2 = gptq_layer(4, v2=True)
+    pre = "model.layers.0.self_attn.q_proj."
+    assert torch.equal(
+        tb.dequantize(v2, config=agree)[pre + "weight"],
+        tb.dequantize(gptq_layer(4, v2=False), config=base)[pre + "weight"],
+    )
+    with pytest.raises(tb.QuantizationError, match=r"checkpoint_format 'marlin' is not one"):
+        tb.dequantize(v2, config={**base, "is_marlin_format": True})  # AutoGPTQ <= 0.7.1
 
 
 def test_awq_gemm_packing_order_matches_autoawq() -> None:

@@ -19,11 +19,12 @@ import json
 import os
 import re
 import sys
+import textwrap
 import time
 from collections.abc import Iterator, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .errors import MissingExtraError, TensorBridgeError
+from .errors import InvalidArgumentError, MissingExtraError, TensorBridgeError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -118,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     reading(p)
 
     p = command("convert", "convert a checkpoint between formats, streamed, atomically")
+    p.epilog = f"{_destinations()}\n\n{p.epilog}"
     p.add_argument("src", metavar="SRC")
     p.add_argument("dst", metavar="DST")
     p.add_argument(
@@ -166,6 +168,11 @@ def _parser() -> argparse.ArgumentParser:
         "--metadata-json",
         metavar="FILE",
         help="add the metadata keys of a JSON object in FILE (typed as --metadata's VALUE)",
+    )
+    p.add_argument(
+        "--no-metadata",
+        action="store_true",
+        help="leave SRC's metadata out (a .pt source: its plain values, such as epoch)",
     )
     p.add_argument(
         "--block-size",
@@ -254,6 +261,27 @@ def _parser() -> argparse.ArgumentParser:
 
     command("demo", "convert a small bf16 model's weights both ways and report, offline")
     return parser
+
+
+def _destinations() -> str:
+    """What each destination of convert keeps, from the format table (imports nothing heavy)."""
+    from .io._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX
+
+    rows = [(", ".join(f.suffixes), f.keeps) for f in FORMATS if f.writes]
+    sharded = f"NAME{DIRECTORY_FORMAT.suffixes[0]}{INDEX_SUFFIX}"
+    rows += [
+        ("DIR/", f"model{DIRECTORY_FORMAT.suffixes[0]} inside (a DCP source: shards + index)"),
+        (sharded, "shards of --max-shard-size and their index"),
+        ("DIR/ --format npy", "a DCP source: one NAME.npy per tensor; no metadata"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = [
+        textwrap.fill(
+            keeps, 98, initial_indent=f"  {suffix:<{width}}  ", subsequent_indent=" " * (width + 4)
+        )
+        for suffix, keeps in rows
+    ]
+    return "destinations (by DST's suffix) and what each keeps:\n" + "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -367,11 +395,11 @@ def _dump(obj: Any, out: TextIO) -> None:
 class _Lazy(Mapping[str, Any]):
     """Names of an open file, values read (mapped) only when asked: keeps convert streaming."""
 
-    def __init__(self, f: TensorFile, names: list[str]) -> None:
-        self._f, self._names = f, names
+    def __init__(self, f: TensorFile, names: list[str], carried: Mapping[str, Any]) -> None:
+        self._f, self._names, self._carried = f, names, carried
 
     def __getitem__(self, name: str) -> Any:
-        return self._f[name]
+        return self._carried[name] if name in self._carried else self._f[name]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
@@ -806,14 +834,35 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 f"no tensor of {args.src} matches --include/--exclude; "
                 f"'tensorbridge inspect {args.src}' lists the names"
             )
-        names, unsupported = _convertible(src, names, args)
+        try:  # NumPy to NumPy: members torch cannot hold are copied as they are
+            carried = tbio.carried_members(
+                src, dst.format, names, skip_refused=args.skip_unsupported
+            )
+        except TensorBridgeError as e:  # an object array
+            raise TensorBridgeError(
+                f"{e}; pass --exclude NAME or --skip-unsupported to convert the rest"
+            ) from None
+        selected = names
+        names, unsupported = _convertible(src, [n for n in names if n not in carried], args)
+        names = [n for n in selected if n in carried or n in names]
+        if carried and not args.quiet:
+            kinds = ", ".join(f"{n} ({c.stored})" for n, c in list(carried.items())[:5])
+            print(
+                f"note: copied {kinds}{' ...' if len(carried) > 5 else ''} unchanged: no "
+                "torch dtype holds them, so their .npy bytes are carried as they are",
+                file=sys.stderr,
+            )
         if not dst.format.many_arrays and len(names) != 1:
             raise _UsageError(
                 f"a {dst.path.suffix} file holds one array but {len(names)} tensors were "
                 f"selected; pick one with --include NAME or write "
                 f"{listing(lambda f: f.many_arrays)}"
             )
-        meta, dropped = tbio.carried_metadata(src, dst.format, names)
+        meta, dropped = (
+            ({}, [])
+            if args.no_metadata
+            else tbio.carried_metadata(src, dst.format, names, fix="pass --no-metadata")
+        )
         meta.update(given_meta)
         clash = [k for k in given_meta if k in names]
         if clash and dst.format.metadata_with_tensors:
@@ -833,7 +882,8 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         if dropped and not args.quiet:
             print(
                 f"note: dropped metadata {', '.join(dropped)}: {dst.path.suffix} files have no "
-                f"place for it (convert to {listing(lambda f: f.metadata, ' or ')} to keep it)",
+                f"place for it (convert to {tbio.metadata_homes(dropped, names)} to keep it; "
+                "--no-metadata leaves it out without this note)",
                 file=sys.stderr,
             )
         progress = _progress(args)
@@ -841,12 +891,29 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             return _convert_quantized(args, src, dst, names, meta, quantize, block_size, start, out)
         if not dst.format.many_arrays:
             tbio.save(
-                src[names[0]], dst.path, float_dtype=float_dtype, progress=progress, overwrite=True
+                carried.get(names[0]) or src[names[0]],
+                dst.path,
+                float_dtype=float_dtype,
+                progress=progress,
+                overwrite=True,
             )
         else:
-            values: Mapping[str, Any] = _Lazy(src, names)
+            values: Any = _Lazy(src, names, carried)
             if schemes and dst.format.name == "safetensors":
                 values = {n: src.stream_value(n) for n in names}
+            try:
+                tree = (
+                    tbio.nested_values(src, names, plain=not args.no_metadata)
+                    if dst.format.nested
+                    else None
+                )
+            except InvalidArgumentError as e:  # a list's items selected in part
+                raise _UsageError(
+                    f"{e} (--include / --exclude), or convert to "
+                    f"{listing(lambda f: f.many_arrays and not f.nested)}, which keep flat names"
+                ) from None
+            if tree is not None:  # the source's nesting, its plain values in their places
+                values, meta = tree, given_meta
             tbio.save(
                 values,
                 args.dst,
@@ -859,7 +926,11 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         if schemes:
             _copy_config(src, dst, args.overwrite)
         took = time.perf_counter() - start
-        in_bytes = sum(src.nbytes(n) for n in names if n not in src.aliases)
+        in_bytes = sum(
+            c.size if (c := carried.get(n)) else src.nbytes(n)
+            for n in names
+            if n not in src.aliases
+        )
         out_bytes = sum(p.stat().st_size for p in dst.existing())
         written = _written(dst)
         summary: dict[str, Any] = {
@@ -879,7 +950,9 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         }
         ok = True
         if args.verify:
-            problems = _verify(src, names, written, float_dtype, progress)
+            kept = [n for n in names if n not in carried]
+            problems = _verify(src, kept, written, float_dtype, progress) if kept else []
+            problems += _verify_carried(carried, names, written)
             summary["verified"] = not problems
             summary["problems"] = problems
             ok = not problems
@@ -1230,6 +1303,7 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
                 view,
                 _as_directory(args.dst),
                 float_dtype=float_dtype,
+                metadata=False if args.no_metadata else None,
                 max_shard_size=args.max_shard_size,
                 overwrite=args.overwrite,
                 progress=_progress(args),
@@ -1254,7 +1328,9 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
             "bytes_out": out_bytes,
             "seconds": round(took, 3),
             "skipped": sorted(unsupported),
-            "dropped_metadata": sorted(src.plain_values()) if args.format == "npy" else [],
+            "dropped_metadata": sorted(src.plain_values())
+            if args.format == "npy" or args.no_metadata
+            else [],
         }
         ok = True
         if args.verify:
@@ -1314,6 +1390,32 @@ def _verify(
                     problems.append(f"{name}: the bytes differ")
         finally:
             bar.close()
+    return problems
+
+
+def _verify_carried(carried: Mapping[str, Any], names: list[str], dst_path: str) -> list[str]:
+    """Every member copied unchanged (``NpyBytes``) must be in the output byte for byte."""
+    from . import io as tbio
+
+    problems: list[str] = []
+    if not carried:
+        return problems
+    with tbio.open(dst_path) as written:
+        keys = written.keys()
+        for name, want in carried.items():
+            key = keys[0] if written.single else name
+            if key not in keys:
+                problems.append(f"{name}: missing from the output")
+                continue
+            got = written.npy_bytes(key)  # type: ignore[attr-defined]
+            with want.opener() as a, got.opener() as b:
+                step = 1 << 20
+                same = want.size == got.size and all(
+                    a.read(min(step, want.size - i)) == b.read(min(step, want.size - i))
+                    for i in range(0, want.size, step)
+                )
+            if not same:
+                problems.append(f"{name}: the bytes differ")
     return problems
 
 

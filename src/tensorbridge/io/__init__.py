@@ -47,7 +47,7 @@ from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -67,11 +67,22 @@ from ._common import Deferred, TensorFile
 from ._detect import describe, detect, kind_by_suffix, mismatch_note, resolve
 from ._files import Links
 from ._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, listing
-from ._keys import flatten
+from ._keys import flatten, is_container, rebuild
 from .pickle_machine import Opaque
 from .sharded import ShardedFile
 
-__all__ = ["Destination", "Opaque", "carried_metadata", "destination", "load", "open", "save"]
+__all__ = [
+    "Destination",
+    "Opaque",
+    "carried_members",
+    "carried_metadata",
+    "destination",
+    "load",
+    "metadata_homes",
+    "nested_values",
+    "open",
+    "save",
+]
 
 
 @dataclass(frozen=True)
@@ -226,11 +237,12 @@ def _refusal(kind: str, where: str) -> str:
     )
 
 
-def _tensors(obj: Any, where: str) -> dict[str, Any]:
+def _tensors(obj: Any, where: str, plain: bool = False) -> dict[str, Any]:
     """A flat ``{name: tensor | array}`` from a state dict, a module, or nested containers.
 
     Names follow the file layer's one rule (``tensorbridge.io._keys``): keys and list
-    indices joined with ``.``.
+    indices joined with ``.``. ``plain``: other leaves are left for the format to judge
+    (``.pt`` keeps plain values among the tensors).
     """
     if isinstance(obj, torch.nn.Module):
         obj = obj.state_dict()
@@ -245,7 +257,9 @@ def _tensors(obj: Any, where: str) -> dict[str, Any]:
             flat[name] = np.asarray(value)
         elif type(value) is not torch.Tensor and isinstance(value, torch.Tensor):
             _refuse_quantized(value, f"at {name!r}: ")
-        elif not isinstance(value, (torch.Tensor, np.ndarray, Deferred)):
+        elif not plain and not isinstance(
+            value, (torch.Tensor, np.ndarray, Deferred, npy.NpyBytes)
+        ):
             raise UnsupportedTensorError(
                 f"at {name!r}: {type(value).__qualname__} is not a tensor or array; file "
                 "formats store tensors only (put other values in metadata=)"
@@ -266,7 +280,7 @@ def save(
     path: str | os.PathLike[str],
     *,
     float_dtype: DTypeLike | None = None,
-    metadata: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | Literal[False] | None = None,
     max_shard_size: int | str | None = None,
     overwrite: bool = False,
     progress: bool | None = None,
@@ -278,7 +292,9 @@ def save(
 
     ``obj`` is a state dict (or module, or nested mapping; nested names are joined
     with ``.``, list items by index) of tensors/arrays; for ``.npy``, a single tensor
-    or array. ``float_dtype`` casts floating-point values only, on the way. bf16, fp8
+    or array. A ``.pt`` file keeps the nesting instead, and plain values (numbers,
+    strings) among the tensors, as ``torch.save`` does: ``torch.load`` gives the tree
+    back. ``float_dtype`` casts floating-point values only, on the way. bf16, fp8
     and complex32 keep their dtype in every format.
     ``path`` is read by :func:`destination`: a directory means ``model.safetensors`` in
     it, ``NAME.safetensors.index.json`` a sharded checkpoint. An existing file is
@@ -303,7 +319,9 @@ def save(
     dequantize="bf16")``) computes each weight while a safetensors file is written,
     in bounded memory, as ``tensorbridge convert --dequantize`` does. The file's own
     metadata goes along where the format has a place for it (a warning names what
-    one without leaves out); ``metadata=`` replaces it.
+    one without leaves out); ``metadata=`` replaces it, ``metadata=False`` leaves it
+    out. A ``.pt`` file opened and saved to ``.pt`` keeps its nesting and plain values
+    (its metadata: ``metadata=False`` leaves them out).
 
     ``obj`` may also be an opened DCP checkpoint (``tb.open(dcp_dir)``): its tensors
     are assembled window by window into their place in the output, in flat memory
@@ -343,6 +361,8 @@ def save(
     dst = destination(path)
     dst.check_overwrite(overwrite)
     fmt = dst.format
+    keep = metadata is not False  # False: leave an opened file's metadata out
+    given = None if metadata is False else metadata
     suffix = dst.path.suffix.lower()
     if max_shard_size is not None and not fmt.sharding:
         sharding = [f for f in FORMATS if f.sharding]
@@ -351,14 +371,12 @@ def save(
             f"{suffix!r} files are not sharded (save to a "
             f"{listing(lambda f: f.sharding, ' or ')} path or a directory)"
         )
-    if metadata and not fmt.metadata:
+    if given and not fmt.metadata:
         raise InvalidArgumentError(
             f"{suffix!r} files have no place for metadata; save to "
             f"{listing(lambda f: f.metadata, ' or ')} to keep it, or leave out metadata= "
-            f"({', '.join(map(str, list(metadata)[:5]))})"
+            f"({', '.join(map(str, list(given)[:5]))})"
         )
-    if metadata is not None and fmt.text_metadata:
-        metadata = {str(k): str(v) for k, v in metadata.items()}
     options: dict[str, Any] = {}
     if fmt.sharding:
         options.update(max_shard_size=max_shard_size, index=dst.sharded)
@@ -370,47 +388,63 @@ def save(
             )
         options.update(quantize=quantize)
     if isinstance(obj, TensorFile):
-        obj, metadata = _file_values(obj, fmt, metadata)
+        obj, given = _file_values(obj, fmt, given, keep)
+    if given is not None and fmt.text_metadata:  # the file's own metadata too
+        given = {str(k): str(v) for k, v in given.items()}
     single = fmt.single_array and (
         not fmt.many_arrays or isinstance(obj, (torch.Tensor, np.ndarray))
     )
     if single and type(obj) is not torch.Tensor and isinstance(obj, torch.Tensor):
         _refuse_quantized(obj, "")
+    if isinstance(obj, torch.nn.Module):
+        obj = obj.state_dict()
+    where = repr(str(dst.path))
+    nested = fmt.nested and is_container(obj)
+    if nested:
+        _tensors(obj, where, plain=True)  # one name a leaf, as a reader flattens it
     fmt.save(
-        obj if single else _tensors(obj, repr(str(dst.path))),
+        obj if single or nested else _tensors(obj, where),
         dst.path,
         float_dtype=float_dtype,
-        metadata=metadata,
+        metadata=given,
         progress=progress,
         **options,
     )
 
 
 def _file_values(
-    f: TensorFile, fmt: Format, metadata: Mapping[str, Any] | None
+    f: TensorFile, fmt: Format, metadata: Mapping[str, Any] | None, keep: bool = True
 ) -> tuple[Any, Mapping[str, Any] | None]:
     """An opened file's tensors as ``save`` writes them (mapped, or computed while written),
-    and the metadata to keep: the file's own (:func:`carried_metadata`) unless given."""
-    unsupported = f.unsupported()
+    and the metadata to keep: the file's own (:func:`carried_metadata`) unless given, or
+    none (``keep`` false). A format that keeps nesting gets the file's tree."""
+    names = f.keys()
+    carried = carried_members(f, fmt, names)  # NumPy to NumPy: float128, strings as they are
+    unsupported = {n: why for n, why in f.unsupported().items() if n not in carried}
     if unsupported:
         first, reason = next(iter(unsupported.items()))
         raise UnsupportedDtypeError(
             f"{reason}; save the other entries: {{n: f[n] for n in f.keys() if n != {first!r}}}"
         )
-    names = f.keys()
-    if metadata is None:
+    tree = nested_values(f, names, plain=keep and metadata is None) if fmt.nested else None
+    if tree is not None:
+        return tree, metadata
+    if metadata is None and keep:
         metadata, dropped = carried_metadata(f, fmt, names)
         if dropped:
             warnings.warn(
                 f"{fmt.description}s have no place for metadata; {f.filename}'s "
                 f"{', '.join(dropped[:5])} are not saved (save to "
-                f"{listing(lambda g: g.metadata, ' or ')} to keep them)",
+                f"{metadata_homes(dropped, names)} to keep them, or pass metadata=False)",
                 stacklevel=3,
             )
     if fmt.single_array and not fmt.many_arrays and len(names) == 1:
-        return f[names[0]], metadata or None
+        return carried.get(names[0]) or f[names[0]], metadata or None
     values: dict[str, Any] = {}
     for name in names:
+        if name in carried:
+            values[name] = carried[name]
+            continue
         value = f.stream_value(name)
         values[name] = value if fmt.deferred or not isinstance(value, Deferred) else f[name]
     return values, metadata or None
@@ -420,13 +454,39 @@ def _file_values(
 WRITER_MARKS = ("pt", "np", "tf", "flax", "mlx")
 
 
+def carried_members(
+    f: TensorFile, fmt: Format, names: list[str], *, skip_refused: bool = False
+) -> dict[str, Any]:
+    """The entries of ``names`` that torch cannot hold, as their ``.npy`` bytes, where both
+    ``f`` and ``fmt`` are NumPy formats (``npy.NpyBytes``: copied unchanged, never read).
+
+    ``skip_refused``: an entry that cannot be copied either is left out (it stays in
+    ``f.unsupported()``) instead of raising.
+
+    Raises:
+        UnsupportedDtypeError: an object array (a pickle): never read, never copied.
+    """
+    if not (fmt.npy_members and isinstance(f, npy.NpyEntries)):
+        return {}
+    out = {}
+    for name in f.unsupported():
+        if name in names:
+            try:
+                out[name] = f.npy_bytes(name)
+            except UnsupportedDtypeError:
+                if not skip_refused:
+                    raise
+    return out
+
+
 def carried_metadata(
-    src: TensorFile, fmt: Format, names: list[str]
+    src: TensorFile, fmt: Format, names: list[str], fix: str = "pass metadata=False"
 ) -> tuple[dict[str, Any], list[str]]:
     """The source's metadata as a ``fmt`` file can hold it, and the keys it cannot.
 
     A mark another format's writer sets for itself (safetensors' ``format: pt``) is
-    not the user's metadata and is not carried.
+    not the user's metadata and is not carried. ``fix`` ends the refusal of metadata
+    that ``fmt`` cannot hold: how to leave it out, in the caller's words.
     """
     values = src.plain_values()
     marks = {f.metadata_mark for f in FORMATS} - {fmt.metadata_mark, None}
@@ -435,12 +495,38 @@ def carried_metadata(
         return {}, sorted(values)
     clash = [k for k in values if k in names]
     if fmt.metadata_with_tensors and clash:
-        apart = (f for f in FORMATS if f.metadata and not f.metadata_with_tensors)
         raise TensorBridgeError(
             f"metadata key {clash[0]!r} of {src.filename} is also a tensor's name; "
-            f"{fmt.description} cannot hold both: write {next(apart).suffixes[0]}"
+            f"{fmt.description} cannot hold both: write {metadata_homes(clash, names)}, "
+            f"or {fix} to leave the metadata out"
         )
     return values, []
+
+
+def metadata_homes(keys: list[str], names: list[str]) -> str:
+    """The suffixes of the formats that can keep metadata ``keys`` beside tensors ``names``.
+
+    >>> metadata_homes(["epoch"], ["w"]), metadata_homes(["w"], ["w"])
+    ('.safetensors or .pt or .gguf or .zarr', '.safetensors or .gguf or .zarr')
+    """
+    clash = any(k in names for k in keys)
+    return listing(lambda f: f.metadata and not (clash and f.metadata_with_tensors), " or ")
+
+
+def nested_values(f: TensorFile, names: list[str], *, plain: bool = True) -> Any:
+    """``f``'s entries ``names`` (and its plain values, unless ``plain`` is false) in the
+    nesting the file stored them in, or None where it records none (a flat file).
+
+    Each tensor is the mapped array ``f[name]``, read when written. Leaving out some of
+    a list's items raises (the rest would be renumbered): see :func:`_keys.rebuild`.
+    """
+    skel = f.structure()
+    if skel is None:
+        return None
+    values: dict[str, Any] = {n: f[n] for n in names}
+    if plain:
+        values.update(f.plain_values())
+    return rebuild(skel, values, where=f.filename)
 
 
 DEFAULT_SHARD_SIZE = "5GB"  # a chunked checkpoint saved to a directory: transformers' default
@@ -451,7 +537,7 @@ def _save_chunked(
     path: str | os.PathLike[str],
     *,
     float_dtype: DTypeLike | None,
-    metadata: Mapping[str, Any] | None,
+    metadata: Mapping[str, Any] | Literal[False] | None,
     max_shard_size: int | str | None,
     overwrite: bool,
     progress: bool | None,
@@ -499,7 +585,7 @@ def _save_chunked(
             dst.path,
             fmt="zarr",
             float_dtype=float_dtype,
-            metadata={**f.plain_values(), **(metadata or {})},
+            metadata={**(f.plain_values() if metadata is not False else {}), **(metadata or {})},
             executor=executor,
             progress=progress,
         )
@@ -515,7 +601,8 @@ def _save_chunked(
     is_dir = Path(text).is_dir() or text.endswith(("/", os.sep))
     if is_dir and max_shard_size is None:
         max_shard_size = DEFAULT_SHARD_SIZE
-    meta = {str(k): str(v) for k, v in f.plain_values().items()}
+    carried = f.plain_values() if metadata is not False else {}
+    meta = {str(k): str(v) for k, v in carried.items()}
     meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
     assemble.save(
         f,

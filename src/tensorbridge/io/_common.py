@@ -521,6 +521,16 @@ class TensorFile(abc.ABC):
         """The file's non-tensor values, as typed as the format keeps them (strings by default)."""
         return dict(self.metadata)
 
+    def structure(self) -> Any:
+        """The nesting the entries were stored in, or None where the file records none.
+
+        A skeleton (:func:`tensorbridge.io._keys.skeleton`): the stored containers, each
+        leaf a ``Leaf`` naming its entry in :meth:`keys` (a tensor) or
+        :meth:`plain_values` (any other value). A writer that keeps nesting (``.pt``)
+        rebuilds the tree from it; every other reader keeps flat names (None).
+        """
+        return None
+
     def unsupported(self) -> dict[str, str]:
         """Entries that cannot be read as tensors (strings, objects), with the reason for each.
 
@@ -609,6 +619,8 @@ class TensorFile(abc.ABC):
             )
         if keys is None:
             unsupported = self.unsupported()
+            if unsupported and self.single:  # no other entry to read instead
+                raise UnsupportedDtypeError(next(iter(unsupported.values())))
             if unsupported:
                 first, reason = next(iter(unsupported.items()))
                 more = f" (and {len(unsupported) - 1} more)" if len(unsupported) > 1 else ""

@@ -17,6 +17,8 @@ kind               how it is recognised
 ``pickle``         any other pickle
 ``index``          JSON: a shard index (``*.safetensors.index.json``, ``*.bin.index.json``)
 ``zarr``           a directory whose ``zarr.json`` is a Zarr v3 group or array
+``npy-dir``        a directory of ``NAME.npy`` files and no checkpoint file another
+                   format looks for (what ``convert --format npy`` writes)
 ``dcp``            a pickle of ``torch.distributed.checkpoint``'s ``Metadata`` (a DCP
                    directory's ``.metadata``; the directory and its ``*.distcp`` files
                    resolve to it), recognised from the class name, never unpickled here
@@ -115,10 +117,16 @@ def detect(path: str | os.PathLike[str]) -> str:
 
 
 def _directory_kind(path: Path) -> str | None:
-    """The kind of a directory that is itself a store (a Zarr v3 group or array), or None."""
+    """The kind of a directory that is itself the checkpoint, or None: a Zarr v3 group or
+    array, or a directory whose best-ranked files are one entry each (``NAME.npy``)."""
     from .zarr import store_kind  # reads one small JSON file; zarr itself is not needed
 
-    return "zarr" if store_kind(path) is not None else None
+    if store_kind(path) is not None:
+        return "zarr"
+    for fmt, pattern in _DIRECTORY_SEARCH:
+        if any(p.is_file() for p in path.glob(pattern)):
+            return fmt.kinds[0] if fmt.file_per_entry else None
+    return None
 
 
 _DCP_CLASS = b"torch.distributed.checkpoint.metadata"
@@ -157,8 +165,14 @@ def mismatch_note(path: Path, kind: str) -> str:
     )
 
 
-# patterns a directory is searched for, best first: safetensors over pickles, as transformers
-_DIRECTORY_PATTERNS = tuple(p for f in FORMATS for p in f.in_directory)
+# patterns a directory is searched for, best first: safetensors over pickles, as transformers,
+# model files over a loose .npz, and a directory of .npy files last
+_DIRECTORY_SEARCH = tuple(
+    (f, p)
+    for f in sorted(FORMATS, key=lambda f: f.directory_rank)  # stable: table order within a rank
+    for p in f.in_directory
+)
+_DIRECTORY_PATTERNS = tuple(p for _, p in _DIRECTORY_SEARCH)
 
 
 def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path:
@@ -169,7 +183,8 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
     ``pytorch_model.bin`` that was saved sharded, so only its index exists, gives that
     index.
 
-    A directory that is itself a store (Zarr) gives itself.
+    A directory that is itself a store (Zarr), or whose files are one entry each (a
+    directory of ``NAME.npy`` files), gives itself.
 
     Raises:
         FormatError: a directory holding several candidates of the same rank.
@@ -187,8 +202,10 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
         if not path.exists():
             _refuse_uncommitted(path)  # a store whose first save is running or died
         return path
-    if _directory_kind(path) is not None:
-        return path  # the directory is the store
+    kind = _directory_kind(path)
+    store = by_kind(kind) if kind is not None else None
+    if store is not None and set(store.in_directory) <= set(patterns):
+        return path  # the directory is the store (or its files are the checkpoint's entries)
     if os.path.lexists(path / "zarr.json") and not (path / "zarr.json").is_file():
         return path  # a FIFO, a device, a link out: the Zarr reader says which, unread
     if (path / "zarr.json").is_file():  # a store whose own document is damaged

@@ -84,11 +84,17 @@ class Format:
     writes: bool = True  # ``save`` writes it (False: read-only)
     magic: bytes = b""  # the first bytes that identify it, where a fixed magic does
     in_directory: tuple[str, ...] = ()  # names a checkpoint directory is searched for, best first
+    directory_rank: int = 0  # directories are searched by rank, then table order: models first
     directory: bool = False  # a store is a directory (Zarr), recognised by its contents
+    # the directory holding ``in_directory``'s files is the checkpoint, one entry a file
+    file_per_entry: bool = False
     extra: str | None = None  # the pip extra that installs its library (``tensorbridge[zarr]``)
     chunked: bool = False  # tensors stored as boxes of a global tensor (assembled when saved)
     deferred: bool = False  # ``save`` takes values computed as they are written (``Deferred``)
     links: bool = False  # the reader opens other files its file names: it takes follow_links=
+    nested: bool = False  # ``save`` keeps a tree's nesting and plain values (else: dotted names)
+    npy_members: bool = False  # ``save`` takes ``npy.NpyBytes``: copies a .npy torch cannot hold
+    keeps: str = ""  # what a conversion to it keeps, for ``convert --help``
 
     def __repr__(self) -> str:
         return f"<Format {self.name}>"
@@ -131,6 +137,7 @@ FORMATS: tuple[Format, ...] = (
         memory_map=True,
         deferred=True,
         in_directory=("*.safetensors" + INDEX_SUFFIX, "*.safetensors"),
+        keeps="tensors by dotted name; metadata as text; shards with an index",
     ),
     Format(
         "npy",
@@ -144,6 +151,8 @@ FORMATS: tuple[Format, ...] = (
         memory_map=True,
         raw_dtype=True,
         magic=b"\x93NUMPY",
+        npy_members=True,
+        keeps="one array; no metadata",
     ),
     Format(
         "npz",
@@ -154,6 +163,11 @@ FORMATS: tuple[Format, ...] = (
         kinds=("npz",),
         memory_map=True,
         raw_dtype=True,
+        in_directory=("*.npz",),
+        directory_rank=1,
+        npy_members=True,
+        keeps="arrays by dotted name; no metadata; from a NumPy source, members torch cannot "
+        "hold (float128, strings) copied unchanged",
     ),
     Format(
         "pt",
@@ -167,6 +181,9 @@ FORMATS: tuple[Format, ...] = (
         metadata_with_tensors=True,
         memory_map=True,
         in_directory=("*.bin" + INDEX_SUFFIX, "*.bin", "*.pt", "*.pth"),
+        nested=True,
+        keeps="a .pt source's nesting and plain values, as torch.load gives them; from "
+        "other sources, tensors by dotted name with the metadata beside them",
     ),
     Format(
         "gguf",
@@ -181,6 +198,7 @@ FORMATS: tuple[Format, ...] = (
         magic=b"GGUF",
         in_directory=("*.gguf",),
         links=True,
+        keeps="tensors by name; typed metadata (general.architecture required)",
     ),
     Format(
         "zarr",
@@ -193,6 +211,7 @@ FORMATS: tuple[Format, ...] = (
         directory=True,
         extra="zarr",
         links=True,
+        keeps="one array per tensor; metadata as attributes",
     ),
     Format(
         "dcp",
@@ -206,6 +225,21 @@ FORMATS: tuple[Format, ...] = (
         in_directory=(".metadata",),
         chunked=True,
         links=True,
+    ),
+    Format(  # what ``convert dcp/ out/ --format npy`` writes
+        "npy-dir",
+        "tensorbridge.io.npy",
+        "NpyDirectory",
+        "a directory of .npy files",
+        suffixes=(),
+        kinds=("npy-dir",),
+        memory_map=True,
+        raw_dtype=True,
+        writes=False,
+        in_directory=("*.npy",),
+        directory_rank=2,
+        directory=True,
+        file_per_entry=True,
     ),
 )
 
@@ -228,7 +262,8 @@ def by_kind(kind: str) -> Format | None:
 
 
 def by_name(name: str) -> Format:
-    """The format called ``name`` ("safetensors", "npy", "npz", "pt", "gguf", "zarr", "dcp")."""
+    """The format called ``name`` ("safetensors", "npy", "npz", "pt", "gguf", "zarr", "dcp",
+    "npy-dir")."""
     return _BY_NAME[name]
 
 

@@ -19,7 +19,8 @@ byte-identical to ``np.save`` (Fortran-ordered arrays included).
 
 **Reading** validates every header before mapping anything: magic and version, header
 length within ``MAX_HEADER_SIZE`` and the file, a literal-only parse (``ast.literal_eval``,
-never pickle), exactly the three keys, a shape of non-negative ints, and a data length
+never pickle; Python 2's ``2L`` integers in version 1.0 / 2.0 headers are read as
+``np.load`` reads them), exactly the three keys, a shape of non-negative ints, and a data length
 equal to the shape times the item size, to the byte. Object arrays are refused. Any
 violation raises :class:`~tensorbridge.FormatError` naming the file (and member).
 With ``mmap=True`` NumPy results are read-only views of the file; torch results share one
@@ -28,13 +29,21 @@ copy-on-write mapping per opened file (writes never reach the file).
 
 from __future__ import annotations
 
+import abc
 import ast
+import builtins
+import contextlib
 import io
 import os
 import struct
-from collections.abc import Iterable, Mapping
+import tokenize
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from math import prod
 from pathlib import Path
+from tokenize import TokenError
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
@@ -70,7 +79,17 @@ from ._common import (
 )
 from ._files import open_regular
 
-__all__ = ["MAX_HEADER_SIZE", "NpyFile", "disk_dtype", "load", "open", "save"]
+__all__ = [
+    "MAX_HEADER_SIZE",
+    "NpyBytes",
+    "NpyDirectory",
+    "NpyEntries",
+    "NpyFile",
+    "disk_dtype",
+    "load",
+    "open",
+    "save",
+]
 
 MAGIC = b"\x93NUMPY"
 MAX_HEADER_SIZE = 10_000  # characters, numpy's own default for untrusted files
@@ -140,6 +159,32 @@ def header_bytes(row: DTypeRow, shape: tuple[int, ...], fortran: bool = False) -
     return buf.getvalue()
 
 
+def header_literal(text: str, major: int) -> Any:
+    """The header's dict, read as ``np.load`` reads it (``numpy/lib/_format_impl.py``).
+
+    ``ast.literal_eval`` first (literals only: never calls, never pickles). Python 2
+    wrote long integers with an ``L`` suffix (``'shape': (2L,)``, NumPy's own
+    ``win64python2.npy``); for a version 1.0 or 2.0 header that is not a literal, NumPy
+    drops each ``L`` token that directly follows a number (``_filter_header``) and
+    tries again: so does this, with the same tokenizer, which only splits text.
+
+    >>> header_literal("{'shape': (2L, 3L), }", 1)
+    {'shape': (2, 3)}
+    """
+    try:
+        return ast.literal_eval(text)
+    except SyntaxError:
+        if major > 2:  # NumPy never wrote version 3.0 on Python 2
+            raise
+    tokens: list[tokenize.TokenInfo] = []
+    after_number = False
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if not (after_number and token.type == tokenize.NAME and token.string == "L"):
+            tokens.append(token)
+        after_number = token.type == tokenize.NUMBER
+    return ast.literal_eval(tokenize.untokenize(tokens))
+
+
 def parse_header(head: bytes, size: int, where: str, raw: DTypeRow | None = None) -> Header:
     """Validate the start of a ``.npy`` (``head``: its first bytes) holding ``size`` bytes.
 
@@ -151,6 +196,21 @@ def parse_header(head: bytes, size: int, where: str, raw: DTypeRow | None = None
         FormatError: anything malformed; the message starts with ``where``.
         UnsupportedDtypeError: a well-formed file of a dtype with no torch counterpart.
     """
+    stored, shape, fortran, offset = _fields(head, size, where)
+    row = _row_of_stored(stored, where, raw)
+    nbytes = _data_size(stored, shape, offset, size, row.name, where)
+    return Header(row, stored, shape, fortran, offset, nbytes)
+
+
+def stored_header(head: bytes, size: int, where: str) -> tuple[np.dtype[Any], tuple[int, ...], int]:
+    """The stored dtype, shape and data size of a ``.npy`` of any dtype but objects,
+    validated as :func:`parse_header` does, for copying it unchanged (:class:`NpyBytes`)."""
+    stored, shape, _, offset = _fields(head, size, where)
+    return stored, shape, _data_size(stored, shape, offset, size, str(stored), where)
+
+
+def _fields(head: bytes, size: int, where: str) -> tuple[np.dtype[Any], tuple[int, ...], bool, int]:
+    """The header's dtype, shape, order and data offset, validated; object arrays refused."""
 
     def bad(problem: str) -> FormatError:
         return FormatError(f"{where}: {problem}")
@@ -181,8 +241,8 @@ def parse_header(head: bytes, size: int, where: str, raw: DTypeRow | None = None
     if len(text) > MAX_HEADER_SIZE:
         raise bad(f"the header has {len(text)} characters, more than {MAX_HEADER_SIZE}")
     try:
-        d = ast.literal_eval(text)  # literals only: never calls, never pickles
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        d = header_literal(text, major)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, TokenError):
         raise bad(f"the header is not a Python literal: {text.strip()[:200]!r}") from None
     if not isinstance(d, dict) or set(d) != {"descr", "fortran_order", "shape"}:
         got = sorted(map(str, d)) if isinstance(d, dict) else type(d).__name__
@@ -207,20 +267,24 @@ def parse_header(head: bytes, size: int, where: str, raw: DTypeRow | None = None
     if stored.hasobject:
         raise UnsupportedDtypeError(
             f"{where}: descr {descr!r} holds Python objects, which only pickle can read; "
-            "tensorbridge never unpickles (np.load(path, allow_pickle=True) if you "
-            "trust the file)"
+            "tensorbridge never unpickles, and does not copy them to another file either "
+            "(np.load(path, allow_pickle=True) if you trust the file)"
         )
-    row = _row_of_stored(stored, where, raw)
-    count = prod(shape)
-    nbytes = count * stored.itemsize
-    offset = start + hlen
+    return stored, shape, fortran, start + hlen
+
+
+def _data_size(
+    stored: np.dtype[Any], shape: tuple[int, ...], offset: int, size: int, what: str, where: str
+) -> int:
+    """The data's size, which must be exactly what follows the header."""
+    nbytes = prod(shape) * stored.itemsize
     if offset + nbytes != size:
-        what = "truncated" if offset + nbytes > size else "trailing bytes"
-        raise bad(
-            f"{what}: shape {shape} of {row.name} needs {nbytes} data bytes after the "
+        fault = "truncated" if offset + nbytes > size else "trailing bytes"
+        raise FormatError(
+            f"{where}: {fault}: shape {shape} of {what} needs {nbytes} data bytes after the "
             f"{offset}-byte header, the file holds {size - offset}"
         )
-    return Header(row, stored, shape, fortran, offset, nbytes)
+    return nbytes
 
 
 def _row_of_stored(stored: np.dtype[Any], where: str, raw: DTypeRow | None) -> DTypeRow:
@@ -308,6 +372,71 @@ def prepare(x: Any, float_dtype: Any) -> Entry:
     return Entry(data, dst, header_bytes(dst, shape, fortran), prod(shape) * dst.itemsize)
 
 
+@dataclass(frozen=True)
+class NpyBytes:
+    """A whole ``.npy`` (header and data) of a dtype torch cannot hold (float128,
+    strings, structured), carried unchanged from one NumPy file to another.
+
+    Its values are never read: the bytes are copied, their header validated first
+    (object arrays, a pickle, are refused, not copied). A NumPy writer (``.npy``,
+    ``.npz``) takes it as a value.
+    """
+
+    where: str  # the file (and member), for messages
+    stored: np.dtype[Any]
+    shape: tuple[int, ...]
+    size: int  # of the whole .npy
+    opener: Callable[[], AbstractContextManager[BinaryIO]]  # its bytes, from the magic on
+    crc: int | None = None  # a zip member's CRC-32, checked as the bytes are copied
+
+    def check_cast(self, float_dtype: Any, name: str) -> None:
+        """Refuse a cast of a carried floating-point array: no torch dtype can do it."""
+        if float_dtype is not None and self.stored.kind in "fc":
+            raise UnsupportedDtypeError(
+                f"at {name!r}: {self.stored} has no torch dtype, so it is copied unchanged "
+                "and cannot be cast; leave it out, or convert without a cast"
+            )
+
+
+def write_npy_bytes(f: Any, e: NpyBytes, chunk_bytes: int, bar: Any) -> None:
+    """Copy ``e``'s bytes to ``f``, checking their length (and CRC) against what was read."""
+    done, crc = 0, 0
+    with e.opener() as src:
+        while done < e.size:
+            chunk = src.read(min(chunk_bytes, e.size - done))
+            if not chunk:
+                break
+            f.write(chunk)
+            crc = zlib.crc32(chunk, crc)
+            done += len(chunk)
+            bar.update(len(chunk))
+    if done != e.size:
+        raise FormatError(f"{e.where}: the file changed while it was copied; open it again")
+    if e.crc is not None and crc != e.crc:
+        raise FormatError(f"{e.where}: the data does not match its CRC; the file is corrupt")
+
+
+@contextlib.contextmanager
+def open_at(path: Path, start: int) -> Iterator[BinaryIO]:
+    """``path`` opened for reading from byte ``start``."""
+    with builtins.open(path, "rb") as f:
+        f.seek(start)
+        yield f
+
+
+class NpyEntries(TensorFile):
+    """A reader whose entries are ``.npy`` bytes (``.npy``, ``.npz``, a directory of them):
+    an entry torch cannot hold can still be copied to another NumPy file unchanged."""
+
+    @abc.abstractmethod
+    def npy_bytes(self, name: str) -> NpyBytes:
+        """Entry ``name``'s whole ``.npy``, to copy unchanged.
+
+        Raises:
+            UnsupportedDtypeError: an object array (a pickle): never read, never copied.
+        """
+
+
 def write_entry(f: Any, e: Entry, chunk_bytes: int, bar: Any) -> None:
     f.write(e.header)
     bar.update(len(e.header))
@@ -370,6 +499,15 @@ def save(
             f"{str(path)!r}: a .npy file holds one array, got a mapping of {len(tensors)}; "
             "save to a .npz path, or pass one tensor"
         )
+    if isinstance(tensors, NpyBytes):  # a .npy of a dtype torch lacks, copied as it is
+        tensors.check_cast(float_dtype, path.stem)
+        bar = progress_bar(tensors.size, f"saving {path.name}", progress)
+        try:
+            with atomic_write(path) as f:
+                write_npy_bytes(f, tensors, chunk_bytes, bar)
+        finally:
+            bar.close()
+        return
     e = prepare(tensors, float_dtype)
     bar = progress_bar(len(e.header) + e.nbytes, f"saving {path.name}", progress)
     try:
@@ -391,7 +529,7 @@ def no_metadata(metadata: Mapping[str, Any] | None, path: Path) -> None:
 # --- reading ---------------------------------------------------------------------------------
 
 
-class MappedFile(TensorFile):
+class MappedFile(NpyEntries):
     """A file read through one read-only and one copy-on-write map (``.npy``, ``.npz``)."""
 
     def __init__(self, path: Path, size: int) -> None:
@@ -429,8 +567,21 @@ class NpyFile(MappedFile):
             size = os.fstat(f.fileno()).st_size
             head = f.read(min(size, HEAD_LIMIT))
         super().__init__(p, size)
-        self.header = parse_header(head, size, repr(str(p)), raw_row(dtype))
         self.name = p.stem
+        self._refused: UnsupportedDtypeError | None = None
+        try:
+            self._header: Header | None = parse_header(head, size, repr(str(p)), raw_row(dtype))
+        except UnsupportedDtypeError as err:  # well formed, but no torch dtype: copyable
+            stored_header(head, size, repr(str(p)))  # the rest of it valid, objects refused
+            self._header, self._refused = None, err
+
+    @property
+    def header(self) -> Header:
+        """The validated header (a dtype torch cannot hold raises the reader's refusal)."""
+        if self._header is None:
+            assert self._refused is not None
+            raise UnsupportedDtypeError(str(self._refused))
+        return self._header
 
     def keys(self) -> list[str]:
         return [self.name]
@@ -449,9 +600,66 @@ class NpyFile(MappedFile):
             f.seek(self.header.offset)
             return read_data(f, self.header, repr(str(self._path)))
 
+    def npy_bytes(self, name: str) -> NpyBytes:
+        self._check(name)
+        where = repr(str(self._path))
+        with builtins.open(self._path, "rb") as f:
+            head = f.read(min(self._size, HEAD_LIMIT))
+        stored, shape, _ = stored_header(head, self._size, where)
+        return NpyBytes(where, stored, shape, self._size, lambda: open_at(self._path, 0))
+
     def _check(self, name: str) -> None:
         if name != self.name:
             raise KeyError(f"{name!r} is not in this file; its one key is {self.name!r}")
+
+
+class NpyDirectory(NpyEntries):
+    """A directory of ``NAME.npy`` files, one entry each, named by the file's stem.
+
+    ``convert dcp/ out/ --format npy`` writes one (``tb.save(tb.open(dcp), out,
+    format="npy")``). Every file's header is validated when the directory is opened;
+    each file is mapped when first read. Other files in the directory are ignored.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self._files: dict[str, NpyFile] = {}
+        try:
+            for p in sorted(self.path.glob("*.npy")):
+                if p.is_file():
+                    self._files[p.stem] = NpyFile(p, dtype=dtype)
+        except BaseException:
+            self.close()
+            raise
+        if not self._files:
+            raise FileNotFoundError(f"{self.path} holds no .npy file")
+
+    def keys(self) -> list[str]:
+        return list(self._files)
+
+    def _file(self, name: str) -> NpyFile:
+        try:
+            return self._files[name]
+        except KeyError:
+            keys = self.keys()[:10]
+            raise KeyError(f"{name!r} is not in {self.path}; its keys are {keys}") from None
+
+    def info(self, name: str) -> tuple[DTypeRow, tuple[int, ...]]:
+        return self._file(name).info(name)
+
+    def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
+        return self._file(name)._array(name, copy_on_write=copy_on_write)
+
+    def _owned(self, name: str) -> np.ndarray:
+        return self._file(name)._owned(name)
+
+    def npy_bytes(self, name: str) -> NpyBytes:
+        return self._file(name).npy_bytes(name)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
 
 
 def open(path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> TensorFile:

@@ -38,7 +38,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow
-from ..errors import FormatError, TensorBridgeError, UnsupportedTensorError
+from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError, UnsupportedTensorError
 from ._common import DEFAULT_CHUNK, TensorFile, atomic_write, progress_bar
 from ._detect import ZIP_ERRORS
 from ._files import open_regular
@@ -46,13 +46,17 @@ from .npy import (
     HEAD_LIMIT,
     Header,
     MappedFile,
+    NpyBytes,
     no_metadata,
+    open_at,
     parse_header,
     prepare,
     raw_row,
     read_data,
+    stored_header,
     view_data,
     write_entry,
+    write_npy_bytes,
 )
 
 __all__ = ["NpzFile", "load", "open", "save"]
@@ -107,24 +111,31 @@ def save(
             f"{str(path)!r}: a .npz file holds named arrays; pass a mapping such as "
             f"{{'x': array}}, not a {type(tensors).__qualname__}"
         )
-    entries = []
+    entries: list[tuple[str, Any]] = []
     for name, x in tensors.items():
         if not isinstance(name, str) or not name:
             raise UnsupportedTensorError(
                 f"{str(path)!r}: .npz keys are non-empty strings, got {name!r}"
             )
+        if isinstance(x, NpyBytes):  # a member torch cannot hold, copied as it is
+            x.check_cast(float_dtype, name)
+            entries.append((name, x))
+            continue
         try:
             entries.append((name, prepare(x, float_dtype)))
         except TensorBridgeError as err:
             raise type(err)(f"at {name!r}: {err}") from None
-    total = sum(len(e.header) + e.nbytes for _, e in entries)
-    bar = progress_bar(total, f"saving {path.name}", progress)
+    sizes = [e.size if isinstance(e, NpyBytes) else len(e.header) + e.nbytes for _, e in entries]
+    bar = progress_bar(sum(sizes), f"saving {path.name}", progress)
     try:
         with atomic_write(path) as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as zf:
-            for name, e in entries:
-                info = _member_info(f"{name}.npy", f.tell(), len(e.header) + e.nbytes)
+            for (name, e), size in zip(entries, sizes, strict=True):
+                info = _member_info(f"{name}.npy", f.tell(), size)
                 with zf.open(info, "w", force_zip64=True) as member:  # as np.savez does
-                    write_entry(member, e, chunk_bytes, bar)
+                    if isinstance(e, NpyBytes):
+                        write_npy_bytes(member, e, chunk_bytes, bar)
+                    else:
+                        write_entry(member, e, chunk_bytes, bar)
     finally:
         bar.close()
 
@@ -236,6 +247,29 @@ class NpzFile(MappedFile):
                 f"fit the file's {len(mm)} bytes; the archive is truncated"
             )
         return start
+
+    def npy_bytes(self, name: str) -> NpyBytes:
+        self._header_or_raw(name)
+        info, where = self._members[name], self._where(name)
+        if info.compress_type == zipfile.ZIP_STORED:
+            start = self._stored_start(info, where)
+            mm = self._map(False)
+            head = bytes(mm[start : start + min(info.file_size, HEAD_LIMIT)])
+            stored, shape, _ = stored_header(head, info.file_size, where)
+            return NpyBytes(
+                where, stored, shape, info.file_size, lambda: open_at(self._path, start), info.CRC
+            )
+        with _member(self._path, info, where) as f:
+            head = f.read(min(info.file_size, HEAD_LIMIT))
+        stored, shape, _ = stored_header(head, info.file_size, where)
+        return NpyBytes(
+            where, stored, shape, info.file_size, lambda: _member(self._path, info, where), info.CRC
+        )
+
+    def _header_or_raw(self, name: str) -> None:
+        """``name``'s header checks, whether or not torch can hold its dtype."""
+        with contextlib.suppress(UnsupportedDtypeError):  # a dtype torch lacks: copied as is
+            self._header(name)
 
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
         h, start = self._header(name)

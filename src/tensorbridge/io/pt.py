@@ -31,7 +31,10 @@ write never reaches the file). A legacy file's storages are read into memory (th
 format cannot be mapped), and the reader's ``notes`` say so. The file is opened once:
 replacing it under the same name later changes nothing an opened reader gives.
 
-**Writing** converts every value with :func:`tensorbridge.to_torch` (bfloat16 arrays
+**Writing** keeps the nesting it is given (``tb.save`` passes a tree as it is, and a
+``.pt`` source converted to ``.pt`` is rebuilt from the reader's :meth:`structure`, so
+``torch.load`` of the output gives the source's nesting and plain values back). It
+converts every tensor with :func:`tensorbridge.to_torch` (bfloat16 arrays
 become bfloat16 tensors), casts floating values when ``float_dtype`` asks, moves them to
 the CPU, and hands them to ``torch.save`` inside an atomic write. ``torch.save`` needs
 every tensor in memory at once, so unlike ``.npy`` and ``.safetensors`` a cast save holds
@@ -42,6 +45,7 @@ stay tied), and a view saves its whole storage, as ``torch.save`` always does.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any, cast
@@ -58,6 +62,7 @@ from ..errors import (
     UnsupportedTensorError,
 )
 from ._common import TensorFile, atomic_write, cast_target, check_unchanged, progress_bar, row_of
+from ._keys import is_container, skeleton
 from .pickle_machine import Opaque, TensorRef
 from .torch_archive import TORCHSCRIPT_MESSAGE, Archive, open_archive
 
@@ -94,80 +99,6 @@ class _Entries:
             self.order.append(key)
         kind[key] = value
 
-    def walk(self, obj: Any, key: str, *, plain: bool = True) -> None:
-        """Flatten ``obj`` under ``key`` (depth is bounded by the pickle machine)."""
-        t = type(obj)
-        if t is TensorRef:
-            self.add(key, self.tensors, obj)
-        elif t is dict or t is list or t is tuple:
-            items = obj.items() if t is dict else enumerate(obj)
-            for k, v in items:
-                self.walk(v, f"{key}.{k}" if key else str(k), plain=plain)
-        elif t is Opaque:
-            self.opaque(obj, key, plain)
-        elif plain:
-            self.add(key, self.values, obj)
-
-    def opaque(self, obj: Opaque, key: str, plain: bool) -> None:
-        state = obj.state
-        if type(state) is tuple and len(state) == 2 and type(state[0]) is dict:
-            state = state[0]  # (__dict__, __slots__ values)
-        if type(state) is dict and all(
-            type(state.get(k)) is dict for k in ("_parameters", "_buffers", "_modules")
-        ):
-            self.module(obj.name, state, key)
-            return
-        key = key or self.stem  # the whole file is this one object
-        if obj.name.startswith("torch._utils._rebuild_"):
-            kind = obj.name.removeprefix("torch._utils._rebuild_")
-            why = (
-                f"a {kind.replace('_', ' ')} (torch._utils._rebuild_{kind}); tensorbridge's "
-                "file readers give dense tensors, and read this one's other entries"
-            )
-            self.add(key, self.skipped, why)
-            return
-        if obj.args and type(obj.args[0]) is TensorRef:
-            why = f"a tensor of the subclass {obj.name}, whose values need its code"
-            self.add(key, self.skipped, why)
-            return
-        if obj.args is None:
-            why = f"the global {obj.name} itself (a class or function, never imported)"
-        else:
-            why = (
-                f"a {obj.name} object: a placeholder, never imported or called; its tensors "
-                "and plain fields are entries under its name"
-            )
-        self.add(key, self.skipped, why)
-        if type(state) is dict:
-            for k, v in state.items():
-                self.walk(v, f"{key}.{k}", plain=plain)
-        elif state is not None:
-            self.walk(state, f"{key}.state", plain=plain)
-        for k, v in obj.items:
-            self.walk(v, f"{key}.{k}", plain=plain)
-        for i, v in enumerate(obj.listitems):
-            self.walk(v, f"{key}.{i}", plain=plain)
-        if obj.args:
-            self.walk(obj.args, f"{key}.args", plain=False)  # its tensors only
-
-    def module(self, name: str, state: dict[str, Any], key: str) -> None:
-        """A pickled ``nn.Module``: its parameters and persistent buffers, by state_dict name."""
-        if not self.inside:
-            self.modules.append(f"{key or 'the file'} ({name})")
-        self.inside += 1
-        prefix = f"{key}." if key else ""
-        found = state.get("_non_persistent_buffers_set")
-        hidden = found if isinstance(found, (set, frozenset)) else frozenset()
-        for k, v in state["_parameters"].items():
-            if v is not None:
-                self.walk(v, f"{prefix}{k}", plain=False)
-        for k, v in state["_buffers"].items():
-            if v is not None and k not in hidden:
-                self.walk(v, f"{prefix}{k}", plain=False)
-        for k, v in state["_modules"].items():
-            if v is not None:
-                self.walk(v, f"{prefix}{k}", plain=False)
-        self.inside -= 1
 
 
 class PtFile(TensorFile):
@@ -193,6 +124,7 @@ class PtFile(TensorFile):
         self._order, self._tensors = entries.order, entries.tensors
         self._values, self._skipped = entries.values, entries.skipped
         self.single = type(obj) is TensorRef
+        self._structure = skeleton(obj) if is_container(obj) else None
         self.metadata = {k: str(v) for k, v in self._values.items()}
         self.mapped = not self._archive.legacy
         if self._archive.legacy:
@@ -214,6 +146,9 @@ class PtFile(TensorFile):
 
     def plain_values(self) -> dict[str, Any]:
         return dict(self._values)
+
+    def structure(self) -> Any:
+        return self._structure
 
     def keys(self) -> list[str]:
         return list(self._order)
@@ -334,6 +269,12 @@ def load(
         return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
 
 
+# Leaves other than tensors that ``torch.load(weights_only=True)`` rebuilds (torch 2.13's
+# allowlist), so a nested checkpoint tensorbridge writes is one torch and tensorbridge read.
+PLAIN_VALUES = (str, int, float, bool, type(None), bytes, complex, torch.Size, torch.dtype,
+                torch.device)  # fmt: skip
+
+
 def save(
     tensors: Any,
     path: str | os.PathLike[str],
@@ -342,53 +283,58 @@ def save(
     metadata: Mapping[str, Any] | None = None,
     progress: bool | None = None,
 ) -> None:
-    """Write a tensor, or a mapping of names to tensors/arrays, with ``torch.save``, atomically.
+    """Write a tensor, or a tree of tensors/arrays and plain values, with ``torch.save``.
 
     The signature every format's ``save`` has (:mod:`tensorbridge.io._formats`); this
-    format has no options of its own.
+    format has no options of its own. Written atomically.
+
+    ``tensors`` may nest (dicts, ``OrderedDict``, lists, tuples, as a training
+    checkpoint does: ``{"model": {...}, "optimizer": {...}, "epoch": 3}``): the file
+    keeps that nesting, and ``torch.load`` gives it back. Leaves are tensors, arrays,
+    or plain values torch's ``weights_only`` loader rebuilds (:data:`PLAIN_VALUES`:
+    numbers, strings, bytes, ``None``, ``torch.Size``, dtypes, devices); keys are
+    strings, numbers or tuples of them.
 
     ``metadata`` (plain values: str, int, float, bool, None) is stored beside the
-    tensors under its own keys, as a training checkpoint stores its ``epoch``; reading
+    tensors at the top level, as a training checkpoint stores its ``epoch``; reading
     the file back gives them in ``metadata`` again.
 
     >>> import os, tempfile, ml_dtypes, numpy as np, torch
     >>> p = os.path.join(tempfile.mkdtemp(), "w.pt")
-    >>> save({"w": np.ones(2, ml_dtypes.bfloat16)}, p)
-    >>> torch.load(p, weights_only=True)["w"].dtype
-    torch.bfloat16
+    >>> save({"model": {"w": np.ones(2, ml_dtypes.bfloat16)}, "step": 7}, p)
+    >>> ckpt = torch.load(p, weights_only=True)
+    >>> ckpt["model"]["w"].dtype, ckpt["step"]
+    (torch.bfloat16, 7)
 
     Args:
-        tensors: a tensor or array, or a flat mapping of string keys to them.
+        tensors: a tensor or array, or a tree (mapping, list, tuple) of them.
         float_dtype: cast floating-point values (only) to this dtype.
         progress: show a progress bar (``None``: when stderr is a terminal).
 
     Raises:
-        UnsupportedDtypeError / UnsupportedTensorError: a value with no torch counterpart
-            (the message names its key).
+        UnsupportedDtypeError / UnsupportedTensorError: a value with no torch counterpart,
+            or a leaf that is neither a tensor nor a plain value (the message names its key).
     """
     path = Path(path)
-    if isinstance(tensors, Mapping):
-        data: Any = {}
-        for key, value in tensors.items():
-            if not isinstance(key, str):
-                raise UnsupportedTensorError(f"{str(path)!r}: keys are strings, got {key!r}")
-            try:
-                data[key] = _as_saved(value, float_dtype)
-            except TensorBridgeError as err:
-                raise type(err)(f"at {key!r}: {err}") from None
-        saved = list(data.values())
+    where = repr(str(path))
+    saved: list[torch.Tensor] = []
+    if is_container(tensors):
+        data: Any = _saved_tree(tensors, float_dtype, "", where, saved)
         for key, value in (metadata or {}).items():
-            if key in data:
+            if not isinstance(data, dict):
                 raise UnsupportedTensorError(
-                    f"{str(path)!r}: metadata key {key!r} is also a tensor's name; rename one"
+                    f"{where}: a file whose top level is a {type(data).__name__} has no "
+                    "place for metadata; pass a mapping, or leave out metadata="
                 )
-            data[key] = (
-                value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
-            )
+            if key in data and not isinstance(data[key], PLAIN_VALUES):  # a plain value: replaced
+                raise UnsupportedTensorError(
+                    f"{where}: metadata key {key!r} is also a tensor's name; rename one"
+                )
+            data[key] = value if isinstance(value, PLAIN_VALUES) else str(value)
     else:
         if metadata:
             raise UnsupportedTensorError(
-                f"{str(path)!r}: a file of one bare tensor has no place for metadata; pass a "
+                f"{where}: a file of one bare tensor has no place for metadata; pass a "
                 "mapping such as {'weight': tensor}"
             )
         data = _as_saved(tensors, float_dtype)
@@ -406,6 +352,49 @@ def save(
                 raise
     finally:
         bar.close()
+
+
+def _saved_tree(obj: Any, float_dtype: Any, key: str, where: str, saved: list[torch.Tensor]) -> Any:
+    """``obj`` as ``torch.save`` gets it: containers rebuilt, tensors converted, plain
+    values kept; every tensor also appended to ``saved``."""
+    if is_container(obj):
+        if isinstance(obj, Mapping):
+            out: Any = OrderedDict() if type(obj) is OrderedDict else {}
+            if type(obj) is OrderedDict:
+                out.__dict__.update(obj.__dict__)  # state_dict()'s _metadata (versions)
+            for k, v in obj.items():
+                if not _plain_key(k):
+                    raise UnsupportedTensorError(
+                        f"{where}: at {key or 'the top level'!r}, the key {k!r} is a "
+                        f"{type(k).__qualname__}; keys are strings, numbers or tuples of them"
+                    )
+                out[k] = _saved_tree(v, float_dtype, f"{key}.{k}" if key else str(k), where, saved)
+            return out
+        items = [
+            _saved_tree(v, float_dtype, f"{key}.{i}" if key else str(i), where, saved)
+            for i, v in enumerate(obj)
+        ]
+        return items if type(obj) is list else tuple(items)
+    if isinstance(obj, (torch.Tensor, np.ndarray, np.generic)):
+        try:
+            t = _as_saved(obj, float_dtype)
+        except TensorBridgeError as err:
+            raise type(err)(f"at {key!r}: {err}") from None
+        saved.append(t)
+        return t
+    if isinstance(obj, PLAIN_VALUES):
+        return obj
+    raise UnsupportedTensorError(
+        f"at {key!r}: {type(obj).__qualname__} is not a tensor, an array or a plain value "
+        "(numbers, strings, None, torch.Size); a .pt file tensorbridge writes loads with "
+        "torch.load(weights_only=True), so it holds no other objects"
+    )
+
+
+def _plain_key(k: Any) -> bool:
+    if type(k) is tuple:
+        return all(_plain_key(x) for x in k)
+    return isinstance(k, (str, int, float, bool, type(None), bytes))
 
 
 def _as_saved(x: Any, float_dtype: Any) -> torch.Tensor:

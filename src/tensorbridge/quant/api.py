@@ -31,6 +31,7 @@ from ..io._pipeline import Slot, Task
 from . import base
 from .base import Group, Index, Scheme, as_torch
 from .detect import SCHEMES, Plan, config_of, plan, read_config, scheme_named
+from .gptq import checkpoint_format as gptq_format
 
 __all__ = ["DequantizedFile", "DequantizedTensor", "dequantize", "quantize"]
 
@@ -148,9 +149,9 @@ def dequantize(
             said = {
                 "bits": cfg.data.get("bits"),
                 "group_size": cfg.data.get("group_size"),
-                "format": cfg.data.get(
-                    "checkpoint_format", cfg.data.get("format") if s.name == "gptq" else None
-                ),
+                "format": gptq_format(cfg.data)
+                if s.name == "gptq"
+                else cfg.data.get("checkpoint_format"),
                 "block_size": cfg.data.get("weight_block_size"),
             }
             opts = {**{k: v for k, v in said.items() if v is not None}, **opts}

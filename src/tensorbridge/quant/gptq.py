@@ -14,10 +14,13 @@ little-endian stream of 32 codes (code ``k`` at bits ``[3k, 3k + 3)``, codes 10 
 
 Zero points: AutoGPTQ's format (``checkpoint_format: "gptq"``, v1) stores
 ``(zero - 1) & mask`` (a zero of 0 is stored as 15 at 4 bits); GPTQModel's
-``gptq_v2`` stores the zero itself. With no
-``checkpoint_format``, a checkpoint whose zeros are all ``2**(bits - 1) - 1``
-(AutoGPTQ's symmetric quantization) is read as v1; any other zeros are ambiguous and
-refused, naming ``checkpoint_format``.
+``gptq_v2`` stores the zero itself and always says so. A config naming no format is
+v1: transformers' ``GPTQConfig`` defaults ``format`` to ``"gptq"`` (and reads a
+legacy ``checkpoint_format`` over it), as AutoGPTQ's ``BaseQuantizeConfig`` defaulted
+``checkpoint_format``; AutoGPTQ <= 0.7.1 wrote ``is_marlin_format: true`` for Marlin
+checkpoints instead. Only a config that contradicts itself (``format`` and
+``checkpoint_format`` naming different formats, or ``is_marlin_format`` beside a
+non-Marlin format) is refused.
 
 Numerics: ``scale * (code - zero)`` in float32 (exact: a small integer times an fp16
 scale), rounded once to the requested dtype.
@@ -48,6 +51,36 @@ from .base import (
 __all__ = ["GPTQ"]
 
 _FORMATS = ("gptq", "gptq_v2")
+# transformers' GPTQConfig.__init__ (utils/quantization_config.py): ``format: str = "gptq"``
+DEFAULT_FORMAT = "gptq"
+
+
+def checkpoint_format(data: Mapping[str, Any]) -> str | None:
+    """The GPTQ format a config names (lower-cased), or None where it names none.
+
+    ``checkpoint_format`` (AutoGPTQ, older exports) and ``format`` (transformers 5,
+    GPTQModel) are the same setting; ``is_marlin_format: true`` is AutoGPTQ <= 0.7.1's
+    spelling of ``"marlin"``. Two of them naming different formats is refused.
+
+    >>> checkpoint_format({"bits": 4, "sym": False}) is None
+    True
+    >>> checkpoint_format({"format": "GPTQ_V2"})
+    'gptq_v2'
+    """
+    said = {
+        key: str(data[key]).lower()
+        for key in ("checkpoint_format", "format")
+        if data.get(key) is not None
+    }
+    if data.get("is_marlin_format") is True:
+        said["is_marlin_format"] = "marlin"
+    if len(set(said.values())) > 1:
+        given = ", ".join(f"{k}: {data[k]!r}" for k in said)
+        raise QuantizationError(
+            f"the GPTQ config contradicts itself ({given}); keep the one that names the "
+            "checkpoint's format and remove the others"
+        )
+    return next(iter(said.values()), None)
 
 
 class GPTQ(Scheme):
@@ -68,13 +101,11 @@ class GPTQ(Scheme):
         opts = {
             "bits": options.get("bits", data.get("bits", 4)),
             "group_size": options.get("group_size", data.get("group_size", 128)),
-            # transformers 5 and GPTQModel write "format"; older exports "checkpoint_format"
             "format": options.get(
                 "checkpoint_format",
-                data.get(
-                    "checkpoint_format",
-                    data.get("format") if config is not None and self.claims(config) else None,
-                ),
+                checkpoint_format(data)
+                if config is None or self.claims(config)
+                else data.get("checkpoint_format"),
             ),
         }
         groups = []
@@ -104,9 +135,9 @@ class GPTQ(Scheme):
             not missing,
             f"{codes} has no {' or '.join(missing)} beside it; the checkpoint is incomplete",
         )
-        fmt = options.get("format")
+        fmt = str(options.get("format") or DEFAULT_FORMAT).lower()
         require(
-            fmt in (None, *_FORMATS),
+            fmt in _FORMATS,
             f"checkpoint_format {fmt!r} is not one tensorbridge reads; it reads 'gptq' "
             "(AutoGPTQ, zeros stored minus 1) and 'gptq_v2' (GPTQModel): dequantize "
             f"{fmt!r} checkpoints (Marlin, BitBLAS, ...) with GPTQModel, or export them as "
@@ -170,14 +201,6 @@ class GPTQ(Scheme):
         cols = parts["scale"].shape[1]
         q = unpack_int32(parts["codes"].t().contiguous(), bits)  # [cols, in]
         z = unpack_int32(parts["zeros"], bits)[:, :cols]  # [groups, cols]
-        if fmt is None:
-            symmetric = (1 << (bits - 1)) - 1
-            if not bool((z == symmetric).all()):
-                raise QuantizationError(
-                    f"{group.name}: the checkpoint does not say its checkpoint_format, and its "
-                    "zero points could be AutoGPTQ's (stored minus 1) or GPTQModel's (stored as "
-                    "is); set checkpoint_format ('gptq' or 'gptq_v2') in the config"
-                )
         if fmt != "gptq_v2":  # v1 stored (zero - 1) & mask: zero 0 comes back from 15
             z = (z + 1) & ((1 << bits) - 1)
         rows_in = q.shape[1]
