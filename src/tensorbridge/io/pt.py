@@ -99,6 +99,80 @@ class _Entries:
             self.order.append(key)
         kind[key] = value
 
+    def walk(self, obj: Any, key: str, *, plain: bool = True) -> None:
+        """Flatten ``obj`` under ``key`` (depth is bounded by the pickle machine)."""
+        t = type(obj)
+        if t is TensorRef:
+            self.add(key, self.tensors, obj)
+        elif t is dict or t is list or t is tuple:
+            items = obj.items() if t is dict else enumerate(obj)
+            for k, v in items:
+                self.walk(v, f"{key}.{k}" if key else str(k), plain=plain)
+        elif t is Opaque:
+            self.opaque(obj, key, plain)
+        elif plain:
+            self.add(key, self.values, obj)
+
+    def opaque(self, obj: Opaque, key: str, plain: bool) -> None:
+        state = obj.state
+        if type(state) is tuple and len(state) == 2 and type(state[0]) is dict:
+            state = state[0]  # (__dict__, __slots__ values)
+        if type(state) is dict and all(
+            type(state.get(k)) is dict for k in ("_parameters", "_buffers", "_modules")
+        ):
+            self.module(obj.name, state, key)
+            return
+        key = key or self.stem  # the whole file is this one object
+        if obj.name.startswith("torch._utils._rebuild_"):
+            kind = obj.name.removeprefix("torch._utils._rebuild_")
+            why = (
+                f"a {kind.replace('_', ' ')} (torch._utils._rebuild_{kind}); tensorbridge's "
+                "file readers give dense tensors, and read this one's other entries"
+            )
+            self.add(key, self.skipped, why)
+            return
+        if obj.args and type(obj.args[0]) is TensorRef:
+            why = f"a tensor of the subclass {obj.name}, whose values need its code"
+            self.add(key, self.skipped, why)
+            return
+        if obj.args is None:
+            why = f"the global {obj.name} itself (a class or function, never imported)"
+        else:
+            why = (
+                f"a {obj.name} object: a placeholder, never imported or called; its tensors "
+                "and plain fields are entries under its name"
+            )
+        self.add(key, self.skipped, why)
+        if type(state) is dict:
+            for k, v in state.items():
+                self.walk(v, f"{key}.{k}", plain=plain)
+        elif state is not None:
+            self.walk(state, f"{key}.state", plain=plain)
+        for k, v in obj.items:
+            self.walk(v, f"{key}.{k}", plain=plain)
+        for i, v in enumerate(obj.listitems):
+            self.walk(v, f"{key}.{i}", plain=plain)
+        if obj.args:
+            self.walk(obj.args, f"{key}.args", plain=False)  # its tensors only
+
+    def module(self, name: str, state: dict[str, Any], key: str) -> None:
+        """A pickled ``nn.Module``: its parameters and persistent buffers, by state_dict name."""
+        if not self.inside:
+            self.modules.append(f"{key or 'the file'} ({name})")
+        self.inside += 1
+        prefix = f"{key}." if key else ""
+        found = state.get("_non_persistent_buffers_set")
+        hidden = found if isinstance(found, (set, frozenset)) else frozenset()
+        for k, v in state["_parameters"].items():
+            if v is not None:
+                self.walk(v, f"{prefix}{k}", plain=False)
+        for k, v in state["_buffers"].items():
+            if v is not None and k not in hidden:
+                self.walk(v, f"{prefix}{k}", plain=False)
+        for k, v in state["_modules"].items():
+            if v is not None:
+                self.walk(v, f"{prefix}{k}", plain=False)
+        self.inside -= 1
 
 
 class PtFile(TensorFile):
