@@ -29,6 +29,7 @@ from ._record import Record
 from ._values import (
     LEAVES,
     Array,
+    Scratch,
     bits_of,
     chunks,
     component_row,
@@ -157,16 +158,17 @@ def compare(
         paths = [p for p in fa if p in fb]
         bar = progress_bar(sum(_nbytes(fa[p]) for p in paths), "comparing", progress)
         leaves = {}
+        scratch = Scratch()
         try:
             for p in paths:
-                leaves[p] = _compare_leaf(fa[p], fb[p], p, rtol, atol)
+                leaves[p] = _compare_leaf(fa[p], fb[p], p, rtol, atol, scratch)
                 bar.update(_nbytes(fa[p]))
         finally:
             bar.close()
         missing = tuple(p for p in fa if p not in fb)
         extra = tuple(p for p in fb if p not in fa)
         return _summarise(leaves, missing, extra)
-    return _compare_leaf(a, b, "", rtol, atol)
+    return _compare_leaf(a, b, "", rtol, atol, Scratch())
 
 
 def _nbytes(x: Any) -> int:
@@ -248,6 +250,11 @@ def _coarser(ra: DTypeRow, rb: DTypeRow) -> DTypeRow | None:
     return cb if key_b < key_a else ca
 
 
+def _narrow(row: DTypeRow) -> bool:
+    """A float (or complex of floats) of at most 32 bits a part: compared in float32."""
+    return row.category in ("float", "complex") and component_row(row).itemsize <= 4
+
+
 def _paired(ta: torch.Tensor, tb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Real parts side by side; a real tensor facing a complex one gets zero imaginary parts."""
     if ta.is_complex() != tb.is_complex():
@@ -258,7 +265,9 @@ def _paired(ta: torch.Tensor, tb: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return real_parts(ta).reshape(-1), real_parts(tb).reshape(-1)
 
 
-def _compare_leaf(a: Any, b: Any, path: str, rtol: float | None, atol: float | None) -> Comparison:
+def _compare_leaf(
+    a: Any, b: Any, path: str, rtol: float | None, atol: float | None, scratch: Scratch
+) -> Comparison:
     if not isinstance(a, LEAVES) and not isinstance(b, LEAVES):
         # plain values in a tree (strings, None): equal or not
         same = type(a) is type(b) and bool(a == b)
@@ -295,7 +304,8 @@ def _compare_leaf(a: Any, b: Any, path: str, rtol: float | None, atol: float | N
     rt = default[0] if rtol is None else float(rtol)
     at = default[1] if atol is None else float(atol)
     same = sa.row is sb.row
-    acc = _LeafAccumulator(coarse, rt, at, same)
+    narrow = _narrow(sa.row) and _narrow(sb.row)
+    acc = _LeafAccumulator(coarse, rt, at, same, narrow, scratch)
     for ta, tb in zip(chunks(sa), chunks(sb), strict=True):
         acc.add(ta, tb)
     worst = None
@@ -323,13 +333,24 @@ def _compare_leaf(a: Any, b: Any, path: str, rtol: float | None, atol: float | N
 class _LeafAccumulator:
     """Running totals of one leaf's comparison, fed chunk by chunk."""
 
-    def __init__(self, coarse: DTypeRow | None, rtol: float, atol: float, same: bool) -> None:
+    def __init__(
+        self,
+        coarse: DTypeRow | None,
+        rtol: float,
+        atol: float,
+        same: bool,
+        narrow: bool,
+        scratch: Scratch,
+    ) -> None:
+        self.scratch = scratch
         self.fmt = format_of(coarse) if coarse is not None else None
         self.rtol, self.atol, self.same = rtol, atol, same
         self.numel = self.bad = self.nan_bad = self.inf_bad = self.payload = 0
         self.max_ulp, self.worst = 0, -1  # worst: flat index of the largest ULP distance
         self.max_abs = self.max_rel = 0.0
         self.bitwise = True
+        # both sides floats of at most 32 bits, ULPs in a signed format: the fast path
+        self.narrow = narrow and self.fmt is not None and self.fmt.signed
 
     def add(self, ta: torch.Tensor, tb: torch.Tensor) -> None:
         elements = ta.numel()
@@ -340,11 +361,10 @@ class _LeafAccumulator:
                 self.numel += elements
                 return
             self.bitwise = False
-            if self.fmt is not None and self.fmt.signed and self.fmt.width <= 32:
-                self._add_same_float(ca, cb, elements, parts)
-                return
-        va, vb = ca.to(torch.float64), cb.to(torch.float64)
-        self._accumulate(ca, cb, va, vb, elements, parts)
+        if self.narrow:
+            self._add_narrow(ca, cb, elements, parts)
+            return
+        self._add_general(ca, cb, elements, parts)
 
     def _accumulate(
         self,
@@ -388,29 +408,42 @@ class _LeafAccumulator:
         self.inf_bad += inf_bad
         self.numel += elements
 
-    def _add_same_float(
-        self, ca: torch.Tensor, cb: torch.Tensor, elements: int, parts: int
-    ) -> None:
-        """Two chunks of one float type of at most 32 bits: few passes, no float64 copies.
+    def _add_narrow(self, ca: torch.Tensor, cb: torch.Tensor, elements: int, parts: int) -> None:
+        """Two chunks of float types of at most 32 bits: few passes, no float64 copies.
 
         Differences are taken in float32 (exact for every narrower type, and for float32
-        within its own rounding), and ULP distances from the bits themselves: the
-        sign-magnitude integer turned into signed order, so no cast is needed.
+        within its own rounding). ULP distances come from the bits in the coarser type:
+        the finer side is cast to it with torch's kernel (what :func:`ordinals` does), and
+        the sign-magnitude integers are turned into signed order, so no float64 line is
+        built. Chunks holding NaN or inf, or finer values beyond the coarser type's range
+        (where the line continues past its largest value), take the general path.
         """
-        va, vb = ca.to(torch.float32), cb.to(torch.float32)
-        diff = (va - vb).abs_()
+        n, buf = ca.numel(), self.scratch.get
+        va = ca if ca.dtype is torch.float32 else buf("a", torch.float32, n).copy_(ca)
+        vb = cb if cb.dtype is torch.float32 else buf("b", torch.float32, n).copy_(cb)
+        diff = torch.sub(va, vb, out=buf("diff", torch.float32, n)).abs_()
         max_abs = float(diff.max())
         if not math.isfinite(max_abs):  # NaN/inf (or overflow) present: the full path
             self._add_general(ca, cb, elements, parts)
             return
-        ref = va.abs()
-        max_rel = float((diff / ref).nan_to_num_(nan=0.0, posinf=math.inf).max())
+        ref = torch.abs(va, out=buf("ref", torch.float32, n))
+        assert self.fmt is not None
+        coarse, top = self.fmt.row.torch, self.fmt.max
+        if ca.dtype is not coarse and float(ref.max()) > top:
+            self._add_general(ca, cb, elements, parts)
+            return
+        if cb.dtype is not coarse and max(-float(vb.min()), float(vb.max())) > top:
+            self._add_general(ca, cb, elements, parts)
+            return
+        rel = torch.div(diff, ref, out=buf("rel", torch.float32, n))
+        max_rel = float(rel.nan_to_num_(nan=0.0, posinf=math.inf).max())
         self.max_abs, self.max_rel = max(self.max_abs, max_abs), max(self.max_rel, max_rel)
         # the exact count only when some element may be out of tolerance
         if max_abs > self.atol and max_rel * (1 + 2**-20) > self.rtol:
             self.bad += int(torch.count_nonzero(diff > ref.mul_(self.rtol).add_(self.atol)))
-        del diff, ref
-        dist, i = _max_ulp(ca, cb)
+        qa = ca if ca.dtype is coarse else buf("q", coarse, n).copy_(ca)
+        qb = cb if cb.dtype is coarse else buf("q", coarse, n).copy_(cb)
+        dist, i = _max_ulp(qa, qb, self.max_ulp, buf("ulp", _INT_OF_WIDTH[qa.element_size()], n))
         if dist > self.max_ulp:
             self.max_ulp = dist
             self.worst = self.numel + i // max(parts, 1)
@@ -429,34 +462,34 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
     return t.view(_INT_OF_WIDTH[t.element_size()]) if t.dtype is not torch.bool else t
 
 
-def _max_ulp(ca: torch.Tensor, cb: torch.Tensor) -> tuple[int, int]:
+def _max_ulp(ca: torch.Tensor, cb: torch.Tensor, floor: int, out: torch.Tensor) -> tuple[int, int]:
     """The largest ULP distance between finite floats of one type of at most 32 bits, and
-    its flat index, from the bits alone.
+    its flat index (``-1`` unless the distance exceeds ``floor``), from the bits alone.
 
-    Sign-magnitude bits become signed order with ``i ^ (sign & mask)`` (negatives land
-    one below their true position, which cancels between two negatives). Pairs of one
-    sign are then exact in int32; the few pairs across zero are measured apart in int64.
+    Two values of one sign are as many ULPs apart as their sign-magnitude bits, so a
+    subtraction in the bits' own width is exact for them (the magnitudes' difference
+    fits). Pairs across zero, found by the sign bit of ``a ^ b``, are as far apart as
+    their magnitudes' sum (-0 and +0 are one point) and are measured apart in int64.
     """
-    width = ca.element_size() * 8
     ia, ib = _raw(ca), _raw(cb)
-    if width < 32:
-        ia, ib = ia.to(torch.int32), ib.to(torch.int32)  # sign-extended
-    mask = (1 << (width - 1)) - 1
-    sa, sb = ia >> 31, ib >> 31  # -1 where negative, 0 elsewhere
-    dist = ((ia ^ (sa & mask)) - (ib ^ (sb & mask))).abs_()
-    cross = sa != sb
-    crossing = bool(cross.any())
-    if crossing:
-        dist.masked_fill_(cross, 0)
-    i = int(dist.argmax())
-    best = int(dist[i])
-    if crossing:  # across zero: the two magnitudes add up (-0 and +0 are one point)
-        where = cross.nonzero().squeeze(1)
-        both = (ia[where].to(torch.int64) & mask) + (ib[where].to(torch.int64) & mask)
-        j = int(both.argmax())
-        if (int(both[j]), -int(where[j])) > (best, -i):  # ties: the first index, as argmax
-            best, i = int(both[j]), int(where[j])
-    return best, i
+    signs = torch.bitwise_xor(ia, ib, out=out)  # negative where the signs differ
+    where = (signs < 0).nonzero().squeeze(1) if int(signs.min()) < 0 else None
+    dist = torch.sub(ia, ib, out=out).abs_()  # pairs across zero wrap around: replaced below
+    if where is None:
+        best = int(dist.max())
+        return best, int(dist.argmax()) if best > floor else -1
+    dist.index_fill_(0, where, 0)
+    best = int(dist.max())
+    mask = (1 << (ca.element_size() * 8 - 1)) - 1
+    both = (ia[where].to(torch.int64) & mask) + (ib[where].to(torch.int64) & mask)
+    j = int(both.argmax())
+    top = max(best, int(both[j]))
+    if top <= floor:
+        return top, -1
+    # ties: the first index, as argmax
+    candidates = [int(where[j])] if int(both[j]) == top else []
+    candidates += [int(dist.argmax())] if best == top else []
+    return top, min(candidates)
 
 
 def _int_numpy(t: torch.Tensor) -> Array:

@@ -107,6 +107,21 @@ def chunks(src: _Source) -> Iterator[torch.Tensor]:
             yield to_torch(block)
 
 
+class Scratch:
+    """Chunk-sized buffers reused from chunk to chunk and leaf to leaf, by name and dtype:
+    a chunk's temporaries then need no fresh pages (``out=`` of torch's kernels)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def get(self, name: str, dtype: torch.dtype, n: int) -> torch.Tensor:
+        """A buffer of ``n`` values of ``dtype``, whose contents are undefined."""
+        t = self._buffers.get((name, dtype))
+        if t is None or t.numel() < n:
+            t = self._buffers[name, dtype] = torch.empty(n, dtype=dtype)
+        return t[:n]
+
+
 def component_row(row: DTypeRow) -> DTypeRow:
     """complex64 -> float32 and so on; other rows are their own component."""
     return resolve_dtype(torch.finfo(row.torch).dtype) if row.category == "complex" else row
