@@ -721,3 +721,16 @@ def test_fast_cross_dtype_compare_chunked(monkeypatch: pytest.MonkeyPatch) -> No
     parts = tb.compare({"x": a, "y": a[:10]}, {"x": b, "y": a[:10].to(torch.bfloat16)})
     assert whole.leaves["['x']"].worst_index == parts.leaves["['x']"].worst_index == (777,)
     assert whole.to_dict() == parts.to_dict()
+
+
+def test_cast_report_rtol_decides_ok_not_safe() -> None:
+    x = torch.tensor([1.0, 0.3])  # 0.3 -> 0.3125 in float8_e4m3fn: 4.2 % off, nothing lost
+    plain = dg.cast_report(x, "float8_e4m3fn")
+    assert plain.safe and plain.ok and plain.rtol is None
+    assert plain.max_rel_err == pytest.approx(0.0125 / 0.3)
+    tight = dg.cast_report(x, "float8_e4m3fn", rtol=0.01)
+    assert tight.safe and not tight.ok and tight.rtol == 0.01
+    assert dg.cast_report(x, "float8_e4m3fn", rtol=0.05).ok
+    assert not dg.cast_report(torch.tensor([1e6]), "float8_e4m3fn", rtol=10.0).ok  # not safe
+    with pytest.raises(tb.InvalidArgumentError, match=r"rtol=-1\.0 is not a tolerance"):
+        dg.cast_report(x, "bf16", rtol=-1.0)

@@ -25,7 +25,7 @@ import torch
 
 from ..convert import to_numpy, to_torch
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
-from ..errors import UnsupportedDtypeError
+from ..errors import InvalidArgumentError, UnsupportedDtypeError
 from ._record import Record
 from ._values import (
     BITS_BY_SIZE,
@@ -71,7 +71,10 @@ class CastReport(Record):
         astype_differs: values whose bits ``astype`` would make differently.
         imag_discarded: nonzero imaginary parts dropped by a complex-to-real cast.
         safe: nothing overflowed, saturated, flushed, lost its zero or sign, or became or
-            changed a NaN.
+            changed a NaN. It says nothing of rounding: a cast to float8 that is "safe"
+            can still change values by 12 % or more (see ``max_rel_err``, ``rtol``).
+        rtol: the relative tolerance asked for (``None``: rounding is not judged).
+        ok: the verdict: ``safe``, and with ``rtol`` given, ``max_rel_err <= rtol``.
     """
 
     source_dtype: str
@@ -97,19 +100,36 @@ class CastReport(Record):
     astype_differs: int | None
     imag_discarded: int
     safe: bool
+    rtol: float | None = None
+    ok: bool = True
 
 
-def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
+def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastReport:
     """What casting ``x`` to ``dtype`` would do, with torch's kernel (``to_numpy(x, dtype=)``).
 
     >>> import torch, tensorbridge as tb
     >>> r = tb.cast_report(torch.tensor([0.5, 1e6, -1.0]), "float8_e5m2")
     >>> r.overflow_inf, r.exact, r.safe
     (1, 2, False)
+    >>> r = tb.cast_report(torch.tensor([0.3, 1.0]), "float8_e4m3fn", rtol=0.01)
+    >>> r.safe, round(r.max_rel_err, 4), r.ok  # nothing overflowed, but 0.3 became 0.3125
+    (True, 0.0417, False)
+
+    Args:
+        x: a tensor, array or number.
+        dtype: the floating-point or complex dtype to cast to.
+        rtol: the largest relative rounding error the verdict ``ok`` accepts (``None``:
+            ``ok`` is ``safe``, which judges overflow, flushing and NaNs, not rounding).
 
     Raises:
         UnsupportedDtypeError: ``dtype`` is unknown or not a floating/complex dtype.
+        InvalidArgumentError: a negative or NaN ``rtol``.
     """
+    if rtol is not None and not rtol >= 0:
+        raise InvalidArgumentError(
+            f"rtol={rtol!r} is not a tolerance; pass a number >= 0, or None to judge only "
+            "overflow, flushing and NaNs"
+        )
     src = source(x)
     dst = resolve_dtype(dtype)
     if dst.category not in ("float", "complex"):
@@ -190,6 +210,7 @@ def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
             astype_ok = _astype_check(chunk_in, res, s_nan, dst, c)
     unsafe = ("overflow_inf", "saturated", "nan_created", "flushed", "nan_changed", "imag")
     safe = not any(c[k] for k in (*unsafe, "zero_replaced", "sign_dropped"))
+    within = rtol is None or not seen_rel or max_rel <= rtol
     return CastReport(
         source_dtype=src.row.name,
         target_dtype=dst.name,
@@ -214,6 +235,8 @@ def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
         astype_differs=c["differs"] if astype_ok else None,
         imag_discarded=c["imag"],
         safe=safe,
+        rtol=None if rtol is None else float(rtol),
+        ok=safe and within,
     )
 
 
