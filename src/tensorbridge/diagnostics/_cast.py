@@ -37,6 +37,7 @@ from ._values import (
     format_of,
     real_parts,
     source,
+    to_float32,
 )
 
 ULP_BINS = ("0", "<=0.5", "<=1", "<=2", ">2")
@@ -294,12 +295,12 @@ def _quick_chunk(
     """
     n = s.numel()
     f32 = torch.float32
-    sv = s if s.dtype is f32 else scratch.get("s", f32, n).copy_(s)
+    sv = to_float32(s, scratch, "s")
     ref = torch.abs(sv, out=scratch.get("ref", f32, n))
     top = float(ref.max())
     if not top <= fmt.max or top >= 2.0**127:  # NaN, inf, beyond the range, or 2^127 up
         return None
-    rv = scratch.get("r", f32, n).copy_(res)
+    rv = to_float32(res, scratch, "r")
     err = torch.sub(rv, sv, out=scratch.get("err", f32, n)).abs_()
     exact = n - int(torch.count_nonzero(err))
     mag = torch.abs(rv, out=scratch.get("mag", f32, n))

@@ -38,6 +38,7 @@ from ._values import (
     ordinals,
     real_parts,
     source,
+    to_float32,
 )
 
 # torch.testing.assert_close's defaults; other floats get rtol = eps (one ULP at the bottom
@@ -419,8 +420,7 @@ class _LeafAccumulator:
         (where the line continues past its largest value), take the general path.
         """
         n, buf = ca.numel(), self.scratch.get
-        va = ca if ca.dtype is torch.float32 else buf("a", torch.float32, n).copy_(ca)
-        vb = cb if cb.dtype is torch.float32 else buf("b", torch.float32, n).copy_(cb)
+        va, vb = to_float32(ca, self.scratch, "a"), to_float32(cb, self.scratch, "b")
         diff = torch.sub(va, vb, out=buf("diff", torch.float32, n)).abs_()
         max_abs = float(diff.max())
         if not math.isfinite(max_abs):  # NaN/inf (or overflow) present: the full path
