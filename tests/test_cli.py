@@ -668,6 +668,32 @@ def test_cast_report_plot_picks_the_worst_and_says_so(
     assert drawn["tensors"][0] == "tiny" and drawn["left_out"] == 2 and len(drawn["tensors"]) == 6
 
 
+@pytest.mark.parametrize("command", ["compare", "cast-report"])
+def test_progress_follows_the_work_not_the_bytes(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+) -> None:
+    """A checkpoint of 12,000 small tensors (a few MiB) is seconds of work: a bar on a
+    terminal; a few small tensors are not."""
+    from tensorbridge.diagnostics import _values
+
+    assert _values.expected_seconds(12_000, 12_000 * 256) >= 1.0
+    assert _values.expected_seconds(20, 20 * 4096) < 1.0
+    path = tmp_path / "m.safetensors"
+    tbio.save({f"t{i}": np.ones(4, np.float32) for i in range(20)}, path)
+    argv = [path, path] if command == "compare" else [path, "--dtype", "bf16"]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    rc, _, err = run(capsys, command, *argv)
+    assert (rc, err) == (0, "")
+    monkeypatch.setattr(_values, "_SECONDS_PER_LEAF", 0.1)  # 20 leaves: 2 s
+    rc, _, err = run(capsys, command, *argv)
+    assert rc == 0 and ("comparing" if command == "compare" else "cast-report") in err
+    rc, _, err = run(capsys, command, *argv, "--quiet")
+    assert (rc, err) == (0, "")
+
+
 def test_cast_report_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     ints = tmp_path / "ints.npz"
     tbio.save({"i": np.arange(3)}, ints)

@@ -1595,7 +1595,10 @@ def _quant_verdict(report: Any, ok: bool, too_far: Set[str], rtol: float | None)
 
 
 def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
+    import math
+
     from . import diagnostics
+    from .diagnostics._values import show_progress
     from .io._common import progress_bar
 
     if args.dtype is not None and (args.scheme or args.block_size) is not None:
@@ -1612,7 +1615,9 @@ def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
         names = [
             n for n in f if n not in unsupported and f.info(n)[0].category in ("float", "complex")
         ]
-        bar = progress_bar(sum(f.nbytes(n) for n in names), "cast-report", _progress(args))
+        values = sum(math.prod(f.info(n)[1]) for n in names)  # counted, not read
+        show = show_progress(_progress(args), len(names), values)
+        bar = progress_bar(sum(f.nbytes(n) for n in names), "cast-report", show)
         try:
             for name in names:
                 reports[name] = diagnostics.cast_report(f[name], target, rtol=args.rtol)

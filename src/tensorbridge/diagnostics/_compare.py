@@ -37,6 +37,7 @@ from ._values import (
     int_distance,
     ordinals,
     real_parts,
+    show_progress,
     source,
     to_float32,
 )
@@ -139,7 +140,8 @@ def compare(
         rtol, atol: tolerances for every leaf; each one not given takes the default of
             the leaf's coarser dtype (:func:`default_tolerances`).
         progress: a progress bar over the leaves' bytes on stderr (``None``: when it is
-            a terminal and the trees are large).
+            a terminal and the work, counted in leaves and values, is expected to take
+            over about a second).
 
     Returns:
         A :class:`Comparison`; problems (shape differences, missing keys, unreadable
@@ -157,7 +159,9 @@ def compare(
     if _is_tree(a) or _is_tree(b):
         fa, fb = flatten_with_paths(a), flatten_with_paths(b)
         paths = [p for p in fa if p in fb]
-        bar = progress_bar(sum(_nbytes(fa[p]) for p in paths), "comparing", progress)
+        values = sum(_numel(fa[p]) for p in paths)
+        show = show_progress(progress, len(paths), values)
+        bar = progress_bar(sum(_nbytes(fa[p]) for p in paths), "comparing", show)
         leaves = {}
         scratch = Scratch()
         try:
@@ -170,6 +174,10 @@ def compare(
         extra = tuple(p for p in fb if p not in fa)
         return _summarise(leaves, missing, extra)
     return _compare_leaf(a, b, "", rtol, atol, Scratch())
+
+
+def _numel(x: Any) -> int:
+    return x.numel() if isinstance(x, torch.Tensor) else int(getattr(x, "size", 1))
 
 
 def _nbytes(x: Any) -> int:
