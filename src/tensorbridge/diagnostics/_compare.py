@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -291,52 +292,83 @@ def _compare_leaf(
         sa, sb = source(a), source(b)
     except TensorBridgeError as e:
         return Comparison(ok=False, max_ulp=None, path=path, problem=str(e))
-    base = Comparison(
-        ok=False,
-        max_ulp=None,
-        path=path,
-        shape_a=sa.shape,
-        shape_b=sb.shape,
-        dtype_a=sa.row.name,
-        dtype_b=sb.row.name,
-        dtype_mismatch=sa.row is not sb.row,
-    )
     if sa.shape != sb.shape:
-        return replace(
-            base,
+        return Comparison(
+            ok=False,
+            max_ulp=None,
+            path=path,
+            shape_a=sa.shape,
+            shape_b=sb.shape,
+            dtype_a=sa.row.name,
+            dtype_b=sb.row.name,
+            dtype_mismatch=sa.row is not sb.row,
             shape_mismatch=True,
             bitwise_equal=False,
             problem=f"shapes differ: {sa.shape} vs {sb.shape}",
         )
-    coarse = _coarser(sa.row, sb.row)
-    default = default_tolerances(coarse or sa.row)
-    rt = default[0] if rtol is None else float(rtol)
-    at = default[1] if atol is None else float(atol)
-    same = sa.row is sb.row
-    narrow = _narrow(sa.row) and _narrow(sb.row)
-    acc = _LeafAccumulator(coarse, rt, at, same, narrow, scratch)
+    plan = _leaf_plan(sa.row, sb.row)
+    rt = plan.rtol if rtol is None else float(rtol)
+    at = plan.atol if atol is None else float(atol)
+    acc = _LeafAccumulator(plan.coarse, rt, at, plan.same, plan.narrow, scratch)
     for ta, tb in zip(chunks(sa), chunks(sb), strict=True):
         acc.add(ta, tb)
-    worst = None
-    if acc.worst >= 0:
-        worst = tuple(int(i) for i in np.unravel_index(acc.worst, sa.shape))
-    return replace(
-        base,
+    return Comparison(
         ok=acc.bad == 0,
         max_ulp=acc.max_ulp,
+        path=path,
         numel=acc.numel,
         mismatches=acc.bad,
         nan_mismatches=acc.nan_bad,
         inf_mismatches=acc.inf_bad,
-        nan_payload_changes=acc.payload if same else None,
-        bitwise_equal=acc.bitwise and same,
+        nan_payload_changes=acc.payload if plan.same else None,
+        bitwise_equal=acc.bitwise and plan.same,
         max_abs_err=acc.max_abs if acc.numel else None,
         max_rel_err=acc.max_rel if acc.numel else None,
-        worst_index=worst,
-        compared_in=coarse.name if coarse is not None else "integers (exact)",
+        worst_index=_unravel(acc.worst, sa.shape) if acc.worst >= 0 else None,
+        shape_a=sa.shape,
+        shape_b=sb.shape,
+        dtype_a=sa.row.name,
+        dtype_b=sb.row.name,
+        dtype_mismatch=not plan.same,
+        compared_in=plan.compared_in,
         rtol=rt,
         atol=at,
     )
+
+
+@dataclass(frozen=True)
+class _LeafPlan:
+    """How leaves of one pair of dtypes are compared, decided once per pair."""
+
+    coarse: DTypeRow | None  # the dtype ULPs are counted in; None: integers, exactly
+    compared_in: str
+    rtol: float  # the defaults of the coarser dtype
+    atol: float
+    same: bool
+    narrow: bool  # both floats of at most 32 bits a part: the float32 fast path
+
+
+@cache
+def _leaf_plan(ra: DTypeRow, rb: DTypeRow) -> _LeafPlan:
+    coarse = _coarser(ra, rb)
+    rtol, atol = default_tolerances(coarse or ra)
+    return _LeafPlan(
+        coarse=coarse,
+        compared_in=coarse.name if coarse is not None else "integers (exact)",
+        rtol=rtol,
+        atol=atol,
+        same=ra is rb,
+        narrow=_narrow(ra) and _narrow(rb),
+    )
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The index in ``shape`` of C-order position ``flat`` (np.unravel_index, for one)."""
+    index = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return tuple(reversed(index))
 
 
 class _LeafAccumulator:
