@@ -8,6 +8,14 @@ dtype's integer line (``_values.ordinals``), exact for bfloat16 and float8, wher
 NumPy's ``assert_array_max_ulp`` fails; integers are compared by their exact
 differences. Tolerances not given default to torch.testing.assert_close's where it
 has them and to one ULP of the format elsewhere.
+
+Floats of at most 32 bits, of one dtype or two (float32 against its bfloat16, float16 or
+float8 copy), take a fast path: differences in float32, ULPs from the coarser type's own
+bits (the finer side cast to it with torch's kernel, as ``ordinals`` does), in
+chunk-sized buffers reused from chunk to chunk and leaf to leaf. A chunk holding NaN or
+inf, or finer values beyond the coarser range, takes the general float64 path. What a
+pair of dtypes needs (coarser type, default tolerances, fast or general) is planned once
+per pair, not per leaf.
 """
 
 from __future__ import annotations
