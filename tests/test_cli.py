@@ -502,7 +502,10 @@ def test_compare_identical(capsys: pytest.CaptureFixture[str], small: Path) -> N
     rows = table(out)
     assert rows["w"] == ["w", "bfloat16", "0", "0", "0", "0", "ok"]
     assert rows["i"] == ["i", "int64", "0", "0", "0", "0", "ok"]
-    assert out.splitlines()[-1] == "verdict: within tolerance (max ulp 0)"
+    assert out.splitlines()[-1] == (
+        "verdict: within tolerance (max abs err 0, max rel err 0; max ulp 0 counted in "
+        "bfloat16; integers: max difference 0)"
+    )
 
 
 def test_compare_beyond_tolerance(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -512,7 +515,10 @@ def test_compare_beyond_tolerance(capsys: pytest.CaptureFixture[str], tmp_path: 
     rows = table(out)
     assert rows["x"][-1] == "DIFF" and rows["x"][-3:-1] == [str(ulps), "1"]
     assert rows["k"][-1] == "ok"
-    assert out.splitlines()[-1] == f"verdict: 1 tensor differs (max ulp {ulps})"
+    loss = f"max abs err 0.001526, max rel err 1.525e-06; max ulp {ulps} counted in float32"
+    assert out.splitlines()[-1] == (
+        f"verdict: 1 tensor differs ({loss}; integers: max difference 0)"
+    )
 
     rc, out, _ = run(capsys, "compare", a, b, "--json")
     assert rc == 1
@@ -530,7 +536,10 @@ def test_compare_tolerance_flags(
     rc, out, err = run(capsys, "compare", a, b, *loosen)
     assert (rc, err) == (0, "")
     assert "DIFF" not in out
-    assert out.splitlines()[-1] == f"verdict: within tolerance (max ulp {ulps})"
+    assert out.splitlines()[-1] == (
+        "verdict: within tolerance (max abs err 0.001526, max rel err 1.525e-06; "
+        f"max ulp {ulps} counted in float32; integers: max difference 0)"
+    )
 
 
 def test_compare_missing_keys(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -541,7 +550,10 @@ def test_compare_missing_keys(capsys: pytest.CaptureFixture[str], tmp_path: Path
     assert (rc, err) == (1, "")
     assert f"only in {a}: only_a\n" in out
     assert f"only in {b}: only_b\n" in out
-    assert out.splitlines()[-1] == "verdict: 2 tensors in only one file (max ulp 0)"
+    assert out.splitlines()[-1] == (
+        "verdict: 2 tensors in only one file (max abs err 0, max rel err 0; max ulp 0 "
+        "counted in float32)"
+    )
 
     rc, out, _ = run(capsys, "compare", a, b, "--json")
     result = json.loads(out)
@@ -571,6 +583,7 @@ def test_compare_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
     rc, out, err = run(capsys, "compare", a, b, "--plot", png)
     assert (rc, err) == (1, "")
     assert "verdict: 1 tensor differs" in out
+    assert f"plot: {png}: 2 tensors of 2, the worst by the most mismatches, then the " in out
     _png(png)
 
 
@@ -617,7 +630,10 @@ def test_cast_report_bf16_safe(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     rc, out, err = run(capsys, "cast-report", path, "--dtype", "bf16")
     assert (rc, err) == (0, "")
     assert table(out)["w"][:-3] == ["w", "float32", "0", "0", "0", "0", "0", "0"]
-    assert out.splitlines()[-1] == "verdict: safe to store in bfloat16"
+    assert out.splitlines()[-1] == (
+        "verdict: safe to store in bfloat16 (max rel err 0.001598; pass --rtol to bound the "
+        "rounding)"
+    )
 
     rc, out, _ = run(capsys, "cast-report", path, "--dtype", "bf16", "--json")
     w = json.loads(out)["tensors"]["w"]
@@ -686,6 +702,141 @@ def test_cast_report_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     assert (rc, err) == (1, "")
     assert out.splitlines()[-1] == "verdict: lossy in float8_e4m3fn"
     _png(png)
+
+
+def test_compare_of_a_cast_copy_shows_the_cast_loss(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # 8224 is the bfloat16 tie between 8192 and 8256: it becomes 8192, 0 bfloat16 ULPs from
+    # its own rounding but 32 away; an integer tensor beside it keeps the ULP dtype named
+    a, b = tmp_path / "orig.pt", tmp_path / "bf16.pt"
+    w = torch.tensor([8224.0, 1.0, -3.0])
+    torch.save({"w": w, "step": torch.arange(3)}, a)
+    torch.save({"w": w.to(torch.bfloat16), "step": torch.arange(3)}, b)
+    rc, out, err = run(capsys, "compare", a, b)
+    assert (rc, err) == (0, "")
+    assert out.splitlines()[-1] == (
+        "verdict: within tolerance (max abs err 32, max rel err 0.003891; max ulp 0 counted "
+        "in bfloat16; integers: max difference 0)"
+    )
+
+    rc, out, _ = run(capsys, "compare", a, b, "--json")
+    leaves = json.loads(out)["leaves"]
+    assert rc == 0 and leaves["w"]["max_abs_err"] == 32.0
+    assert sorted(leaf["path"] for leaf in leaves.values()) == ["step", "w"]  # not reprs
+
+
+def test_compare_json_paths_are_tensor_names(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    a = tmp_path / "a.safetensors"
+    tbio.save({"lm_head.weight": np.ones(2, np.float32), "b": np.zeros(1, np.float32)}, a)
+    rc, out, _ = run(capsys, "compare", a, a, "--json")
+    leaves = json.loads(out)["leaves"]
+    assert rc == 0 and leaves["lm_head.weight"]["path"] == "lm_head.weight"
+    assert leaves["b"]["path"] == "b"
+
+
+def test_cast_report_rtol_decides_the_verdict(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "w.safetensors"
+    # 0.3 becomes 0.3125 in float8_e4m3fn: 4.2 % off, nothing overflowed or flushed
+    tbio.save({"w": np.array([1.0, 0.3], np.float32), "e": np.ones(2, np.float32)}, path)
+    rc, out, err = run(capsys, "cast-report", path, "--dtype", "float8_e4m3fn")
+    assert (rc, err) == (0, "")
+    assert table(out)["w"][-3:] == ["0.04167", "0.02083", "safe"]
+    lines = out.splitlines()
+    assert lines[-2] == (
+        "safe: nothing overflowed, saturated, flushed to zero, lost its zero or sign, or "
+        "became or changed a NaN; rounding is not judged (pass --rtol to bound max rel)"
+    )
+    assert lines[-1] == (
+        "verdict: safe to store in float8_e4m3fn (max rel err 0.04167; pass --rtol to bound "
+        "the rounding)"
+    )
+
+    rc, out, err = run(capsys, "cast-report", path, "--dtype", "float8_e4m3fn", "--rtol", "0.01")
+    assert (rc, err) == (1, "")
+    assert table(out)["w"][-1] == "BEYOND-RTOL" and table(out)["e"][-1] == "ok"
+    assert out.splitlines()[-2].endswith("; ok: safe, and max rel <= --rtol 0.01")
+    assert out.splitlines()[-1] == (
+        "verdict: 1 tensor beyond --rtol 0.01 in float8_e4m3fn (max rel err 0.04167)"
+    )
+
+    rc, out, _ = run(capsys, "cast-report", path, "--dtype", "float8_e4m3fn", "--rtol", "0.05")
+    assert rc == 0
+    assert (
+        out.splitlines()[-1] == "verdict: within --rtol 0.05 in float8_e4m3fn (max rel err 0.04167)"
+    )
+
+    rc, out, _ = run(
+        capsys, "cast-report", path, "--dtype", "float8_e4m3fn", "--rtol", "0.01", "--json"
+    )
+    doc = json.loads(out)
+    assert rc == 1 and (doc["safe"], doc["ok"], doc["rtol"]) == (True, False, 0.01)
+    assert doc["meaning"].startswith("safe: nothing overflowed")
+    w = doc["tensors"]["w"]
+    assert (w["safe"], w["ok"], w["rtol"]) == (True, False, 0.01)
+
+    rc, _, err = run(capsys, "cast-report", path, "--dtype", "bf16", "--rtol", "-1")
+    assert rc == 2 and one_error_line(err, "cast-report") == (
+        "--rtol -1.0 is not a tolerance; pass a number >= 0"
+    )
+
+
+def test_cast_report_plot_picks_the_worst_and_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path, png = tmp_path / "m.safetensors", tmp_path / "ulps.png"
+    rng = np.random.default_rng(0)
+    # in float8_e4m3fn: values in [1, 2) round by at most 1/16; 1.3 * 2**-8 becomes the
+    # subnormal 3 * 2**-9, 15 % off
+    tensors = {f"t{i}": rng.uniform(1, 2, 64).astype(np.float32) for i in range(7)}
+    tensors["tiny"] = np.full(64, 1.3 * 2.0**-8, np.float32)  # last in the file
+    tbio.save(tensors, path)
+    rc, out, err = run(capsys, "cast-report", path, "--dtype", "float8_e4m3fn", "--plot", png)
+    assert (rc, err) == (0, "")
+    assert table(out)["tiny"][6] == "64"  # the subnormal column
+    plot = next(line for line in out.splitlines() if line.startswith("plot: "))
+    assert plot == (
+        f"plot: {png}: 6 tensors of 8, the worst by most values lost (overflowed, saturated, "
+        "flushed to zero, NaN), then the largest max rel err, then the most subnormals "
+        "(2 left out)"
+    )
+    _png(png)
+
+    rc, out, _ = run(
+        capsys, "cast-report", path, "--dtype", "float8_e4m3fn", "--plot", png, "--json"
+    )
+    drawn = json.loads(out)["plot"]
+    assert drawn["tensors"][0] == "tiny" and drawn["left_out"] == 2 and len(drawn["tensors"]) == 6
+
+
+@pytest.mark.parametrize("command", ["compare", "cast-report"])
+def test_progress_follows_the_work_not_the_bytes(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+) -> None:
+    """A checkpoint of 12,000 small tensors (a few MiB) is seconds of work: a bar on a
+    terminal; a few small tensors are not."""
+    from tensorbridge.diagnostics import _values
+
+    assert _values.expected_seconds(12_000, 12_000 * 256) >= 1.0
+    assert _values.expected_seconds(20, 20 * 4096) < 1.0
+    path = tmp_path / "m.safetensors"
+    tbio.save({f"t{i}": np.ones(4, np.float32) for i in range(20)}, path)
+    argv = [path, path] if command == "compare" else [path, "--dtype", "bf16"]
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    rc, _, err = run(capsys, command, *argv)
+    assert (rc, err) == (0, "")
+    monkeypatch.setattr(_values, "_SECONDS_PER_LEAF", 0.1)  # 20 leaves: 2 s
+    rc, _, err = run(capsys, command, *argv)
+    assert rc == 0 and ("comparing" if command == "compare" else "cast-report") in err
+    rc, _, err = run(capsys, command, *argv, "--quiet")
+    assert (rc, err) == (0, "")
 
 
 def test_cast_report_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

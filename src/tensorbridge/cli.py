@@ -245,7 +245,17 @@ def _parser() -> argparse.ArgumentParser:
     p = command("cast-report", "what casting every tensor of a file to DTYPE would do")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--dtype", metavar="DTYPE", help="bf16, f16, float8_e4m3fn, ...")
-    p.add_argument("--plot", metavar="PNG", help="draw the ULP histograms (matplotlib)")
+    p.add_argument(
+        "--rtol",
+        type=float,
+        help="with --dtype: the largest max relative error a tensor may have (default: "
+        "rounding is not judged, only overflow, flushing and NaNs)",
+    )
+    p.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="draw the ULP histograms of the 6 worst tensors (matplotlib)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     scheme_options(
         p, "quantize with NAME and dequantize again (mxfp8, mxfp4, nvfp4-modelopt, fp8-block)"
@@ -1457,11 +1467,12 @@ def _compare(args: argparse.Namespace, out: TextIO) -> int:
     if len(a) == 1 and len(b) == 1 and a.keys() != b.keys():
         a, b = {"tensor": next(iter(a.values()))}, {"tensor": next(iter(b.values()))}
     result = diagnostics.compare(a, b, rtol=args.rtol, atol=args.atol, progress=_progress(args))
-    if args.plot:
-        _plot_errors(a, b, result, args.plot)
+    plotted = _plot_errors(a, b, result, args.plot) if args.plot else None
     if args.json:
         doc = result.to_dict()
-        doc["leaves"] = {_display(k): v for k, v in doc["leaves"].items()}
+        if plotted is not None:
+            doc["plot"] = plotted
+        doc["leaves"] = {_display(k): {**v, "path": _display(k)} for k, v in doc["leaves"].items()}
         doc["missing"] = [_display(k) for k in doc["missing"]]
         doc["extra"] = [_display(k) for k in doc["extra"]]
         _dump(doc, out)
@@ -1489,16 +1500,41 @@ def _compare(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"only in {args.a}: {_display(name)}\n")
     for name in result.extra:
         out.write(f"only in {args.b}: {_display(name)}\n")
+    if plotted is not None:
+        out.write(f"plot: {plotted['summary']}\n")
     bad = sum(not leaf.ok for leaf in result.leaves.values())
     unmatched = len(result.missing) + len(result.extra)
     problems = [f"{_plural(bad, 'tensor')} {'differs' if bad == 1 else 'differ'}"] if bad else []
     problems += [f"{_plural(unmatched, 'tensor')} in only one file"] if unmatched else []
     verdict = "within tolerance" if result.ok else ", ".join(problems) or "differ"
-    units = {leaf.compared_in for leaf in result.leaves.values() if leaf.compared_in}
-    unit = f" {units.pop()}" if len(units) == 1 else ""
-    ulps = f"max ulp {_num(result.max_ulp)}" + (f", counted in{unit} ULPs" if mixed else "")
-    out.write(f"verdict: {_colour(verdict, result.ok, out)} ({ulps})\n")
+    out.write(f"verdict: {_colour(verdict, result.ok, out)} ({_loss(result)})\n")
     return 0 if result.ok else 1
+
+
+def _loss(result: Any) -> str:
+    """What the comparison found, whatever the verdict: the largest errors of the floats,
+    their ULP distances by the dtype they are counted in, the integers' differences."""
+    ulps: dict[str, int] = {}
+    ints: int | None = None
+    abs_err = rel_err = None
+    for leaf in result.leaves.values():
+        if leaf.max_ulp is None:
+            continue
+        if leaf.compared_in in (None, "integers (exact)"):
+            ints = max(ints or 0, leaf.max_ulp)
+            continue
+        ulps[leaf.compared_in] = max(ulps.get(leaf.compared_in, 0), leaf.max_ulp)
+        if leaf.max_abs_err is not None:
+            abs_err = max(abs_err or 0.0, leaf.max_abs_err)
+            rel_err = max(rel_err or 0.0, leaf.max_rel_err or 0.0)
+    parts = []
+    if ulps:
+        parts.append(f"max abs err {_num(abs_err)}, max rel err {_num(rel_err)}")
+        each = ", ".join(f"{_num(n)} counted in {unit}" for unit, n in sorted(ulps.items()))
+        parts.append(f"max ulp {each}")
+    if ints is not None:
+        parts.append(f"integers: max difference {_num(ints)}")
+    return "; ".join(parts) or "nothing compared"
 
 
 def _quant_plan(f: TensorFile, scheme: str | None, block_size: Any) -> Any:
@@ -1674,7 +1710,10 @@ def _quant_verdict(report: Any, ok: bool, too_far: Set[str], rtol: float | None)
 
 
 def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
+    import math
+
     from . import diagnostics
+    from .diagnostics._values import show_progress
     from .io._common import progress_bar
 
     if args.dtype is not None and (args.scheme or args.block_size) is not None:
@@ -1684,34 +1723,35 @@ def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
     if args.ignore:
         raise _UsageError("--ignore applies to --scheme; a cast applies to every tensor")
     target = _dtype_arg(args.dtype, "--dtype", floating=True)
+    _check_tolerance(args.rtol, "--rtol")
     reports = {}
     with _open(args.file, args) as f:
         unsupported = f.unsupported()
         names = [
             n for n in f if n not in unsupported and f.info(n)[0].category in ("float", "complex")
         ]
-        bar = progress_bar(sum(f.nbytes(n) for n in names), "cast-report", _progress(args))
+        values = sum(math.prod(f.info(n)[1]) for n in names)  # counted, not read
+        show = show_progress(_progress(args), len(names), values)
+        bar = progress_bar(sum(f.nbytes(n) for n in names), "cast-report", show)
         try:
             for name in names:
-                reports[name] = diagnostics.cast_report(f[name], target)
+                reports[name] = diagnostics.cast_report(f[name], target, rtol=args.rtol)
                 bar.update(f.nbytes(name))
         finally:
             bar.close()
     if not reports:
         raise _UsageError(f"{args.file} has no floating-point or complex tensors to cast")
-    if args.plot:
-        _plot_ulps(reports, args.plot, target.name)
+    plotted = _plot_ulps(reports, args.plot, target.name) if args.plot else None
+    ok = all(r.ok for r in reports.values())
     safe = all(r.safe for r in reports.values())
     if args.json:
-        _dump(
-            {
-                "dtype": target.name,
-                "safe": safe,
-                "tensors": {k: r.to_dict() for k, r in reports.items()},
-            },
-            out,
-        )
-        return 0 if safe else 1
+        doc = {"dtype": target.name, "safe": safe, "rtol": args.rtol, "ok": ok}
+        doc["meaning"] = _cast_meaning(args.rtol)
+        doc["tensors"] = {k: r.to_dict() for k, r in reports.items()}
+        if plotted is not None:
+            doc["plot"] = plotted
+        _dump(doc, out)
+        return 0 if ok else 1
     # every count that makes a tensor unsafe has a column; the last three only when they happen
     counts = [
         ("to inf", "overflow_inf"),
@@ -1734,7 +1774,7 @@ def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
         + [
             _num(r.max_rel_err),
             _num(r.mean_rel_err),
-            _colour("safe" if r.safe else "LOSSY", r.safe, out),
+            _colour(_cast_verdict(r), r.ok, out),
         ]
         for name, r in reports.items()
     ]
@@ -1742,9 +1782,43 @@ def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
     _table(rows, headers, out)
     first = next(iter(reports.values()))
     out.write(f"kernel: {first.kernel} ({first.semantics})\n")
-    verdict = f"safe to store in {target.name}" if safe else f"lossy in {target.name}"
-    out.write("verdict: " + _colour(verdict, safe, out) + "\n")
-    return 0 if safe else 1
+    out.write(f"{_cast_meaning(args.rtol)}\n")
+    if plotted is not None:
+        out.write(f"plot: {plotted['summary']}\n")
+    worst = max((r.max_rel_err or 0.0) for r in reports.values())
+    if not safe:
+        verdict = f"lossy in {target.name}"
+    elif not ok:
+        over = sum(not r.ok for r in reports.values())
+        verdict = (
+            f"{_plural(over, 'tensor')} beyond --rtol {args.rtol} in {target.name} "
+            f"(max rel err {_num(worst)})"
+        )
+    elif args.rtol is None:
+        verdict = (
+            f"safe to store in {target.name} (max rel err {_num(worst)}; pass --rtol to "
+            "bound the rounding)"
+        )
+    else:
+        verdict = f"within --rtol {args.rtol} in {target.name} (max rel err {_num(worst)})"
+    out.write("verdict: " + _colour(verdict, ok, out) + "\n")
+    return 0 if ok else 1
+
+
+def _cast_verdict(r: Any) -> str:
+    if not r.safe:
+        return "LOSSY"
+    return "safe" if r.rtol is None else ("ok" if r.ok else "BEYOND-RTOL")
+
+
+def _cast_meaning(rtol: float | None) -> str:
+    safe = (
+        "safe: nothing overflowed, saturated, flushed to zero, lost its zero or sign, or "
+        "became or changed a NaN"
+    )
+    if rtol is None:
+        return f"{safe}; rounding is not judged (pass --rtol to bound max rel)"
+    return f"{safe}; ok: safe, and max rel <= --rtol {rtol}"
 
 
 def _cast_report_scheme(args: argparse.Namespace, out: TextIO) -> int:
@@ -1811,14 +1885,20 @@ def _pyplot() -> Any:
     return plt
 
 
-def _plot_errors(a: Mapping[str, Any], b: Mapping[str, Any], result: Any, path: str) -> None:
+def _plot_errors(
+    a: Mapping[str, Any], b: Mapping[str, Any], result: Any, path: str
+) -> dict[str, Any]:
+    """Draw the worst tensors' error histograms; returns what was drawn and why."""
     import numpy as np
 
     plt = _pyplot()
+    measured = [k for k, leaf in result.leaves.items() if leaf.max_abs_err is not None]
+    # ULPs of different dtypes do not compare; relative errors do
     ranked = sorted(
-        (k for k, leaf in result.leaves.items() if leaf.max_abs_err is not None),
-        key=lambda k: -(result.leaves[k].max_ulp or 0),
-    )[:6]
+        measured,
+        key=lambda k: (result.leaves[k].mismatches, result.leaves[k].max_rel_err or 0.0),
+        reverse=True,
+    )[:_PLOTTED]
     names = {k: k for k in result.leaves}
     fig, axes = plt.subplots(
         max(1, len(ranked)), 1, figsize=(7, 2.2 * max(1, len(ranked))), squeeze=False
@@ -1839,6 +1919,17 @@ def _plot_errors(a: Mapping[str, Any], b: Mapping[str, Any], result: Any, path: 
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    left_out = len(measured) - len(ranked)
+    criterion = "the most mismatches, then the largest max rel err"
+    summary = f"{path}: {_plural(len(ranked), 'tensor')} of {len(measured)}, the worst by "
+    summary += criterion + (f" ({left_out} left out)" if left_out else "")
+    return {
+        "file": path,
+        "tensors": [_display(k) for k in ranked],
+        "left_out": left_out,
+        "criterion": criterion,
+        "summary": summary,
+    }
 
 
 def _wide(x: Any) -> np.ndarray:
@@ -1865,9 +1956,35 @@ def _leaf_name(path: str, mapping: Mapping[str, Any]) -> str:
     return path
 
 
-def _plot_ulps(reports: Mapping[str, Any], path: str, target: str) -> None:
+_PLOTTED = 6  # histograms in one figure
+_LOST = (
+    "overflow_inf",
+    "saturated",
+    "nan_created",
+    "flushed_to_zero",
+    "nan_changed",
+    "zero_replaced",
+    "sign_dropped",
+    "imag_discarded",
+)
+
+
+def _plot_ulps(reports: Mapping[str, Any], path: str, target: str) -> dict[str, Any]:
+    """Draw the worst tensors' ULP histograms; returns what was drawn and why, for the output."""
     plt = _pyplot()
-    worst = sorted(reports, key=lambda k: -(reports[k].max_rel_err or 0))[:6]
+
+    def badness(name: str) -> tuple[int, float, int]:
+        r = reports[name]
+        return sum(getattr(r, k) for k in _LOST), r.max_rel_err or 0.0, r.subnormal
+
+    worst = sorted(reports, key=badness, reverse=True)[:_PLOTTED]  # stable: ties in file order
+    left_out = len(reports) - len(worst)
+    criterion = (
+        "most values lost (overflowed, saturated, flushed to zero, NaN), then the largest "
+        "max rel err, then the most subnormals"
+    )
+    summary = f"{path}: {_plural(len(worst), 'tensor')} of {len(reports)}, the worst by {criterion}"
+    summary += f" ({left_out} left out)" if left_out else ""
     fig, axes = plt.subplots(len(worst), 1, figsize=(7, 2.2 * len(worst)), squeeze=False)
     for ax, name in zip(axes[:, 0], worst, strict=False):
         hist = reports[name].ulp_histogram
@@ -1878,3 +1995,10 @@ def _plot_ulps(reports: Mapping[str, Any], path: str, target: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return {
+        "file": path,
+        "tensors": worst,
+        "left_out": left_out,
+        "criterion": criterion,
+        "summary": summary,
+    }

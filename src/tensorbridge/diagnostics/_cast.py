@@ -25,17 +25,19 @@ import torch
 
 from ..convert import to_numpy, to_torch
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
-from ..errors import UnsupportedDtypeError
+from ..errors import InvalidArgumentError, UnsupportedDtypeError
 from ._record import Record
 from ._values import (
     BITS_BY_SIZE,
     Format,
+    Scratch,
     bits_of,
     chunks,
     component_row,
     format_of,
     real_parts,
     source,
+    to_float32,
 )
 
 ULP_BINS = ("0", "<=0.5", "<=1", "<=2", ">2")
@@ -71,7 +73,10 @@ class CastReport(Record):
         astype_differs: values whose bits ``astype`` would make differently.
         imag_discarded: nonzero imaginary parts dropped by a complex-to-real cast.
         safe: nothing overflowed, saturated, flushed, lost its zero or sign, or became or
-            changed a NaN.
+            changed a NaN. It says nothing of rounding: a cast to float8 that is "safe"
+            can still change values by 12 % or more (see ``max_rel_err``, ``rtol``).
+        rtol: the relative tolerance asked for (``None``: rounding is not judged).
+        ok: the verdict: ``safe``, and with ``rtol`` given, ``max_rel_err <= rtol``.
     """
 
     source_dtype: str
@@ -97,19 +102,36 @@ class CastReport(Record):
     astype_differs: int | None
     imag_discarded: int
     safe: bool
+    rtol: float | None = None
+    ok: bool = True
 
 
-def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
+def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastReport:
     """What casting ``x`` to ``dtype`` would do, with torch's kernel (``to_numpy(x, dtype=)``).
 
     >>> import torch, tensorbridge as tb
     >>> r = tb.cast_report(torch.tensor([0.5, 1e6, -1.0]), "float8_e5m2")
     >>> r.overflow_inf, r.exact, r.safe
     (1, 2, False)
+    >>> r = tb.cast_report(torch.tensor([0.3, 1.0]), "float8_e4m3fn", rtol=0.01)
+    >>> r.safe, round(r.max_rel_err, 4), r.ok  # nothing overflowed, but 0.3 became 0.3125
+    (True, 0.0417, False)
+
+    Args:
+        x: a tensor, array or number.
+        dtype: the floating-point or complex dtype to cast to.
+        rtol: the largest relative rounding error the verdict ``ok`` accepts (``None``:
+            ``ok`` is ``safe``, which judges overflow, flushing and NaNs, not rounding).
 
     Raises:
         UnsupportedDtypeError: ``dtype`` is unknown or not a floating/complex dtype.
+        InvalidArgumentError: a negative or NaN ``rtol``.
     """
+    if rtol is not None and not rtol >= 0:
+        raise InvalidArgumentError(
+            f"rtol={rtol!r} is not a tolerance; pass a number >= 0, or None to judge only "
+            "overflow, flushing and NaNs"
+        )
     src = source(x)
     dst = resolve_dtype(dtype)
     if dst.category not in ("float", "complex"):
@@ -143,6 +165,8 @@ def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
     max_abs = max_rel = rel_sum = 0.0
     seen_finite = seen_rel = False
     astype_ok = True
+    quick_plan = _quick_plan(src.row, dst)
+    scratch = Scratch()
     for chunk in chunks(src):
         c["numel"] += chunk.numel()
         if chunk.is_complex() and not dst.torch.is_complex:
@@ -151,6 +175,27 @@ def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
         else:
             chunk_in = chunk
         res = chunk_in.to(dst.torch)
+        quick = (
+            _quick_chunk(chunk_in, res, fmt, scratch, max_rel) if quick_plan is not None else None
+        )
+        if quick is not None:
+            exact, flushed, subnormal, q_abs, q_rel, q_sum, q_n, q_hist = quick
+            c["exact"] += exact
+            c["inexact"] += chunk_in.numel() - exact
+            c["flushed"] += flushed
+            c["subnormal"] += subnormal
+            seen_finite = True
+            max_abs = max(max_abs, q_abs)
+            if q_n:
+                seen_rel = True
+                max_rel, rel_sum = max(max_rel, q_rel), rel_sum + q_sum
+                c["rel_n"] += q_n
+            for name, n in zip(ULP_BINS, q_hist, strict=True):
+                hist[name] += n
+            if astype_ok and not quick_plan:  # the kernels may part ways on these values
+                s_nan = torch.zeros(chunk_in.numel(), dtype=torch.bool)
+                astype_ok = _astype_check(chunk_in, res, s_nan, dst, c)
+            continue
         s, r = _cast_parts(chunk_in, res)
         sv, rv = s.to(torch.float64), r.to(torch.float64)
         s_nan, s_fin, r_fin, r_nan = sv.isnan(), sv.isfinite(), rv.isfinite(), rv.isnan()
@@ -190,6 +235,7 @@ def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
             astype_ok = _astype_check(chunk_in, res, s_nan, dst, c)
     unsafe = ("overflow_inf", "saturated", "nan_created", "flushed", "nan_changed", "imag")
     safe = not any(c[k] for k in (*unsafe, "zero_replaced", "sign_dropped"))
+    within = rtol is None or not seen_rel or max_rel <= rtol
     return CastReport(
         source_dtype=src.row.name,
         target_dtype=dst.name,
@@ -214,7 +260,106 @@ def cast_report(x: Any, dtype: DTypeLike) -> CastReport:
         astype_differs=c["differs"] if astype_ok else None,
         imag_discarded=c["imag"],
         safe=safe,
+        rtol=None if rtol is None else float(rtol),
+        ok=safe and within,
     )
+
+
+def _quick_plan(src: DTypeRow, dst: DTypeRow) -> bool | None:
+    """Whether chunks of ``src`` cast to ``dst`` may take :func:`_quick_chunk` (``None``:
+    never), and whether NumPy's ``astype`` is known to agree with torch's cast there
+    (``True``: :func:`_kernels_agree` found it so, and the comparison is skipped)."""
+    if src.category != "float" or dst.category != "float":
+        return None
+    if src.itemsize > 4 or dst.itemsize > 4 or not format_of(dst).signed:
+        return None
+    return _kernels_agree(src, dst)
+
+
+def _quick_chunk(
+    s: torch.Tensor, res: torch.Tensor, fmt: Format, scratch: Scratch, floor: float
+) -> tuple[int, int, int, float, float, float, int, list[int]] | None:
+    """The counts of one real chunk whose values are all finite and within the target's
+    range, in float32, in about twenty passes; ``None`` when the chunk is not such a one.
+
+    Such values cannot overflow, saturate, become NaN or lose their zero or sign (the
+    target is signed), so what is left to count is rounding: the error ``|r - s|`` is
+    exact in float32 (``r`` is within a factor of two of ``s``, or zero), and the target's
+    ULP at ``|s|`` is a power of two read off the exponent bits of ``|s|``.
+
+    ``floor`` is the largest relative error found so far: a chunk whose own largest is
+    below it skips working that out exactly (in float64) and reports it rounded.
+
+    Returns (exact, flushed to zero, subnormal, max abs err, max rel err, sum of rel
+    errs, nonzero values, ULP histogram).
+    """
+    n = s.numel()
+    f32 = torch.float32
+    sv = to_float32(s, scratch, "s")
+    ref = torch.abs(sv, out=scratch.get("ref", f32, n))
+    top = float(ref.max())
+    if not top <= fmt.max or top >= 2.0**127:  # NaN, inf, beyond the range, or 2^127 up
+        return None
+    rv = to_float32(res, scratch, "r")
+    err = torch.sub(rv, sv, out=scratch.get("err", f32, n)).abs_()
+    exact = n - int(torch.count_nonzero(err))
+    mag = torch.abs(rv, out=scratch.get("mag", f32, n))
+    zeros = flushed = subnormal = 0
+    if float(mag.min()) < fmt.smallest_normal:  # zeros or subnormals among the results
+        small = int(torch.count_nonzero(mag < fmt.smallest_normal))
+        zeros = n - int(torch.count_nonzero(sv))
+        zero_results = n - int(torch.count_nonzero(rv))
+        flushed = zero_results - zeros  # a zero casts to a zero
+        subnormal = small - zero_results
+    max_abs = float(err.max())
+    rel = torch.div(err, ref, out=scratch.get("rel", f32, n))
+    if zeros:
+        rel.nan_to_num_(nan=0.0)  # 0 / 0: zeros have no relative error
+    max_rel = float(rel.max())
+    if max_rel >= float(torch.tensor(floor, dtype=f32)):  # the chunk may hold the largest
+        # the float32 quotients are rounded: the largest in float64, of those that tie in float32
+        at = (rel == max_rel).nonzero().squeeze(1)
+        max_rel = float((err[at].to(torch.float64) / ref[at].to(torch.float64)).max())
+    rel_sum = float(rel.sum())
+    # the target's ULP at |s| is 2^(max(e, emin) - nmant), e the exponent of |s|: 2^e is |s|
+    # with its mantissa bits cleared (0 for subnormal |s|, then raised to 2^emin)
+    emin = math.frexp(fmt.smallest_normal)[1] - 1
+    pow2 = torch.bitwise_and(
+        ref.view(torch.int32), 0x7F800000, out=scratch.get("e", torch.int32, n)
+    )
+    scale = pow2.view(f32).clamp_min_(2.0**emin)
+    u = torch.mul(err, 2.0**fmt.nmant, out=scratch.get("u", f32, n)).div_(scale)
+    # at most half a ULP everywhere (the usual case): every inexact value is in that bin
+    hist = [exact, n - exact, 0, 0, 0] if float(u.max()) <= 0.5 else _histogram(u)
+    return exact, flushed, subnormal, max_abs, max_rel, rel_sum, n - zeros, hist
+
+
+@cache
+def _kernels_agree(src: DTypeRow, dst: DTypeRow) -> bool:
+    """Whether NumPy's ``astype`` (ml_dtypes' kernels) makes the same bits as torch's cast
+    from ``src`` to ``dst`` for every finite value within ``dst``'s range, probed on this
+    installation: every bit pattern of an 8- or 16-bit ``src``; for float32, every upper
+    half with the lower halves that hold the target's ties and their neighbours."""
+    width = src.itemsize * 8
+    if width <= 16:
+        raw = torch.arange(1 << width, dtype=torch.int64)
+    else:
+        lows = {0, 0xFFFF}
+        for k in range(16):
+            lows |= {1 << k, (1 << k) - 1, (1 << k) + 1}
+        low = torch.tensor(sorted(lows), dtype=torch.int64)
+        raw = (torch.arange(1 << 16, dtype=torch.int64)[:, None] << 16 | low).reshape(-1)
+    raw = torch.where(raw >= 1 << (width - 1), raw - (1 << width), raw)
+    values = raw.to(BITS_BY_SIZE[src.itemsize]).view(src.torch)
+    wide = values.to(torch.float64)
+    values = values[wide.isfinite() & (wide.abs() <= format_of(component_row(dst)).max)]
+    ours = values.to(dst.torch)
+    try:
+        with np.errstate(all="ignore"):
+            theirs = to_torch(to_numpy(values).astype(dst.numpy))
+    except (TypeError, ValueError):
+        return False
+    return bool(torch.equal(bits_of(ours), bits_of(theirs)))
 
 
 def _cast_parts(src: torch.Tensor, res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

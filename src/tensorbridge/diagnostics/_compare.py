@@ -8,6 +8,14 @@ dtype's integer line (``_values.ordinals``), exact for bfloat16 and float8, wher
 NumPy's ``assert_array_max_ulp`` fails; integers are compared by their exact
 differences. Tolerances not given default to torch.testing.assert_close's where it
 has them and to one ULP of the format elsewhere.
+
+Floats of at most 32 bits, of one dtype or two (float32 against its bfloat16, float16 or
+float8 copy), take a fast path: differences in float32, ULPs from the coarser type's own
+bits (the finer side cast to it with torch's kernel, as ``ordinals`` does), in
+chunk-sized buffers reused from chunk to chunk and leaf to leaf. A chunk holding NaN or
+inf, or finer values beyond the coarser range, takes the general float64 path. What a
+pair of dtypes needs (coarser type, default tolerances, fast or general) is planned once
+per pair, not per leaf.
 """
 
 from __future__ import annotations
@@ -15,7 +23,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -29,6 +38,7 @@ from ._record import Record
 from ._values import (
     LEAVES,
     Array,
+    Scratch,
     bits_of,
     chunks,
     component_row,
@@ -36,7 +46,9 @@ from ._values import (
     int_distance,
     ordinals,
     real_parts,
+    show_progress,
     source,
+    to_float32,
 )
 
 # torch.testing.assert_close's defaults; other floats get rtol = eps (one ULP at the bottom
@@ -137,7 +149,8 @@ def compare(
         rtol, atol: tolerances for every leaf; each one not given takes the default of
             the leaf's coarser dtype (:func:`default_tolerances`).
         progress: a progress bar over the leaves' bytes on stderr (``None``: when it is
-            a terminal and the trees are large).
+            a terminal and the work, counted in leaves and values, is expected to take
+            over about a second).
 
     Returns:
         A :class:`Comparison`; problems (shape differences, missing keys, unreadable
@@ -155,18 +168,25 @@ def compare(
     if _is_tree(a) or _is_tree(b):
         fa, fb = flatten_with_paths(a), flatten_with_paths(b)
         paths = [p for p in fa if p in fb]
-        bar = progress_bar(sum(_nbytes(fa[p]) for p in paths), "comparing", progress)
+        values = sum(_numel(fa[p]) for p in paths)
+        show = show_progress(progress, len(paths), values)
+        bar = progress_bar(sum(_nbytes(fa[p]) for p in paths), "comparing", show)
         leaves = {}
+        scratch = Scratch()
         try:
             for p in paths:
-                leaves[p] = _compare_leaf(fa[p], fb[p], p, rtol, atol)
+                leaves[p] = _compare_leaf(fa[p], fb[p], p, rtol, atol, scratch)
                 bar.update(_nbytes(fa[p]))
         finally:
             bar.close()
         missing = tuple(p for p in fa if p not in fb)
         extra = tuple(p for p in fb if p not in fa)
         return _summarise(leaves, missing, extra)
-    return _compare_leaf(a, b, "", rtol, atol)
+    return _compare_leaf(a, b, "", rtol, atol, Scratch())
+
+
+def _numel(x: Any) -> int:
+    return x.numel() if isinstance(x, torch.Tensor) else int(getattr(x, "size", 1))
 
 
 def _nbytes(x: Any) -> int:
@@ -248,6 +268,11 @@ def _coarser(ra: DTypeRow, rb: DTypeRow) -> DTypeRow | None:
     return cb if key_b < key_a else ca
 
 
+def _narrow(row: DTypeRow) -> bool:
+    """A float (or complex of floats) of at most 32 bits a part: compared in float32."""
+    return row.category in ("float", "complex") and component_row(row).itemsize <= 4
+
+
 def _paired(ta: torch.Tensor, tb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Real parts side by side; a real tensor facing a complex one gets zero imaginary parts."""
     if ta.is_complex() != tb.is_complex():
@@ -258,7 +283,9 @@ def _paired(ta: torch.Tensor, tb: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return real_parts(ta).reshape(-1), real_parts(tb).reshape(-1)
 
 
-def _compare_leaf(a: Any, b: Any, path: str, rtol: float | None, atol: float | None) -> Comparison:
+def _compare_leaf(
+    a: Any, b: Any, path: str, rtol: float | None, atol: float | None, scratch: Scratch
+) -> Comparison:
     if not isinstance(a, LEAVES) and not isinstance(b, LEAVES):
         # plain values in a tree (strings, None): equal or not
         same = type(a) is type(b) and bool(a == b)
@@ -273,63 +300,106 @@ def _compare_leaf(a: Any, b: Any, path: str, rtol: float | None, atol: float | N
         sa, sb = source(a), source(b)
     except TensorBridgeError as e:
         return Comparison(ok=False, max_ulp=None, path=path, problem=str(e))
-    base = Comparison(
-        ok=False,
-        max_ulp=None,
-        path=path,
-        shape_a=sa.shape,
-        shape_b=sb.shape,
-        dtype_a=sa.row.name,
-        dtype_b=sb.row.name,
-        dtype_mismatch=sa.row is not sb.row,
-    )
     if sa.shape != sb.shape:
-        return replace(
-            base,
+        return Comparison(
+            ok=False,
+            max_ulp=None,
+            path=path,
+            shape_a=sa.shape,
+            shape_b=sb.shape,
+            dtype_a=sa.row.name,
+            dtype_b=sb.row.name,
+            dtype_mismatch=sa.row is not sb.row,
             shape_mismatch=True,
             bitwise_equal=False,
             problem=f"shapes differ: {sa.shape} vs {sb.shape}",
         )
-    coarse = _coarser(sa.row, sb.row)
-    default = default_tolerances(coarse or sa.row)
-    rt = default[0] if rtol is None else float(rtol)
-    at = default[1] if atol is None else float(atol)
-    same = sa.row is sb.row
-    acc = _LeafAccumulator(coarse, rt, at, same)
+    plan = _leaf_plan(sa.row, sb.row)
+    rt = plan.rtol if rtol is None else float(rtol)
+    at = plan.atol if atol is None else float(atol)
+    acc = _LeafAccumulator(plan.coarse, rt, at, plan.same, plan.narrow, scratch)
     for ta, tb in zip(chunks(sa), chunks(sb), strict=True):
         acc.add(ta, tb)
-    worst = None
-    if acc.worst >= 0:
-        worst = tuple(int(i) for i in np.unravel_index(acc.worst, sa.shape))
-    return replace(
-        base,
+    return Comparison(
         ok=acc.bad == 0,
         max_ulp=acc.max_ulp,
+        path=path,
         numel=acc.numel,
         mismatches=acc.bad,
         nan_mismatches=acc.nan_bad,
         inf_mismatches=acc.inf_bad,
-        nan_payload_changes=acc.payload if same else None,
-        bitwise_equal=acc.bitwise and same,
+        nan_payload_changes=acc.payload if plan.same else None,
+        bitwise_equal=acc.bitwise and plan.same,
         max_abs_err=acc.max_abs if acc.numel else None,
         max_rel_err=acc.max_rel if acc.numel else None,
-        worst_index=worst,
-        compared_in=coarse.name if coarse is not None else "integers (exact)",
+        worst_index=_unravel(acc.worst, sa.shape) if acc.worst >= 0 else None,
+        shape_a=sa.shape,
+        shape_b=sb.shape,
+        dtype_a=sa.row.name,
+        dtype_b=sb.row.name,
+        dtype_mismatch=not plan.same,
+        compared_in=plan.compared_in,
         rtol=rt,
         atol=at,
     )
 
 
+@dataclass(frozen=True)
+class _LeafPlan:
+    """How leaves of one pair of dtypes are compared, decided once per pair."""
+
+    coarse: DTypeRow | None  # the dtype ULPs are counted in; None: integers, exactly
+    compared_in: str
+    rtol: float  # the defaults of the coarser dtype
+    atol: float
+    same: bool
+    narrow: bool  # both floats of at most 32 bits a part: the float32 fast path
+
+
+@cache
+def _leaf_plan(ra: DTypeRow, rb: DTypeRow) -> _LeafPlan:
+    coarse = _coarser(ra, rb)
+    rtol, atol = default_tolerances(coarse or ra)
+    return _LeafPlan(
+        coarse=coarse,
+        compared_in=coarse.name if coarse is not None else "integers (exact)",
+        rtol=rtol,
+        atol=atol,
+        same=ra is rb,
+        narrow=_narrow(ra) and _narrow(rb),
+    )
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The index in ``shape`` of C-order position ``flat`` (np.unravel_index, for one)."""
+    index = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return tuple(reversed(index))
+
+
 class _LeafAccumulator:
     """Running totals of one leaf's comparison, fed chunk by chunk."""
 
-    def __init__(self, coarse: DTypeRow | None, rtol: float, atol: float, same: bool) -> None:
+    def __init__(
+        self,
+        coarse: DTypeRow | None,
+        rtol: float,
+        atol: float,
+        same: bool,
+        narrow: bool,
+        scratch: Scratch,
+    ) -> None:
+        self.scratch = scratch
         self.fmt = format_of(coarse) if coarse is not None else None
         self.rtol, self.atol, self.same = rtol, atol, same
         self.numel = self.bad = self.nan_bad = self.inf_bad = self.payload = 0
         self.max_ulp, self.worst = 0, -1  # worst: flat index of the largest ULP distance
         self.max_abs = self.max_rel = 0.0
         self.bitwise = True
+        # both sides floats of at most 32 bits, ULPs in a signed format: the fast path
+        self.narrow = narrow and self.fmt is not None and self.fmt.signed
 
     def add(self, ta: torch.Tensor, tb: torch.Tensor) -> None:
         elements = ta.numel()
@@ -340,11 +410,10 @@ class _LeafAccumulator:
                 self.numel += elements
                 return
             self.bitwise = False
-            if self.fmt is not None and self.fmt.signed and self.fmt.width <= 32:
-                self._add_same_float(ca, cb, elements, parts)
-                return
-        va, vb = ca.to(torch.float64), cb.to(torch.float64)
-        self._accumulate(ca, cb, va, vb, elements, parts)
+        if self.narrow:
+            self._add_narrow(ca, cb, elements, parts)
+            return
+        self._add_general(ca, cb, elements, parts)
 
     def _accumulate(
         self,
@@ -388,29 +457,41 @@ class _LeafAccumulator:
         self.inf_bad += inf_bad
         self.numel += elements
 
-    def _add_same_float(
-        self, ca: torch.Tensor, cb: torch.Tensor, elements: int, parts: int
-    ) -> None:
-        """Two chunks of one float type of at most 32 bits: few passes, no float64 copies.
+    def _add_narrow(self, ca: torch.Tensor, cb: torch.Tensor, elements: int, parts: int) -> None:
+        """Two chunks of float types of at most 32 bits: few passes, no float64 copies.
 
         Differences are taken in float32 (exact for every narrower type, and for float32
-        within its own rounding), and ULP distances from the bits themselves: the
-        sign-magnitude integer turned into signed order, so no cast is needed.
+        within its own rounding). ULP distances come from the bits in the coarser type:
+        the finer side is cast to it with torch's kernel (what :func:`ordinals` does), and
+        the sign-magnitude integers are turned into signed order, so no float64 line is
+        built. Chunks holding NaN or inf, or finer values beyond the coarser type's range
+        (where the line continues past its largest value), take the general path.
         """
-        va, vb = ca.to(torch.float32), cb.to(torch.float32)
-        diff = (va - vb).abs_()
+        n, buf = ca.numel(), self.scratch.get
+        va, vb = to_float32(ca, self.scratch, "a"), to_float32(cb, self.scratch, "b")
+        diff = torch.sub(va, vb, out=buf("diff", torch.float32, n)).abs_()
         max_abs = float(diff.max())
         if not math.isfinite(max_abs):  # NaN/inf (or overflow) present: the full path
             self._add_general(ca, cb, elements, parts)
             return
-        ref = va.abs()
-        max_rel = float((diff / ref).nan_to_num_(nan=0.0, posinf=math.inf).max())
+        ref = torch.abs(va, out=buf("ref", torch.float32, n))
+        assert self.fmt is not None
+        coarse, top = self.fmt.row.torch, self.fmt.max
+        if ca.dtype is not coarse and float(ref.max()) > top:
+            self._add_general(ca, cb, elements, parts)
+            return
+        if cb.dtype is not coarse and max(-float(vb.min()), float(vb.max())) > top:
+            self._add_general(ca, cb, elements, parts)
+            return
+        rel = torch.div(diff, ref, out=buf("rel", torch.float32, n))
+        max_rel = float(rel.nan_to_num_(nan=0.0, posinf=math.inf).max())
         self.max_abs, self.max_rel = max(self.max_abs, max_abs), max(self.max_rel, max_rel)
         # the exact count only when some element may be out of tolerance
         if max_abs > self.atol and max_rel * (1 + 2**-20) > self.rtol:
             self.bad += int(torch.count_nonzero(diff > ref.mul_(self.rtol).add_(self.atol)))
-        del diff, ref
-        dist, i = _max_ulp(ca, cb)
+        qa = ca if ca.dtype is coarse else buf("q", coarse, n).copy_(ca)
+        qb = cb if cb.dtype is coarse else buf("q", coarse, n).copy_(cb)
+        dist, i = _max_ulp(qa, qb, self.max_ulp, buf("ulp", _INT_OF_WIDTH[qa.element_size()], n))
         if dist > self.max_ulp:
             self.max_ulp = dist
             self.worst = self.numel + i // max(parts, 1)
@@ -429,34 +510,34 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
     return t.view(_INT_OF_WIDTH[t.element_size()]) if t.dtype is not torch.bool else t
 
 
-def _max_ulp(ca: torch.Tensor, cb: torch.Tensor) -> tuple[int, int]:
+def _max_ulp(ca: torch.Tensor, cb: torch.Tensor, floor: int, out: torch.Tensor) -> tuple[int, int]:
     """The largest ULP distance between finite floats of one type of at most 32 bits, and
-    its flat index, from the bits alone.
+    its flat index (``-1`` unless the distance exceeds ``floor``), from the bits alone.
 
-    Sign-magnitude bits become signed order with ``i ^ (sign & mask)`` (negatives land
-    one below their true position, which cancels between two negatives). Pairs of one
-    sign are then exact in int32; the few pairs across zero are measured apart in int64.
+    Two values of one sign are as many ULPs apart as their sign-magnitude bits, so a
+    subtraction in the bits' own width is exact for them (the magnitudes' difference
+    fits). Pairs across zero, found by the sign bit of ``a ^ b``, are as far apart as
+    their magnitudes' sum (-0 and +0 are one point) and are measured apart in int64.
     """
-    width = ca.element_size() * 8
     ia, ib = _raw(ca), _raw(cb)
-    if width < 32:
-        ia, ib = ia.to(torch.int32), ib.to(torch.int32)  # sign-extended
-    mask = (1 << (width - 1)) - 1
-    sa, sb = ia >> 31, ib >> 31  # -1 where negative, 0 elsewhere
-    dist = ((ia ^ (sa & mask)) - (ib ^ (sb & mask))).abs_()
-    cross = sa != sb
-    crossing = bool(cross.any())
-    if crossing:
-        dist.masked_fill_(cross, 0)
-    i = int(dist.argmax())
-    best = int(dist[i])
-    if crossing:  # across zero: the two magnitudes add up (-0 and +0 are one point)
-        where = cross.nonzero().squeeze(1)
-        both = (ia[where].to(torch.int64) & mask) + (ib[where].to(torch.int64) & mask)
-        j = int(both.argmax())
-        if (int(both[j]), -int(where[j])) > (best, -i):  # ties: the first index, as argmax
-            best, i = int(both[j]), int(where[j])
-    return best, i
+    signs = torch.bitwise_xor(ia, ib, out=out)  # negative where the signs differ
+    where = (signs < 0).nonzero().squeeze(1) if int(signs.min()) < 0 else None
+    dist = torch.sub(ia, ib, out=out).abs_()  # pairs across zero wrap around: replaced below
+    if where is None:
+        best = int(dist.max())
+        return best, int(dist.argmax()) if best > floor else -1
+    dist.index_fill_(0, where, 0)
+    best = int(dist.max())
+    mask = (1 << (ca.element_size() * 8 - 1)) - 1
+    both = (ia[where].to(torch.int64) & mask) + (ib[where].to(torch.int64) & mask)
+    j = int(both.argmax())
+    top = max(best, int(both[j]))
+    if top <= floor:
+        return top, -1
+    # ties: the first index, as argmax
+    candidates = [int(where[j])] if int(both[j]) == top else []
+    candidates += [int(dist.argmax())] if best == top else []
+    return top, min(candidates)
 
 
 def _int_numpy(t: torch.Tensor) -> Array:

@@ -17,6 +17,7 @@ Shared by compare, stats and cast_report:
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -105,6 +106,61 @@ def chunks(src: _Source) -> Iterator[torch.Tensor]:
             yield block.resolve_conj().resolve_neg().cpu()
         else:  # read-only, byte-swapped or reversed blocks are copied, one chunk at a time
             yield to_torch(block)
+
+
+class Scratch:
+    """Chunk-sized buffers reused from chunk to chunk and leaf to leaf, by name and dtype:
+    a chunk's temporaries then need no fresh pages (``out=`` of torch's kernels)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def get(self, name: str, dtype: torch.dtype, n: int) -> torch.Tensor:
+        """A buffer of ``n`` values of ``dtype``, whose contents are undefined."""
+        t = self._buffers.get((name, dtype))
+        if t is None or t.numel() < n:
+            t = self._buffers[name, dtype] = torch.empty(n, dtype=dtype)
+        return t[:n]
+
+
+# What a leaf costs on one core, roughly (the per-call overhead of a few dozen torch kernels)
+# and what a value costs (a few dozen passes over it): enough to tell a second from less.
+_SECONDS_PER_LEAF = 3e-4
+_SECONDS_PER_VALUE = 5e-9
+
+
+def expected_seconds(leaves: int, values: int) -> float:
+    """About how long compare or cast_report takes over ``leaves`` holding ``values``."""
+    return leaves * _SECONDS_PER_LEAF + values * _SECONDS_PER_VALUE
+
+
+def show_progress(progress: bool | None, leaves: int, values: int) -> bool:
+    """Whether to draw a progress bar: as asked, or (``None``) on a terminal when the work
+    is expected to take over a second (many small tensors take long for their size)."""
+    if progress is not None:
+        return progress
+    return sys.stderr.isatty() and expected_seconds(leaves, values) >= 1.0
+
+
+def to_float32(t: torch.Tensor, scratch: Scratch, name: str) -> torch.Tensor:
+    """A flat float tensor of at most 32 bits as float32, in ``scratch``'s buffer ``name``.
+
+    8-bit floats go through a table of torch's own cast of their 256 patterns: torch's
+    CPU kernel converts float8 about ten times slower than a table lookup does.
+    """
+    n = t.numel()
+    if t.dtype is torch.float32:
+        return t
+    out = scratch.get(name, torch.float32, n)
+    if t.element_size() != 1:
+        return out.copy_(t)
+    index = scratch.get("index", torch.int32, n).copy_(t.view(torch.uint8))
+    return torch.index_select(_float8_table(t.dtype), 0, index, out=out)
+
+
+@cache
+def _float8_table(dtype: torch.dtype) -> torch.Tensor:
+    return torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).to(torch.float32)
 
 
 def component_row(row: DTypeRow) -> DTypeRow:
