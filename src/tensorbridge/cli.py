@@ -2,8 +2,9 @@
 
 Commands: ``inspect``, ``convert``, ``compare``, ``cast-report``, ``demo``. Each calls the
 library and formats what it returns: aligned tables (colour only on a terminal) or
-``--json``. A user error is one line on stderr and exit status 1 (2 for usage errors);
-``--debug`` shows the traceback instead. torch, NumPy and the library's modules are
+``--json``. A user error is one line on stderr and exit status 1 (2 for usage errors),
+an error nobody foresaw one line too (a bug to report); ``--debug`` shows the traceback
+instead. A reader that goes away (``| head``) ends the command quietly with 141. torch, NumPy and the library's modules are
 imported inside the commands that use them, so ``--help`` answers without loading them.
 
 >>> main(["--help"])  # doctest: +SKIP
@@ -23,6 +24,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any, TextIO
 
+from . import __version__
 from .errors import MissingExtraError, TensorBridgeError
 
 if TYPE_CHECKING:
@@ -58,6 +60,12 @@ class _UsageError(Exception):
     """A command line that makes no sense: exit status 2."""
 
 
+EXIT_OK = 0
+EXIT_FAILURE = 1  # an error, or a check that failed (compare outside tolerance, ...)
+EXIT_USAGE = 2  # argparse's own status for a command line that makes no sense
+EXIT_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tensorbridge",
@@ -67,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument(
+        "--version", action="version", version=f"tensorbridge {__version__}"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
@@ -74,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
             name,
             help=help,
             description=help[0].upper() + help[1:] + ".",
-            epilog=_EXAMPLES[name],
+            epilog=(_destinations() + "\n\n" if name == "convert" else "") + _EXAMPLES[name],
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
 
@@ -91,7 +102,16 @@ def _parser() -> argparse.ArgumentParser:
                 help="read a GGUF file's quantized tensors as DTYPE values (bf16, f16, f32)",
             )
         p.add_argument(
-            "--quiet", "-q", action="store_true", help="no progress bar and no notes on stderr"
+            "--quiet",
+            "-q",
+            action="store_true",
+            help="print nothing on stderr but errors: no notes, no progress bar "
+            "(--no-progress drops the bar only)",
+        )
+        p.add_argument(
+            "--no-progress",
+            action="store_true",
+            help="never show a progress bar (notes still print; --quiet drops both)",
         )
 
     def scheme_options(p: argparse.ArgumentParser, help: str) -> None:
@@ -106,14 +126,27 @@ def _parser() -> argparse.ArgumentParser:
         "inspect",
         "list the tensors of checkpoint files, shard indexes and checkpoint directories",
     )
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="a checkpoint file, shard index or directory (every one is listed; a file that "
+        "cannot be read is an error and exit status 1 after the others)",
+    )
     p.add_argument("--stats", action="store_true", help="add min/max/mean/std and NaN/inf counts")
     p.add_argument("--json", action="store_true", help="print JSON for scripts (a list of files)")
     reading(p)
 
     p = command("convert", "convert a checkpoint between formats, streamed, atomically")
-    p.add_argument("src", metavar="SRC")
-    p.add_argument("dst", metavar="DST")
+    p.add_argument(
+        "src", metavar="SRC", help="the checkpoint to read: a file, shard index or directory"
+    )
+    p.add_argument(
+        "dst",
+        metavar="DST",
+        help="the file to write; its suffix names the format (see destinations below); "
+        "missing parent directories are created",
+    )
     p.add_argument(
         "--float-dtype",
         metavar="DTYPE",
@@ -199,7 +232,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--verify", action="store_true", help="re-read the output and check it against the source"
     )
-    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument(
         "--format",
@@ -220,8 +252,10 @@ def _parser() -> argparse.ArgumentParser:
     reading(p, dequantize=False)
 
     p = command("compare", "compare two files (or tensors) tensor by tensor")
-    p.add_argument("a", metavar="A", help="the reference")
-    p.add_argument("b", metavar="B")
+    p.add_argument("a", metavar="A", help="the reference: a checkpoint file or directory")
+    p.add_argument(
+        "b", metavar="B", help="the checkpoint compared with A (a copy, cast or conversion)"
+    )
     p.add_argument("--rtol", type=float, help="relative tolerance (default: by dtype)")
     p.add_argument("--atol", type=float, help="absolute tolerance (default: by dtype)")
     p.add_argument("--plot", metavar="PNG", help="draw the error distributions (matplotlib)")
@@ -230,8 +264,13 @@ def _parser() -> argparse.ArgumentParser:
     reading(p)
 
     p = command("cast-report", "what casting every tensor of a file to DTYPE would do")
-    p.add_argument("file", metavar="FILE")
-    p.add_argument("--dtype", metavar="DTYPE", help="bf16, f16, float8_e4m3fn, ...")
+    p.add_argument("file", metavar="FILE", help="the checkpoint whose tensors would be cast")
+    p.add_argument(
+        "--dtype",
+        metavar="DTYPE",
+        help="the dtype to cast to: bf16, f16, float8_e4m3fn, ... (required, unless --scheme "
+        "is given or FILE is quantized)",
+    )
     p.add_argument("--plot", metavar="PNG", help="draw the ULP histograms (matplotlib)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     scheme_options(
@@ -250,8 +289,31 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _destinations() -> str:
+    """convert's epilog: the suffixes it writes and what a file of each keeps, from the
+    format table (nothing heavy is imported)."""
+    from .io._formats import DIRECTORY_FORMAT, FORMATS
+
+    lines = ["destinations (the suffix names the format):"]
+    for f in FORMATS:
+        if not f.writes:
+            continue
+        keeps = ["named tensors" if f.many_arrays else "one array"]
+        if f.metadata:
+            keeps.append(f"{'text' if f.text_metadata else 'typed'} metadata")
+        else:
+            keeps.append("no metadata (a note names what is dropped)")
+        keeps += [f"needs {key}" for key in f.required_metadata]
+        keeps += ["shards (--max-shard-size)"] if f.sharding else []
+        lines.append(f"  {' '.join(f.suffixes):<15} {', '.join(keeps)}")
+    lines.append(f"  {'DIR/':<15} DIR/model{DIRECTORY_FORMAT.suffixes[0]}, as above")
+    lines.append("metadata: the source's is carried where the destination keeps it; --metadata adds")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 failure, 2 usage error)."""
+    """Run the command line; returns the exit status: 0 ok, 1 failure, 2 usage error,
+    141 the reader of the output went away (a closed pipe)."""
     _enable_faulthandler()
     parser = _parser()
     args = parser.parse_args(argv)
@@ -263,23 +325,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": _demo,
     }[args.command]
     try:
-        return handler(args, sys.stdout)
+        status = handler(args, sys.stdout)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return status
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): stop quietly, like the standard tools.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 1
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_PIPE
     except _UsageError as e:
         if args.debug:
             raise
-        print(f"tensorbridge {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        _error(args.command, str(e))
+        return EXIT_USAGE
     except (TensorBridgeError, OSError, ValueError, TypeError, KeyError) as e:
         if args.debug:
             raise
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"tensorbridge {args.command}: error: {msg}", file=sys.stderr)
-        return 1
+        _error(args.command, str(e.args[0] if isinstance(e, KeyError) and e.args else e))
+        return EXIT_FAILURE
+    except Exception as e:  # a bug: one line, not a traceback
+        if args.debug:
+            raise
+        _error(
+            args.command,
+            f"unexpected {type(e).__name__}: {e} (a bug in tensorbridge: rerun with --debug "
+            "for the traceback and report it)",
+        )
+        return EXIT_FAILURE
+
+
+def _error(command: str, message: str) -> None:
+    """One line on stderr, in the command line's words (see :func:`_cli_words`)."""
+    print(f"tensorbridge {command}: error: {_cli_words(message)}", file=sys.stderr)
 
 
 def _enable_faulthandler() -> None:
@@ -383,7 +461,65 @@ def _select(names: list[str], include: list[str], exclude: list[str]) -> list[st
 
 
 def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+    """``1 entry``, ``2 entries``, ``3 mismatches``: English plurals of the words used here."""
+    if n == 1:
+        return f"{n:,} {word}"
+    if word.endswith("y") and word[-2:-1] not in ("a", "e", "o", "u"):
+        return f"{n:,} {word[:-1]}ies"
+    if word.endswith(("s", "x", "ch", "sh")):
+        return f"{n:,} {word}es"
+    return f"{n:,} {word}s"
+
+
+# The library's messages end in the fix a Python caller makes (``pass a.astype(np.float64)``,
+# ``pass scheme=...``); a shell cannot act on those. Every error, note and skipped entry the
+# command line prints passes through _cli_words once: a fix that has an option becomes that
+# option, and a fix clause still naming a Python call is left out (the caller adds the
+# command line's own fix, e.g. --exclude NAME / --skip-unsupported).
+_OPTION_FIXES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), option)
+    for pattern, option in (
+        (r"\bfloat_dtype=[\w.'\"]*", "--float-dtype DTYPE"),
+        (r"\boverwrite=True\b", "--overwrite"),
+        (r"\bscheme=(?:['\"][\w-]+['\"]|\.\.\.)?", "--scheme NAME"),
+        (r"\bblock_size=(?:\(\d+, ?\d+\)|\.\.\.)?", "--block-size R,C"),
+        (r"\bmax_shard_size=['\"]?\w*['\"]?", "--max-shard-size SIZE"),
+        (r"\bquantize=['\"]?[\w-]*['\"]?", "--quantize SCHEME"),
+        (r"\bdequantize=(?:torch|np)\.(\w+)", r"--dequantize \1"),
+        (r"\bdtype=(?:torch|np)\.float32 to dequantize", "--dequantize f32 to dequantize"),
+        (r"\bmetadata=False\b", "--no-metadata"),
+    )
+)
+_PYTHON = re.compile(r"\w[(\[]|\b\w+=[\w'\"\[{(]|\b(?:np|torch|tb|ml_dtypes)\.\w")
+_FIX_VERBS = ("pass ", "use ", "call ", "convert ", "encode ", "take ", "or ", "save ", "e.g.")
+
+
+def _cli_words(message: str) -> str:
+    """``message`` as a command line says it: options for Python arguments, no Python calls.
+
+    >>> _cli_words("x is float128; pass a.astype(np.float64), which rounds to 53 bits")
+    'x is float128'
+    >>> _cli_words("ambiguous; pass scheme='gptq' or block_size=(64, 64)")
+    'ambiguous; pass --scheme NAME or --block-size R,C'
+    """
+    for pattern, option in _OPTION_FIXES:
+        message = pattern.sub(option, message)
+    clauses = message.split("; ")
+    kept = [clauses[0]] + [
+        c
+        for c in clauses[1:]
+        if not (c.lstrip("( ").startswith(_FIX_VERBS) and _PYTHON.search(c))
+    ]
+    return "; ".join(_drop_python_aside(c) for c in kept)
+
+
+def _drop_python_aside(clause: str) -> str:
+    """A clause without a trailing parenthesis of Python (``first (e.g. np.frombuffer(...))``)."""
+    start = clause.find(" (")
+    if start > 0 and clause.endswith(")") and _PYTHON.search(clause[start:]):
+        if clause[start + 2 :].startswith(("e.g.", "np.", "torch.", "tb.", "a.", "a[")):
+            return clause[:start]
+    return clause
 
 
 def _open(path: str, args: argparse.Namespace) -> TensorFile:
@@ -396,7 +532,7 @@ def _open(path: str, args: argparse.Namespace) -> TensorFile:
     f = tbio.open(path, dtype=_dtype_arg(args.as_dtype, "--as-dtype"), dequantize=dequantize)
     if not args.quiet:
         for note in f.notes:
-            print(f"note: {note}", file=sys.stderr)
+            print(f"note: {_cli_words(note)}", file=sys.stderr)
     return f
 
 
@@ -437,53 +573,26 @@ def _progress(args: argparse.Namespace) -> bool | None:
 
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
-    from . import diagnostics
-    from .io._common import progress_bar
-
+    """Every file is reported: one that cannot be read is an error line (a JSON entry with
+    ``"error"``) and exit status 1 once the others are listed."""
     report: list[dict[str, Any]] = []
     for path in args.files:
-        with _open(path, args) as f:
-            unsupported = f.unsupported()
-            names = [n for n in f if n not in unsupported]
-            bar = progress_bar(
-                sum(f.nbytes(n) for n in names) if args.stats else 0,
-                f"stats {os.path.basename(path)}",
-                _progress(args),
-            )
-            tensors = []
-            try:
-                for name in f:
-                    if name in unsupported:
-                        tensors.append({"name": name, "unsupported": unsupported[name]})
-                        continue
-                    row, shape = f.info(name)
-                    entry: dict[str, Any] = {
-                        "name": name,
-                        "dtype": row.name,
-                        "shape": list(shape),
-                        "nbytes": f.nbytes(name),
-                    }
-                    if name in f.aliases:
-                        entry["tied_to"] = f.aliases[name]
-                    if args.stats:
-                        entry["stats"] = diagnostics.stats(f[name]).to_dict()
-                        bar.update(entry["nbytes"])
-                    tensors.append(entry)
-            finally:
-                bar.close()
-            report.append(
-                {
-                    "file": str(path),
-                    "metadata": dict(f.metadata),
-                    "notes": list(f.notes),
-                    "quantization": _quantization(f, unsupported, args),
-                    "tensors": tensors,
-                }
-            )
+        try:
+            report.append(_inspect_file(path, args))
+        except (TensorBridgeError, OSError, ValueError, TypeError, KeyError) as e:
+            if args.debug:
+                raise
+            msg = str(e.args[0] if isinstance(e, KeyError) and e.args else e)
+            report.append({"file": str(path), "error": msg})
+            if not args.json:
+                _error(args.command, msg)
+    failed = any("error" in file for file in report)
+    status = EXIT_FAILURE if failed else EXIT_OK
+    report_text = [file for file in report if "error" not in file]
     if args.json:
         _dump(report, out)
-        return 0
-    for i, file in enumerate(report):
+        return status
+    for i, file in enumerate(report_text):
         if i:
             out.write("\n")
         readable = [t for t in file["tensors"] if "unsupported" not in t]
@@ -515,11 +624,81 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         _table(rows, headers, out)
         for t in file["tensors"]:
             if "unsupported" in t:
-                out.write(f"unsupported: {t['unsupported']}\n")
+                out.write(f"unsupported: {_cli_words(t['unsupported'])}\n")
         if quant is not None and quant.get("details"):
             out.write("\n")
             _quant_table(quant["details"], args.stats, out)
-    return 0
+    return status
+
+
+def _inspect_file(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One file's entry of inspect's report."""
+    from . import diagnostics
+    from .io._common import progress_bar
+
+    with _open(path, args) as f:
+        unsupported = f.unsupported()
+        names = [n for n in f if n not in unsupported]
+        bar = progress_bar(
+            sum(f.nbytes(n) for n in names) if args.stats else 0,
+            f"stats {os.path.basename(path)}",
+            _progress(args),
+        )
+        tensors = []
+        try:
+            for name in f:
+                if name in unsupported:
+                    tensors.append({"name": name, "unsupported": unsupported[name]})
+                    continue
+                row, shape = f.info(name)
+                entry: dict[str, Any] = {
+                    "name": name,
+                    "dtype": row.name,
+                    "shape": list(shape),
+                    "nbytes": f.nbytes(name),
+                }
+                if name in f.aliases:
+                    entry["tied_to"] = f.aliases[name]
+                if args.stats:
+                    entry["stats"] = diagnostics.stats(f[name]).to_dict()
+                    bar.update(entry["nbytes"])
+                tensors.append(entry)
+        finally:
+            bar.close()
+        return {
+                "file": str(path),
+                "metadata": _typed_metadata(f),
+                "notes": list(f.notes),
+                "quantization": _quantization(f, unsupported, args),
+                "tensors": tensors,
+            }
+
+
+def _typed_metadata(f: TensorFile) -> dict[str, Any]:
+    """``f.metadata`` with each value as the format types it, where JSON can say it: a GGUF
+    array is a JSON array, a bool a JSON boolean, a UINT32 a number; text stays text."""
+    typed = f.plain_values()
+    out: dict[str, Any] = {}
+    for key, text in f.metadata.items():
+        value = _plain_json(typed[key]) if key in typed else None
+        out[key] = text if value is None else value
+    return out
+
+
+def _plain_json(value: Any) -> Any:
+    """``value`` as JSON's types (NumPy scalars unwrapped), or None when JSON has none for it."""
+    import numpy as np
+
+    if isinstance(value, np.generic) and value.dtype.kind in "biuf":
+        value = value.item()
+    if isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else None
+    if isinstance(value, list | tuple):
+        items = [_plain_json(v) for v in value]
+        return None if any(i is None for i in items) else items
+    return None
 
 
 def _quant_table(details: Mapping[str, Any], stats: bool, out: TextIO) -> None:
@@ -627,12 +806,12 @@ def _convertible(
     if unsupported and not args.skip_unsupported:
         first = next(iter(unsupported))
         raise TensorBridgeError(
-            f"{unsupported[first]}; {_plural(len(unsupported), 'entry')} cannot be "
+            f"{_cli_words(unsupported[first])}; {_plural(len(unsupported), 'entry')} cannot be "
             f"converted: pass --exclude {first}{' (each)' if len(unsupported) > 1 else ''} "
             "or --skip-unsupported"
         )
     for name, why in unsupported.items():
-        print(f"skipped {name}: {why}", file=sys.stderr)
+        print(f"skipped {name}: {_cli_words(why)}", file=sys.stderr)
     return [n for n in names if n not in unsupported], unsupported
 
 
@@ -785,7 +964,7 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             opened.close()
             raise
         if not args.quiet and opened.plan.quantized:
-            print(f"note: {opened.notes[-1]}", file=sys.stderr)
+            print(f"note: {_cli_words(opened.notes[-1])}", file=sys.stderr)
     with opened as src:
         names = _select(src.keys(), args.include, args.exclude)
         if not src.keys():
@@ -1109,7 +1288,7 @@ def _report(
         out.write(f"quantized: {summary['quantized']}{config}\n")
     if args.verify:
         if not ok:
-            verdict = f"{len(summary['problems'])} mismatch(es)"
+            verdict = _plural(len(summary["problems"]), "mismatch")
         elif cast is not None:
             verdict = (
                 f"bit-exact to the source cast to {cast.name} (torch's kernel); "
