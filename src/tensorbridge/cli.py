@@ -4,8 +4,9 @@ Commands: ``inspect``, ``convert``, ``compare``, ``cast-report``, ``demo``. Each
 library and formats what it returns: aligned tables (colour only on a terminal) or
 ``--json``. A user error is one line on stderr and exit status 1 (2 for usage errors),
 an error nobody foresaw one line too (a bug to report); ``--debug`` shows the traceback
-instead. A reader that goes away (``| head``) ends the command quietly with 141. torch, NumPy and the library's modules are
-imported inside the commands that use them, so ``--help`` answers without loading them.
+instead. A reader that goes away (``| head``) ends the command quietly with 141. torch,
+NumPy and the library's modules are imported inside the commands that use them, so
+``--help`` answers without loading them.
 
 >>> main(["--help"])  # doctest: +SKIP
 """
@@ -75,9 +76,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    parser.add_argument(
-        "--version", action="version", version=f"tensorbridge {__version__}"
-    )
+    parser.add_argument("--version", action="version", version=f"tensorbridge {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
@@ -307,7 +306,7 @@ def _destinations() -> str:
         keeps += ["shards (--max-shard-size)"] if f.sharding else []
         lines.append(f"  {' '.join(f.suffixes):<15} {', '.join(keeps)}")
     lines.append(f"  {'DIR/':<15} DIR/model{DIRECTORY_FORMAT.suffixes[0]}, as above")
-    lines.append("metadata: the source's is carried where the destination keeps it; --metadata adds")
+    lines.append("metadata: the source's is carried where DST keeps it; --metadata adds keys")
     return "\n".join(lines)
 
 
@@ -342,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TensorBridgeError, OSError, ValueError, TypeError, KeyError) as e:
         if args.debug:
             raise
-        _error(args.command, str(e.args[0] if isinstance(e, KeyError) and e.args else e))
+        _error(args.command, _message(e))
         return EXIT_FAILURE
     except Exception as e:  # a bug: one line, not a traceback
         if args.debug:
@@ -353,6 +352,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "for the traceback and report it)",
         )
         return EXIT_FAILURE
+
+
+def _message(e: BaseException) -> str:
+    """An expected error's message: a KeyError's text unquoted, an OSError without its
+    ``[Errno N]`` (``missing.pt: No such file or directory``)."""
+    if isinstance(e, KeyError) and e.args:
+        return str(e.args[0])
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.filename}: {e.strerror}" if e.filename is not None else e.strerror
+    return str(e)
 
 
 def _error(command: str, message: str) -> None:
@@ -506,9 +515,7 @@ def _cli_words(message: str) -> str:
         message = pattern.sub(option, message)
     clauses = message.split("; ")
     kept = [clauses[0]] + [
-        c
-        for c in clauses[1:]
-        if not (c.lstrip("( ").startswith(_FIX_VERBS) and _PYTHON.search(c))
+        c for c in clauses[1:] if not (c.lstrip("( ").startswith(_FIX_VERBS) and _PYTHON.search(c))
     ]
     return "; ".join(_drop_python_aside(c) for c in kept)
 
@@ -516,9 +523,9 @@ def _cli_words(message: str) -> str:
 def _drop_python_aside(clause: str) -> str:
     """A clause without a trailing parenthesis of Python (``first (e.g. np.frombuffer(...))``)."""
     start = clause.find(" (")
-    if start > 0 and clause.endswith(")") and _PYTHON.search(clause[start:]):
-        if clause[start + 2 :].startswith(("e.g.", "np.", "torch.", "tb.", "a.", "a[")):
-            return clause[:start]
+    python = ("e.g.", "np.", "torch.", "tb.", "a.", "a[")
+    if start > 0 and clause.endswith(")") and clause[start + 2 :].startswith(python):
+        return clause[:start]
     return clause
 
 
@@ -582,7 +589,7 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         except (TensorBridgeError, OSError, ValueError, TypeError, KeyError) as e:
             if args.debug:
                 raise
-            msg = str(e.args[0] if isinstance(e, KeyError) and e.args else e)
+            msg = _message(e)
             report.append({"file": str(path), "error": msg})
             if not args.json:
                 _error(args.command, msg)
@@ -643,6 +650,8 @@ def _inspect_file(path: str, args: argparse.Namespace) -> dict[str, Any]:
             sum(f.nbytes(n) for n in names) if args.stats else 0,
             f"stats {os.path.basename(path)}",
             _progress(args),
+            tensors=len(names) if args.stats else 0,
+            work="check",
         )
         tensors = []
         try:
@@ -666,12 +675,12 @@ def _inspect_file(path: str, args: argparse.Namespace) -> dict[str, Any]:
         finally:
             bar.close()
         return {
-                "file": str(path),
-                "metadata": _typed_metadata(f),
-                "notes": list(f.notes),
-                "quantization": _quantization(f, unsupported, args),
-                "tensors": tensors,
-            }
+            "file": str(path),
+            "metadata": _typed_metadata(f),
+            "notes": list(f.notes),
+            "quantization": _quantization(f, unsupported, args),
+            "tensors": tensors,
+        }
 
 
 def _typed_metadata(f: TensorFile) -> dict[str, Any]:
@@ -758,6 +767,8 @@ def _quantization(
         sum(f.nbytes(g.parts["codes"]) for g in p.groups) if args.stats else 0,
         "dequantized stats",
         _progress(args),
+        tensors=len(p.groups) if args.stats else 0,
+        work="check",
     )
     try:
         for g in p.groups:
@@ -812,7 +823,13 @@ def _convertible(
         )
     for name, why in unsupported.items():
         print(f"skipped {name}: {_cli_words(why)}", file=sys.stderr)
-    return [n for n in names if n not in unsupported], unsupported
+    kept = [n for n in names if n not in unsupported]
+    if not kept:  # one rule for every convert path: nothing to write is an error naming why
+        raise TensorBridgeError(
+            f"every selected entry of {args.src} is unsupported ({_plural(len(names), 'entry')} "
+            "skipped); nothing to convert, so nothing was written"
+        )
+    return kept, unsupported
 
 
 def _block_size(args: argparse.Namespace) -> tuple[int, int] | None:
@@ -907,6 +924,8 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         raise _UsageError(f"--workers {args.workers}: pass a number of processes >= 1")
     if args.workers is not None and args.dask_scheduler is not None:
         raise _UsageError("pass --workers or --dask-scheduler, not both")
+    # what the save creates is said in the summary, not done silently
+    args.created = _missing_directory(args.dst, args.format == "npy" or _is_chunked(args.src))
     if args.format == "npy" or _is_chunked(args.src):
         if args.metadata or args.metadata_json:
             raise _UsageError(
@@ -1271,17 +1290,32 @@ def _verify_quantized(
     return problems
 
 
+def _missing_directory(dst: str, chunked: bool) -> str | None:
+    """The directory a save to ``dst`` will create (with its missing parents), or None."""
+    from pathlib import Path
+
+    path = Path(dst)
+    directory = dst.endswith(("/", os.sep)) or (chunked and not path.suffix) or path.is_dir()
+    wanted = path if directory else path.parent
+    return None if wanted.exists() or wanted.is_symlink() else str(wanted)
+
+
 def _report(
     summary: dict[str, Any], args: argparse.Namespace, out: TextIO, ok: bool, cast: Any
 ) -> int:
     """Print a conversion's summary (JSON, or a line and the verdict of --verify)."""
+    created = getattr(args, "created", None)
+    if created is not None and os.path.isdir(created):
+        summary["created_directory"] = created
     if args.json:
         _dump(summary, out)
         return 0 if ok else 1
     out.write(
         f"converted {_plural(summary['tensors'], 'tensor')} ({_size(summary['bytes_in'])} in, "
         f"{_size(summary['bytes_out'])} out) {args.src} -> {summary['dst']} in "
-        f"{summary['seconds']:.2f} s\n"
+        f"{summary['seconds']:.2f} s"
+        + (f" (created the directory {created}/)" if "created_directory" in summary else "")
+        + "\n"
     )
     if "quantized" in summary:
         config = f"; {summary['config']} written" if summary["config"] else ""
@@ -1390,8 +1424,6 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
                 f"'tensorbridge inspect {args.src}' lists the names"
             )
         names, unsupported = _convertible(src, names, args)
-        if not names:
-            raise _UsageError(f"no tensor of {args.src} is left to convert")
         view = src.select(names)  # type: ignore[attr-defined]
         with _executor(args) as executor:
             tbio.save(
@@ -1457,7 +1489,7 @@ def _verify(
     from .io._common import cast_target, progress_bar, row_of
 
     problems = []
-    bar = progress_bar(sum(src.nbytes(n) for n in names), "verifying", progress)
+    bar = progress_bar(sum(src.nbytes(n) for n in names), "verifying", progress, tensors=len(names))
     with tbio.open(dst_path) as written:
         keys = written.keys()
         if written.single:  # one bare array, named after the file
@@ -1620,7 +1652,11 @@ def _compare_quantized(args: argparse.Namespace, side: str, block_size: Any, out
     with _open(qpath, args) as qf, _open(rpath, args) as rf:
         p = _quant_plan(qf, args.scheme, block_size)
         bar = progress_bar(
-            sum(qf.nbytes(g.parts["codes"]) for g in p.groups), "comparing", _progress(args)
+            sum(qf.nbytes(g.parts["codes"]) for g in p.groups),
+            "comparing",
+            _progress(args),
+            tensors=len(p.groups),
+            work="check",
         )
         nbytes = {g.name: qf.nbytes(g.parts["codes"]) for g in p.groups}
         try:
@@ -1754,7 +1790,13 @@ def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
         names = [
             n for n in f if n not in unsupported and f.info(n)[0].category in ("float", "complex")
         ]
-        bar = progress_bar(sum(f.nbytes(n) for n in names), "cast-report", _progress(args))
+        bar = progress_bar(
+            sum(f.nbytes(n) for n in names),
+            "cast-report",
+            _progress(args),
+            tensors=len(names),
+            work="check",
+        )
         try:
             for name in names:
                 reports[name] = diagnostics.cast_report(f[name], target)
@@ -1824,7 +1866,13 @@ def _cast_report_scheme(args: argparse.Namespace, out: TextIO) -> int:
                 "--scheme NAME for what quantizing it would do"
             )
         names = [n for n in f if n not in f.unsupported()]
-        bar = progress_bar(sum(f.nbytes(n) for n in names), "cast-report", _progress(args))
+        bar = progress_bar(
+            sum(f.nbytes(n) for n in names),
+            "cast-report",
+            _progress(args),
+            tensors=len(names),
+            work="check",
+        )
         try:
             report = diagnostics.quant_report(
                 f,

@@ -155,7 +155,13 @@ def compare(
     if _is_tree(a) or _is_tree(b):
         fa, fb = flatten_with_paths(a), flatten_with_paths(b)
         paths = [p for p in fa if p in fb]
-        bar = progress_bar(sum(_nbytes(fa[p]) for p in paths), "comparing", progress)
+        bar = progress_bar(
+            sum(_nbytes(fa[p]) for p in paths),
+            "comparing",
+            progress,
+            tensors=len(paths),
+            work="check",
+        )
         leaves = {}
         try:
             for p in paths:
