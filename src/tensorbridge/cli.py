@@ -499,6 +499,7 @@ _OPTION_FIXES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"\bmetadata=False\b", "--no-metadata"),
     )
 )
+_SAID_FOR_CLI = re.compile(r"\b\w+=(?:\([^)]*\)|[^\s;]*) \(command line: ([^)]+)\)")
 _PYTHON = re.compile(r"\w[(\[]|\b\w+=[\w'\"\[{(]|\b(?:np|torch|tb|ml_dtypes)\.\w")
 _FIX_VERBS = ("pass ", "use ", "call ", "convert ", "encode ", "take ", "or ", "save ", "e.g.")
 
@@ -511,12 +512,17 @@ def _cli_words(message: str) -> str:
     >>> _cli_words("ambiguous; pass scheme='gptq' or block_size=(64, 64)")
     'ambiguous; pass --scheme NAME or --block-size R,C'
     """
-    for pattern, option in _OPTION_FIXES:
-        message = pattern.sub(option, message)
-    clauses = message.split("; ")
-    kept = [clauses[0]] + [
-        c for c in clauses[1:] if not (c.lstrip("( ").startswith(_FIX_VERBS) and _PYTHON.search(c))
-    ]
+    # the library's own "X (command line: --x)": the option replaces the argument
+    message = _SAID_FOR_CLI.sub(r"\1", message)
+    first, *fixes = message.split("; ")  # what was given (and why) stays as it is
+    kept = [first]
+    for clause in fixes:
+        if "command line:" not in clause:
+            for pattern, option in _OPTION_FIXES:
+                clause = pattern.sub(option, clause)
+            if clause.lstrip("( ").startswith(_FIX_VERBS) and _PYTHON.search(clause):
+                continue
+        kept.append(clause)
     return "; ".join(_drop_python_aside(c) for c in kept)
 
 
@@ -608,7 +614,7 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         skipped = len(file["tensors"]) - len(readable)
         out.write(line + (f", {skipped} unsupported" if skipped else "") + "\n")
         if file["metadata"]:
-            shown = {k: _clip(v) for k, v in file["metadata"].items()}
+            shown = {k: _clip_value(v) for k, v in file["metadata"].items()}
             out.write("metadata: " + json.dumps(shown, ensure_ascii=False) + "\n")
         quant = file["quantization"]
         if quant is not None:
@@ -737,6 +743,14 @@ def _quant_table(details: Mapping[str, Any], stats: bool, out: TextIO) -> None:
             cells += [_num(d["nan_produced"]), _num(d["inf_produced"])]
         rows.append(cells)
     _table(rows, headers, out)
+
+
+def _clip_value(value: Any) -> Any:
+    """A metadata value for the table: typed as in ``--json``, a long one cut short as text."""
+    if isinstance(value, str):
+        return _clip(value)
+    text = json.dumps(value)
+    return value if len(text) <= 200 else _clip(text)
 
 
 def _clip(text: str, limit: int = 200) -> str:
