@@ -1002,3 +1002,21 @@ def test_other_toolkits_archives_and_directories_are_named(
     (package / "Data" / "com.apple.CoreML").mkdir(parents=True)
     (package / "Manifest.json").write_text("{}")
     _check_foreign(capsys, package, "a Core ML package (.mlpackage)")
+
+
+def test_help_imports_neither_torch_nor_the_readers() -> None:
+    code = (
+        "import sys\n"
+        "from tensorbridge.cli import _parser\n"
+        "p = _parser()\n"
+        "assert 'torch' not in sys.modules and 'tensorbridge.io' not in sys.modules\n"
+        "try:\n"
+        "    p.parse_args(['convert', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env()
+    )
+    assert done.returncode == 0, done.stderr
+    assert "  .gguf " in done.stdout  # the destinations, made when the help is printed

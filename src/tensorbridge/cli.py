@@ -67,6 +67,19 @@ EXIT_USAGE = 2  # argparse's own status for a command line that makes no sense
 EXIT_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose epilog may be made when the help is printed: convert's destinations
+    come from the format table, whose package imports torch, which ``--help`` must not."""
+
+    lazy_epilog: tuple[str, ...] = ()
+
+    def format_help(self) -> str:
+        if self.lazy_epilog:
+            self.epilog = _destinations() + "\n\n" + "".join(self.lazy_epilog)
+            self.lazy_epilog = ()
+        return super().format_help()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tensorbridge",
@@ -77,16 +90,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     parser.add_argument("--version", action="version", version=f"tensorbridge {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(
+        p: _Parser = sub.add_parser(
             name,
             help=help,
             description=help[0].upper() + help[1:] + ".",
-            epilog=(_destinations() + "\n\n" if name == "convert" else "") + _EXAMPLES[name],
+            epilog=_EXAMPLES[name],
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        if name == "convert":
+            p.lazy_epilog = (_EXAMPLES[name],)
+        return p
 
     def reading(p: argparse.ArgumentParser, dequantize: bool = True) -> None:
         p.add_argument(
