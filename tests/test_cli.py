@@ -1020,3 +1020,15 @@ def test_help_imports_neither_torch_nor_the_readers() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "  .gguf " in done.stdout  # the destinations, made when the help is printed
+
+
+def test_library_hints_become_the_options_they_name(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    np.save(tmp_path / "w.npy", bf16([1.0, 2.0]))  # plain np.save: raw |V2 bytes
+    rc, _, err = run(capsys, "inspect", tmp_path / "w.npy")
+    line = one_error_line(err, "inspect")
+    assert rc == 1 and "; name it with --as-dtype bfloat16; the 2-byte types are" in line
+    assert "tb.load" not in line and "dtype=" not in line
+    rc, out, _ = run(capsys, "inspect", tmp_path / "w.npy", "--as-dtype", "bfloat16")
+    assert rc == 0 and "bfloat16" in out

@@ -506,6 +506,12 @@ def _plural(n: int, word: str) -> str:
 _OPTION_FIXES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     (re.compile(pattern), option)
     for pattern, option in (
+        # the library's own hints, "X (command line: --x)": the option replaces X
+        (r"dtype=, e\.g\. tb\.load\(path, dtype='\w+'\) \(command line: ([^)]+)\)", r"\1"),
+        (r"dequantize='bf16' \(or 'f32', 'f16'; command line: ([^)]+)\)", r"\1 (or f32, f16)"),
+        (r"\b\w+=(?:\([^)]*\)|[^\s;()]*) \(command line: ([^)]+)\)", r"\1"),
+        (r", or read its blocks with raw\([^)]*\)", ""),  # a Python method, no option
+        # Python arguments an option stands for
         (r"\bfloat_dtype=[\w.'\"]*", "--float-dtype DTYPE"),
         (r"\boverwrite=True\b", "--overwrite"),
         (r"\bscheme=(?:['\"][\w-]+['\"]|\.\.\.)?", "--scheme NAME"),
@@ -517,7 +523,6 @@ _OPTION_FIXES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"\bmetadata=False\b", "--no-metadata"),
     )
 )
-_SAID_FOR_CLI = re.compile(r"\b\w+=(?:\([^)]*\)|[^\s;]*) \(command line: ([^)]+)\)")
 _PYTHON = re.compile(r"\w[(\[]|\b\w+=[\w'\"\[{(]|\b(?:np|torch|tb|ml_dtypes)\.\w")
 _FIX_VERBS = ("pass ", "use ", "call ", "convert ", "encode ", "take ", "or ", "save ", "e.g.")
 
@@ -529,17 +534,16 @@ def _cli_words(message: str) -> str:
     'x is float128'
     >>> _cli_words("ambiguous; pass scheme='gptq' or block_size=(64, 64)")
     'ambiguous; pass --scheme NAME or --block-size R,C'
+    >>> _cli_words("a.pt exists; pass overwrite=True (command line: --overwrite) to replace it")
+    'a.pt exists; pass --overwrite to replace it'
     """
-    # the library's own "X (command line: --x)": the option replaces the argument
-    message = _SAID_FOR_CLI.sub(r"\1", message)
-    first, *fixes = message.split("; ")  # what was given (and why) stays as it is
+    first, sep, fixes = message.partition("; ")  # what was given (and why) stays as it is
+    for pattern, option in _OPTION_FIXES:
+        fixes = pattern.sub(option, fixes)
     kept = [first]
-    for clause in fixes:
-        if "command line:" not in clause:
-            for pattern, option in _OPTION_FIXES:
-                clause = pattern.sub(option, clause)
-            if clause.lstrip("( ").startswith(_FIX_VERBS) and _PYTHON.search(clause):
-                continue
+    for clause in fixes.split("; ") if sep else []:
+        if clause.lstrip("( ").startswith(_FIX_VERBS) and _PYTHON.search(clause):
+            continue
         kept.append(clause)
     return "; ".join(_drop_python_aside(c) for c in kept)
 
