@@ -524,6 +524,7 @@ _OPTION_FIXES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     )
 )
 _PYTHON = re.compile(r"\w[(\[]|\b\w+=[\w'\"\[{(]|\b(?:np|torch|tb|ml_dtypes)\.\w")
+_OPTION = re.compile(r"(?:^|\s)--[a-z]")  # a clause that names an option already speaks CLI
 _FIX_VERBS = ("pass ", "use ", "call ", "convert ", "encode ", "take ", "or ", "save ", "e.g.")
 
 
@@ -542,7 +543,8 @@ def _cli_words(message: str) -> str:
         fixes = pattern.sub(option, fixes)
     kept = [first]
     for clause in fixes.split("; ") if sep else []:
-        if clause.lstrip("( ").startswith(_FIX_VERBS) and _PYTHON.search(clause):
+        python = _PYTHON.search(clause) and not _OPTION.search(clause)
+        if clause.lstrip("( ").startswith(_FIX_VERBS) and python:
             continue
         kept.append(clause)
     return "; ".join(_drop_python_aside(c) for c in kept)
