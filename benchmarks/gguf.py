@@ -80,8 +80,10 @@ def _blocks(name: str, rows: int) -> np.ndarray:
 
 def run(ctx: Context, sec: Section) -> None:
     total = ctx.pick(1 << 30, 64 * MIB, 4 * MIB)
-    vocab = ctx.pick(150_000, 150_000, 1_000)
-    values = ctx.pick(64 * MIB, 4 * MIB, 64 * 1024)
+    # --quick: a Llama-2-sized vocabulary; GGUFReader parses each token into arrays of its
+    # own, seconds a read at 150,000, and --quick is a smoke run
+    vocab = ctx.pick(150_000, 32_000, 1_000)
+    values = ctx.pick(64 * MIB, 2 * MIB, 64 * 1024)
     repeats = ctx.pick(5, 3, 1)
     sec.intro(
         f"""A GGUF file of {N_TENSORS} BF16 weights ({fmt_mib(total)}) with a

@@ -216,7 +216,8 @@ def run(
 
     Args:
         out_dir: where the report and its plots go (created if missing).
-        quick: the CI smoke run (under a minute; its figures are not measurements).
+        quick: the CI smoke run (goal: under 3 minutes on a quiet 2-core machine; its
+            figures are not measurements).
         mode: "full", "quick" or "tiny" (the test suite's); overrides ``quick``.
         sections: keys of :data:`SECTIONS` to run (default: all).
         scratch: where temporary files go (default: the system's temporary directory);

@@ -183,6 +183,15 @@ def tb_stream(inputs: tuple[str, str, int]) -> None:
         tb.save(f, dst, progress=False, overwrite=True)
 
 
+def _naive_absent() -> str:
+    """Which of the naive route's references are not installed ("`transformers` is"), or ""."""
+    needed = ("transformers.integrations.finegrained_fp8", "safetensors.torch")
+    missing = [f"`{name.split('.')[0]}`" for name in needed if _module(name) is None]
+    if not missing:
+        return ""
+    return " and ".join(missing) + (" is" if len(missing) == 1 else " are")
+
+
 def naive(inputs: tuple[str, str, int]) -> None:
     """Load everything, dequantize with transformers' code (float32, then bf16), save."""
     from safetensors.torch import load_file, save_file
@@ -245,6 +254,9 @@ def _streaming(ctx: Context, sec: Section) -> None:
     repeats = ctx.pick(3, 3, 1)
     # the naive route holds the codes, float32 values and the bf16 output at once
     naive_size = size if _mem_available() > 8 * size + GIB else min(size, GIB)
+    absent = _naive_absent()  # its references are optional: the route is skipped, said why
+    if absent:
+        naive_size = size  # no separate smaller run either
     free = shutil.disk_usage(ctx.scratch).free
     need = 3 * size + (3 * naive_size if naive_size != size else 0) + 512 * MIB
     if free < need:
@@ -268,7 +280,8 @@ def _streaming(ctx: Context, sec: Section) -> None:
         src = ctx.scratch / "quant-src"
         write_checkpoint(str(src), size)
         shards = len(list(src.glob("model-*.safetensors")))
-        rows(src, ("raw", "tb", "naive") if naive_size == size else ("raw", "tb"), "")
+        naive_here = naive_size == size and not absent
+        rows(src, ("raw", "tb", "naive") if naive_here else ("raw", "tb"), "")
         shutil.rmtree(src, ignore_errors=True)
         if naive_size != size:
             write_checkpoint(str(src), naive_size)
@@ -290,6 +303,12 @@ def _streaming(ctx: Context, sec: Section) -> None:
             about 3x the checkpoint in memory: it runs on a {fmt_bytes(naive_size)}
             checkpoint, with its own raw write of that output."""
             if naive_size != size
+            else ""
+        )
+        + (
+            f""" The naive route (load every shard, transformers' dequantize, save) is
+            skipped: {absent} not installed."""
+            if absent
             else ""
         )
     )

@@ -72,7 +72,7 @@ def imports_heavy(argv: Sequence[str], env: dict[str, str]) -> list[str]:
 
 
 def run(ctx: Context, sec: Section) -> None:
-    repeats = ctx.pick(15, 5, 1)  # every inspect row imports torch: seconds each
+    repeats = ctx.pick(15, 3, 1)  # every inspect row imports torch: seconds each
     sec.intro(
         f"""Wall time of a fresh process, min / median of {repeats} runs interleaved
         with the other rows. `tensorbridge` runs as `python -m tensorbridge` with the

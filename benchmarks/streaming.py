@@ -100,7 +100,7 @@ TASKS: dict[str, tuple[Callable[..., Any], Callable[[Any], None]]] = {
 
 
 def run(ctx: Context, sec: Section) -> None:
-    sizes = ctx.pick([GIB, 2 * GIB, 4 * GIB], [64 * MIB, 128 * MIB, 256 * MIB], [4 * MIB, 8 * MIB])
+    sizes = ctx.pick([GIB, 2 * GIB, 4 * GIB], [32 * MIB, 64 * MIB, 128 * MIB], [4 * MIB, 8 * MIB])
     sec.intro(
         f"""A memory-mapped bfloat16 array exported to float32 `.npy` (the output is twice
         the source). The naive route runs once per size, tensorbridge's export and the raw

@@ -278,3 +278,24 @@ def test_the_library_ships_no_benchmarks() -> None:
     package = Path(tensorbridge.__file__).parent
     assert not (package / "bench").exists()
     assert not any("bench" in p.name for p in package.rglob("*.py"))
+
+
+@pytest.mark.slow  # a minute: one tiny section in a fresh interpreter
+def test_an_absent_reference_is_skipped_with_a_reason(tmp_path: Path) -> None:
+    # transformers made unimportable, as on a machine without it: the quantization section
+    # (its throughput rows and its naive streaming route) still runs and says why
+    code = (
+        "import sys; sys.modules['transformers'] = None\n"
+        "import benchmarks\n"
+        f"benchmarks.run({str(tmp_path / 'out')!r}, mode='tiny', sections=['quant'], "
+        f"scratch={str(tmp_path)!r})\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    assert "This section failed" not in text
+    assert "skipped: `transformers` is not installed." in text
+    assert "(reference not installed)" in text  # transformers' fp8-block row
+    assert "load all, transformers' dequantize, save" not in text  # no naive row

@@ -1299,7 +1299,7 @@ CLI_ROWS: list[Row] = [
         "`tensorbridge inspect nope.safetensors`",
         lambda e: ["inspect", "nope.safetensors"],
         1,
-        r"No such file or directory: 'nope\.safetensors'",
+        r"nope\.safetensors: No such file or directory",
         "check the path",
     ),
     Row(
@@ -1339,7 +1339,7 @@ CLI_ROWS: list[Row] = [
         "`convert` onto an existing file",
         lambda e: ["convert", str(e.st), str(e.st)],
         1,
-        r"--overwrite\) to replace it",
+        r"; pass --overwrite to replace it",
         "pass `--overwrite`",
     ),
     Row(
@@ -1462,7 +1462,7 @@ CLI_ROWS: list[Row] = [
         "`convert --as-dtype bf16` from safetensors",
         lambda e: ["convert", str(e.st), "o.safetensors", "--as-dtype", "bf16"],
         1,
-        r"command line: --float-dtype",
+        r"to cast values pass --float-dtype$",
         "pass `--float-dtype` to cast values",
     ),
     Row(
@@ -1479,7 +1479,7 @@ CLI_ROWS: list[Row] = [
         "`compare m.safetensors nope.safetensors`",
         lambda e: ["compare", str(e.st), "nope.safetensors"],
         1,
-        r"No such file or directory: 'nope\.safetensors'",
+        r"nope\.safetensors: No such file or directory",
         "check the path",
     ),
     Row(

@@ -427,7 +427,9 @@ def test_cli_inspect_convert_compare(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["inspect", str(src)]) == 0
     out, err = capsys.readouterr()
     assert re.search(r"tok_embd.weight +float16 +\(4, 64\)", out) and "1 unsupported" in out
-    assert "open it with dequantize='bf16'" in out and "holds quantized tensors (1 Q4_0)" in err
+    # the command line names its option, not the Python argument
+    assert "open it with --dequantize bf16 (or f32, f16)" in out
+    assert "holds quantized tensors (1 Q4_0)" in err
     assert main(["inspect", "--dequantize", "bf16", str(src)]) == 0
     out, _ = capsys.readouterr()
     assert re.search(r"\nq +bfloat16 +\(2, 64\) +256 B", out)
@@ -444,7 +446,7 @@ def test_cli_inspect_convert_compare(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["compare", "--dequantize", "f32", str(src), str(dst)]) == 0
     assert main(["convert", str(src), str(tmp_path / "x.safetensors")]) == 1
     _, err = capsys.readouterr()
-    assert "open it with dequantize='bf16'" in err
+    assert "open it with --dequantize bf16" in err
 
 
 # --- untrusted headers ------------------------------------------------------------------------
@@ -628,12 +630,12 @@ def test_inspect_cuts_long_metadata_short(
     tb.save({"w": np.ones(2)}, path, metadata={**ARCH, "tokenizer.ggml.tokens": tokens})
     assert main(["inspect", str(path)]) == 0
     line = capsys.readouterr().out.splitlines()[1]
-    shown = json.loads(line.removeprefix("metadata: "))["tokenizer.ggml.tokens"]
+    shown = json.loads(line.removeprefix("metadata: "))["tokenizer.ggml.tokens"]  # cut, as text
     assert shown.startswith('["token0", "token1"') and len(line) < 300
     assert shown.endswith(f"... ({len(json.dumps(tokens)):,} characters; --json shows them all)")
     assert main(["inspect", "--json", str(path)]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert json.loads(report[0]["metadata"]["tokenizer.ggml.tokens"]) == tokens
+    assert report[0]["metadata"]["tokenizer.ggml.tokens"] == tokens  # a JSON array, whole
 
 
 def test_convert_gguf_to_gguf_keeps_every_metadata_type(

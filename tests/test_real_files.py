@@ -414,7 +414,7 @@ def test_nothing_is_overwritten_unasked(
     rc, _, err = run(capsys, "convert", src, src, "--float-dtype", "float8_e5m2")
     assert rc == 1 and src.read_bytes() == before
     assert error_line(err, "convert") == (
-        f"{src} exists; pass overwrite=True (command line: --overwrite) to replace it"
+        f"{src} exists; pass --overwrite to replace it"  # the option, not a Python argument
     )
     rc, _, err = run(capsys, "convert", src, src, "--float-dtype", "bf16", "--overwrite")
     assert (rc, err) == (0, "")
@@ -583,7 +583,7 @@ def test_progress_bars_show_when_asked_and_stay_quiet_otherwise(
     assert "comparing" in capsys.readouterr().err  # tqdm's bar, on stderr
     tb.compare(x, x)
     assert capsys.readouterr().err == ""
-    monkeypatch.setattr("tensorbridge.io._common.DEFAULT_CHUNK", 1)  # every size is "long"
+    monkeypatch.setattr("tensorbridge.io._common.SHOW_AFTER", 0.0)  # every work is "long"
     monkeypatch.setattr("sys.stderr.isatty", lambda: True)
     rc, _, err = run(capsys, "inspect", src, "--stats")
     assert rc == 0 and "stats src.safetensors" in err

@@ -2,9 +2,11 @@
 
 Commands: ``inspect``, ``convert``, ``compare``, ``cast-report``, ``demo``. Each calls the
 library and formats what it returns: aligned tables (colour only on a terminal) or
-``--json``. A user error is one line on stderr and exit status 1 (2 for usage errors);
-``--debug`` shows the traceback instead. torch, NumPy and the library's modules are
-imported inside the commands that use them, so ``--help`` answers without loading them.
+``--json``. A user error is one line on stderr and exit status 1 (2 for usage errors),
+an error nobody foresaw one line too (a bug to report); ``--debug`` shows the traceback
+instead. A reader that goes away (``| head``) ends the command quietly with 141. torch,
+NumPy and the library's modules are imported inside the commands that use them, so
+``--help`` answers without loading them.
 
 >>> main(["--help"])  # doctest: +SKIP
 """
@@ -24,6 +26,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any, TextIO
 
+from . import __version__
 from .errors import InvalidArgumentError, MissingExtraError, TensorBridgeError
 
 if TYPE_CHECKING:
@@ -59,6 +62,25 @@ class _UsageError(Exception):
     """A command line that makes no sense: exit status 2."""
 
 
+EXIT_OK = 0
+EXIT_FAILURE = 1  # an error, or a check that failed (compare outside tolerance, ...)
+EXIT_USAGE = 2  # argparse's own status for a command line that makes no sense
+EXIT_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
+
+
+class _Parser(argparse.ArgumentParser):
+    """A parser whose epilog may be made when the help is printed: convert's destinations
+    come from the format table, whose package imports torch, which ``--help`` must not."""
+
+    lazy_epilog: tuple[str, ...] = ()
+
+    def format_help(self) -> str:
+        if self.lazy_epilog:
+            self.epilog = _destinations() + "\n\n" + "".join(self.lazy_epilog)
+            self.lazy_epilog = ()
+        return super().format_help()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tensorbridge",
@@ -68,16 +90,22 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"tensorbridge {__version__}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(
+        p: _Parser = sub.add_parser(
             name,
             help=help,
             description=help[0].upper() + help[1:] + ".",
             epilog=_EXAMPLES[name],
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        if name == "convert":
+            p.lazy_epilog = (_EXAMPLES[name],)
+        return p
 
     def reading(p: argparse.ArgumentParser, dequantize: bool = True) -> None:
         p.add_argument(
@@ -92,7 +120,16 @@ def _parser() -> argparse.ArgumentParser:
                 help="read a GGUF file's quantized tensors as DTYPE values (bf16, f16, f32)",
             )
         p.add_argument(
-            "--quiet", "-q", action="store_true", help="no progress bar and no notes on stderr"
+            "--quiet",
+            "-q",
+            action="store_true",
+            help="print nothing on stderr but errors: no notes, no progress bar "
+            "(--no-progress drops the bar only)",
+        )
+        p.add_argument(
+            "--no-progress",
+            action="store_true",
+            help="never show a progress bar (notes still print; --quiet drops both)",
         )
         p.add_argument(
             "--follow-links",
@@ -113,15 +150,27 @@ def _parser() -> argparse.ArgumentParser:
         "inspect",
         "list the tensors of checkpoint files, shard indexes and checkpoint directories",
     )
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="a checkpoint file, shard index or directory (every one is listed; a file that "
+        "cannot be read is an error and exit status 1 after the others)",
+    )
     p.add_argument("--stats", action="store_true", help="add min/max/mean/std and NaN/inf counts")
     p.add_argument("--json", action="store_true", help="print JSON for scripts (a list of files)")
     reading(p)
 
     p = command("convert", "convert a checkpoint between formats, streamed, atomically")
-    p.epilog = f"{_destinations()}\n\n{p.epilog}"
-    p.add_argument("src", metavar="SRC")
-    p.add_argument("dst", metavar="DST")
+    p.add_argument(
+        "src", metavar="SRC", help="the checkpoint to read: a file, shard index or directory"
+    )
+    p.add_argument(
+        "dst",
+        metavar="DST",
+        help="the file to write; its suffix names the format (see destinations below); "
+        "missing parent directories are created",
+    )
     p.add_argument(
         "--float-dtype",
         metavar="DTYPE",
@@ -212,7 +261,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--verify", action="store_true", help="re-read the output and check it against the source"
     )
-    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument(
         "--format",
@@ -233,8 +281,10 @@ def _parser() -> argparse.ArgumentParser:
     reading(p, dequantize=False)
 
     p = command("compare", "compare two files (or tensors) tensor by tensor")
-    p.add_argument("a", metavar="A", help="the reference")
-    p.add_argument("b", metavar="B")
+    p.add_argument("a", metavar="A", help="the reference: a checkpoint file or directory")
+    p.add_argument(
+        "b", metavar="B", help="the checkpoint compared with A (a copy, cast or conversion)"
+    )
     p.add_argument("--rtol", type=float, help="relative tolerance (default: by dtype)")
     p.add_argument("--atol", type=float, help="absolute tolerance (default: by dtype)")
     p.add_argument("--plot", metavar="PNG", help="draw the error distributions (matplotlib)")
@@ -243,8 +293,13 @@ def _parser() -> argparse.ArgumentParser:
     reading(p)
 
     p = command("cast-report", "what casting every tensor of a file to DTYPE would do")
-    p.add_argument("file", metavar="FILE")
-    p.add_argument("--dtype", metavar="DTYPE", help="bf16, f16, float8_e4m3fn, ...")
+    p.add_argument("file", metavar="FILE", help="the checkpoint whose tensors would be cast")
+    p.add_argument(
+        "--dtype",
+        metavar="DTYPE",
+        help="the dtype to cast to: bf16, f16, float8_e4m3fn, ... (required, unless --scheme "
+        "is given or FILE is quantized)",
+    )
     p.add_argument(
         "--rtol",
         type=float,
@@ -295,7 +350,8 @@ def _destinations() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 failure, 2 usage error)."""
+    """Run the command line; returns the exit status: 0 ok, 1 failure, 2 usage error,
+    141 the reader of the output went away (a closed pipe)."""
     _enable_faulthandler()
     parser = _parser()
     args = parser.parse_args(argv)
@@ -307,23 +363,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         "demo": _demo,
     }[args.command]
     try:
-        return handler(args, sys.stdout)
+        status = handler(args, sys.stdout)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return status
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): stop quietly, like the standard tools.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 1
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_PIPE
     except _UsageError as e:
         if args.debug:
             raise
-        print(f"tensorbridge {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        _error(args.command, str(e))
+        return EXIT_USAGE
     except (TensorBridgeError, OSError, ValueError, TypeError, KeyError) as e:
         if args.debug:
             raise
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"tensorbridge {args.command}: error: {msg}", file=sys.stderr)
-        return 1
+        _error(args.command, _message(e))
+        return EXIT_FAILURE
+    except Exception as e:  # a bug: one line, not a traceback
+        if args.debug:
+            raise
+        _error(
+            args.command,
+            f"unexpected {type(e).__name__}: {e} (a bug in tensorbridge: rerun with --debug "
+            "for the traceback and report it)",
+        )
+        return EXIT_FAILURE
+
+
+def _message(e: BaseException) -> str:
+    """An expected error's message: a KeyError's text unquoted, an OSError without its
+    ``[Errno N]`` (``missing.pt: No such file or directory``)."""
+    if isinstance(e, KeyError) and e.args:
+        return str(e.args[0])
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.filename}: {e.strerror}" if e.filename is not None else e.strerror
+    return str(e)
+
+
+def _error(command: str, message: str) -> None:
+    """One line on stderr, in the command line's words (see :func:`_cli_words`)."""
+    print(f"tensorbridge {command}: error: {_cli_words(message)}", file=sys.stderr)
 
 
 def _enable_faulthandler() -> None:
@@ -427,7 +509,75 @@ def _select(names: list[str], include: list[str], exclude: list[str]) -> list[st
 
 
 def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+    """``1 entry``, ``2 entries``, ``3 mismatches``: English plurals of the words used here."""
+    if n == 1:
+        return f"{n:,} {word}"
+    if word.endswith("y") and word[-2:-1] not in ("a", "e", "o", "u"):
+        return f"{n:,} {word[:-1]}ies"
+    if word.endswith(("s", "x", "ch", "sh")):
+        return f"{n:,} {word}es"
+    return f"{n:,} {word}s"
+
+
+# The library's messages end in the fix a Python caller makes (``pass a.astype(np.float64)``,
+# ``pass scheme=...``); a shell cannot act on those. Every error, note and skipped entry the
+# command line prints passes through _cli_words once: a fix that has an option becomes that
+# option, and a fix clause still naming a Python call is left out (the caller adds the
+# command line's own fix, e.g. --exclude NAME / --skip-unsupported).
+_OPTION_FIXES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), option)
+    for pattern, option in (
+        # the library's own hints, "X (command line: --x)": the option replaces X
+        (r"dtype=, e\.g\. tb\.load\(path, dtype='\w+'\) \(command line: ([^)]+)\)", r"\1"),
+        (r"dequantize='bf16' \(or 'f32', 'f16'; command line: ([^)]+)\)", r"\1 (or f32, f16)"),
+        (r"\b\w+=(?:\([^)]*\)|[^\s;()]*) \(command line: ([^)]+)\)", r"\1"),
+        (r", or read its blocks with raw\([^)]*\)", ""),  # a Python method, no option
+        # Python arguments an option stands for
+        (r"\bfloat_dtype=[\w.'\"]*", "--float-dtype DTYPE"),
+        (r"\boverwrite=True\b", "--overwrite"),
+        (r"\bscheme=(?:['\"][\w-]+['\"]|\.\.\.)?", "--scheme NAME"),
+        (r"\bblock_size=(?:\(\d+, ?\d+\)|\.\.\.)?", "--block-size R,C"),
+        (r"\bmax_shard_size=['\"]?\w*['\"]?", "--max-shard-size SIZE"),
+        (r"\bquantize=['\"]?[\w-]*['\"]?", "--quantize SCHEME"),
+        (r"\bdequantize=(?:torch|np)\.(\w+)", r"--dequantize \1"),
+        (r"\bdtype=(?:torch|np)\.float32 to dequantize", "--dequantize f32 to dequantize"),
+        (r"\bmetadata=False\b", "--no-metadata"),
+    )
+)
+_PYTHON = re.compile(r"\w[(\[]|\b\w+=[\w'\"\[{(]|\b(?:np|torch|tb|ml_dtypes)\.\w")
+_OPTION = re.compile(r"(?:^|\s)--[a-z]")  # a clause that names an option already speaks CLI
+_FIX_VERBS = ("pass ", "use ", "call ", "convert ", "encode ", "take ", "or ", "save ", "e.g.")
+
+
+def _cli_words(message: str) -> str:
+    """``message`` as a command line says it: options for Python arguments, no Python calls.
+
+    >>> _cli_words("x is float128; pass a.astype(np.float64), which rounds to 53 bits")
+    'x is float128'
+    >>> _cli_words("ambiguous; pass scheme='gptq' or block_size=(64, 64)")
+    'ambiguous; pass --scheme NAME or --block-size R,C'
+    >>> _cli_words("a.pt exists; pass overwrite=True (command line: --overwrite) to replace it")
+    'a.pt exists; pass --overwrite to replace it'
+    """
+    first, sep, fixes = message.partition("; ")  # what was given (and why) stays as it is
+    for pattern, option in _OPTION_FIXES:
+        fixes = pattern.sub(option, fixes)
+    kept = [first]
+    for clause in fixes.split("; ") if sep else []:
+        python = _PYTHON.search(clause) and not _OPTION.search(clause)
+        if clause.lstrip("( ").startswith(_FIX_VERBS) and python:
+            continue
+        kept.append(clause)
+    return "; ".join(_drop_python_aside(c) for c in kept)
+
+
+def _drop_python_aside(clause: str) -> str:
+    """A clause without a trailing parenthesis of Python (``first (e.g. np.frombuffer(...))``)."""
+    start = clause.find(" (")
+    python = ("e.g.", "np.", "torch.", "tb.", "a.", "a[")
+    if start > 0 and clause.endswith(")") and clause[start + 2 :].startswith(python):
+        return clause[:start]
+    return clause
 
 
 def _open(path: str, args: argparse.Namespace) -> TensorFile:
@@ -445,7 +595,7 @@ def _open(path: str, args: argparse.Namespace) -> TensorFile:
     )
     if not args.quiet:
         for note in f.notes:
-            print(f"note: {note}", file=sys.stderr)
+            print(f"note: {_cli_words(note)}", file=sys.stderr)
     return f
 
 
@@ -486,53 +636,26 @@ def _progress(args: argparse.Namespace) -> bool | None:
 
 
 def _inspect(args: argparse.Namespace, out: TextIO) -> int:
-    from . import diagnostics
-    from .io._common import progress_bar
-
+    """Every file is reported: one that cannot be read is an error line (a JSON entry with
+    ``"error"``) and exit status 1 once the others are listed."""
     report: list[dict[str, Any]] = []
     for path in args.files:
-        with _open(path, args) as f:
-            unsupported = f.unsupported()
-            names = [n for n in f if n not in unsupported]
-            bar = progress_bar(
-                sum(f.nbytes(n) for n in names) if args.stats else 0,
-                f"stats {os.path.basename(path)}",
-                _progress(args),
-            )
-            tensors = []
-            try:
-                for name in f:
-                    if name in unsupported:
-                        tensors.append({"name": name, "unsupported": unsupported[name]})
-                        continue
-                    row, shape = f.info(name)
-                    entry: dict[str, Any] = {
-                        "name": name,
-                        "dtype": row.name,
-                        "shape": list(shape),
-                        "nbytes": f.nbytes(name),
-                    }
-                    if name in f.aliases:
-                        entry["tied_to"] = f.aliases[name]
-                    if args.stats:
-                        entry["stats"] = diagnostics.stats(f[name]).to_dict()
-                        bar.update(entry["nbytes"])
-                    tensors.append(entry)
-            finally:
-                bar.close()
-            report.append(
-                {
-                    "file": str(path),
-                    "metadata": dict(f.metadata),
-                    "notes": list(f.notes),
-                    "quantization": _quantization(f, unsupported, args),
-                    "tensors": tensors,
-                }
-            )
+        try:
+            report.append(_inspect_file(path, args))
+        except (TensorBridgeError, OSError, ValueError, TypeError, KeyError) as e:
+            if args.debug:
+                raise
+            msg = _message(e)
+            report.append({"file": str(path), "error": msg})
+            if not args.json:
+                _error(args.command, msg)
+    failed = any("error" in file for file in report)
+    status = EXIT_FAILURE if failed else EXIT_OK
+    report_text = [file for file in report if "error" not in file]
     if args.json:
         _dump(report, out)
-        return 0
-    for i, file in enumerate(report):
+        return status
+    for i, file in enumerate(report_text):
         if i:
             out.write("\n")
         readable = [t for t in file["tensors"] if "unsupported" not in t]
@@ -541,7 +664,7 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         skipped = len(file["tensors"]) - len(readable)
         out.write(line + (f", {skipped} unsupported" if skipped else "") + "\n")
         if file["metadata"]:
-            shown = {k: _clip(v) for k, v in file["metadata"].items()}
+            shown = {k: _clip_value(v) for k, v in file["metadata"].items()}
             out.write("metadata: " + json.dumps(shown, ensure_ascii=False) + "\n")
         quant = file["quantization"]
         if quant is not None:
@@ -564,11 +687,83 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
         _table(rows, headers, out)
         for t in file["tensors"]:
             if "unsupported" in t:
-                out.write(f"unsupported: {t['unsupported']}\n")
+                out.write(f"unsupported: {_cli_words(t['unsupported'])}\n")
         if quant is not None and quant.get("details"):
             out.write("\n")
             _quant_table(quant["details"], args.stats, out)
-    return 0
+    return status
+
+
+def _inspect_file(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One file's entry of inspect's report."""
+    from . import diagnostics
+    from .io._common import progress_bar
+
+    with _open(path, args) as f:
+        unsupported = f.unsupported()
+        names = [n for n in f if n not in unsupported]
+        bar = progress_bar(
+            sum(f.nbytes(n) for n in names) if args.stats else 0,
+            f"stats {os.path.basename(path)}",
+            _progress(args),
+            tensors=len(names) if args.stats else 0,
+            work="check",
+        )
+        tensors = []
+        try:
+            for name in f:
+                if name in unsupported:
+                    tensors.append({"name": name, "unsupported": unsupported[name]})
+                    continue
+                row, shape = f.info(name)
+                entry: dict[str, Any] = {
+                    "name": name,
+                    "dtype": row.name,
+                    "shape": list(shape),
+                    "nbytes": f.nbytes(name),
+                }
+                if name in f.aliases:
+                    entry["tied_to"] = f.aliases[name]
+                if args.stats:
+                    entry["stats"] = diagnostics.stats(f[name]).to_dict()
+                    bar.update(entry["nbytes"])
+                tensors.append(entry)
+        finally:
+            bar.close()
+        return {
+            "file": str(path),
+            "metadata": _typed_metadata(f),
+            "notes": list(f.notes),
+            "quantization": _quantization(f, unsupported, args),
+            "tensors": tensors,
+        }
+
+
+def _typed_metadata(f: TensorFile) -> dict[str, Any]:
+    """``f.metadata`` with each value as the format types it, where JSON can say it: a GGUF
+    array is a JSON array, a bool a JSON boolean, a UINT32 a number; text stays text."""
+    typed = f.plain_values()
+    out: dict[str, Any] = {}
+    for key, text in f.metadata.items():
+        value = _plain_json(typed[key]) if key in typed else None
+        out[key] = text if value is None else value
+    return out
+
+
+def _plain_json(value: Any) -> Any:
+    """``value`` as JSON's types (NumPy scalars unwrapped), or None when JSON has none for it."""
+    import numpy as np
+
+    if isinstance(value, np.generic) and value.dtype.kind in "biuf":
+        value = value.item()
+    if isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else None
+    if isinstance(value, list | tuple):
+        items = [_plain_json(v) for v in value]
+        return None if any(i is None for i in items) else items
+    return None
 
 
 def _quant_table(details: Mapping[str, Any], stats: bool, out: TextIO) -> None:
@@ -600,6 +795,14 @@ def _quant_table(details: Mapping[str, Any], stats: bool, out: TextIO) -> None:
     _table(rows, headers, out)
 
 
+def _clip_value(value: Any) -> Any:
+    """A metadata value for the table: typed as in ``--json``, a long one cut short as text."""
+    if isinstance(value, str):
+        return _clip(value)
+    text = json.dumps(value)
+    return value if len(text) <= 200 else _clip(text)
+
+
 def _clip(text: str, limit: int = 200) -> str:
     """A long metadata value (a GGUF tokenizer's 150,000 tokens) cut short for the table."""
     if len(text) <= limit:
@@ -628,6 +831,8 @@ def _quantization(
         sum(f.nbytes(g.parts["codes"]) for g in p.groups) if args.stats else 0,
         "dequantized stats",
         _progress(args),
+        tensors=len(p.groups) if args.stats else 0,
+        work="check",
     )
     try:
         for g in p.groups:
@@ -676,13 +881,19 @@ def _convertible(
     if unsupported and not args.skip_unsupported:
         first = next(iter(unsupported))
         raise TensorBridgeError(
-            f"{unsupported[first]}; {_plural(len(unsupported), 'entry')} cannot be "
+            f"{_cli_words(unsupported[first])}; {_plural(len(unsupported), 'entry')} cannot be "
             f"converted: pass --exclude {first}{' (each)' if len(unsupported) > 1 else ''} "
             "or --skip-unsupported"
         )
     for name, why in unsupported.items():
-        print(f"skipped {name}: {why}", file=sys.stderr)
-    return [n for n in names if n not in unsupported], unsupported
+        print(f"skipped {name}: {_cli_words(why)}", file=sys.stderr)
+    kept = [n for n in names if n not in unsupported]
+    if not kept:  # one rule for every convert path: nothing to write is an error naming why
+        raise TensorBridgeError(
+            f"every selected entry of {args.src} is unsupported ({_plural(len(names), 'entry')} "
+            "skipped); nothing to convert, so nothing was written"
+        )
+    return kept, unsupported
 
 
 def _block_size(args: argparse.Namespace) -> tuple[int, int] | None:
@@ -777,6 +988,8 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
         raise _UsageError(f"--workers {args.workers}: pass a number of processes >= 1")
     if args.workers is not None and args.dask_scheduler is not None:
         raise _UsageError("pass --workers or --dask-scheduler, not both")
+    # what the save creates is said in the summary, not done silently
+    args.created = _missing_directory(args.dst, args.format == "npy" or _is_chunked(args.src))
     if args.format == "npy" or _is_chunked(args.src):
         if args.metadata or args.metadata_json:
             raise _UsageError(
@@ -834,7 +1047,7 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             opened.close()
             raise
         if not args.quiet and opened.plan.quantized:
-            print(f"note: {opened.notes[-1]}", file=sys.stderr)
+            print(f"note: {_cli_words(opened.notes[-1])}", file=sys.stderr)
     with opened as src:
         names = _select(src.keys(), args.include, args.exclude)
         if not src.keys():
@@ -1186,24 +1399,39 @@ def _verify_quantized(
     return problems
 
 
+def _missing_directory(dst: str, chunked: bool) -> str | None:
+    """The directory a save to ``dst`` will create (with its missing parents), or None."""
+    from pathlib import Path
+
+    path = Path(dst)
+    directory = dst.endswith(("/", os.sep)) or (chunked and not path.suffix) or path.is_dir()
+    wanted = path if directory else path.parent
+    return None if wanted.exists() or wanted.is_symlink() else str(wanted)
+
+
 def _report(
     summary: dict[str, Any], args: argparse.Namespace, out: TextIO, ok: bool, cast: Any
 ) -> int:
     """Print a conversion's summary (JSON, or a line and the verdict of --verify)."""
+    created = getattr(args, "created", None)
+    if created is not None and os.path.isdir(created):
+        summary["created_directory"] = created
     if args.json:
         _dump(summary, out)
         return 0 if ok else 1
     out.write(
         f"converted {_plural(summary['tensors'], 'tensor')} ({_size(summary['bytes_in'])} in, "
         f"{_size(summary['bytes_out'])} out) {args.src} -> {summary['dst']} in "
-        f"{summary['seconds']:.2f} s\n"
+        f"{summary['seconds']:.2f} s"
+        + (f" (created the directory {created}/)" if "created_directory" in summary else "")
+        + "\n"
     )
     if "quantized" in summary:
         config = f"; {summary['config']} written" if summary["config"] else ""
         out.write(f"quantized: {summary['quantized']}{config}\n")
     if args.verify:
         if not ok:
-            verdict = f"{len(summary['problems'])} mismatch(es)"
+            verdict = _plural(len(summary["problems"]), "mismatch")
         elif cast is not None:
             verdict = (
                 f"bit-exact to the source cast to {cast.name} (torch's kernel); "
@@ -1305,8 +1533,6 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
                 f"'tensorbridge inspect {args.src}' lists the names"
             )
         names, unsupported = _convertible(src, names, args)
-        if not names:
-            raise _UsageError(f"no tensor of {args.src} is left to convert")
         view = src.select(names)  # type: ignore[attr-defined]
         with _executor(args) as executor:
             tbio.save(
@@ -1375,7 +1601,7 @@ def _verify(
     from .io._common import cast_target, progress_bar, row_of
 
     problems = []
-    bar = progress_bar(sum(src.nbytes(n) for n in names), "verifying", progress)
+    bar = progress_bar(sum(src.nbytes(n) for n in names), "verifying", progress, tensors=len(names))
     with tbio.open(dst_path) as written:
         keys = written.keys()
         if written.single:  # one bare array, named after the file
@@ -1592,7 +1818,11 @@ def _compare_quantized(args: argparse.Namespace, side: str, block_size: Any, out
     with _open(qpath, args) as qf, _open(rpath, args) as rf:
         p = _quant_plan(qf, args.scheme, block_size)
         bar = progress_bar(
-            sum(qf.nbytes(g.parts["codes"]) for g in p.groups), "comparing", _progress(args)
+            sum(qf.nbytes(g.parts["codes"]) for g in p.groups),
+            "comparing",
+            _progress(args),
+            tensors=len(p.groups),
+            work="check",
         )
         nbytes = {g.name: qf.nbytes(g.parts["codes"]) for g in p.groups}
         try:
@@ -1834,7 +2064,13 @@ def _cast_report_scheme(args: argparse.Namespace, out: TextIO) -> int:
                 "--scheme NAME for what quantizing it would do"
             )
         names = [n for n in f if n not in f.unsupported()]
-        bar = progress_bar(sum(f.nbytes(n) for n in names), "cast-report", _progress(args))
+        bar = progress_bar(
+            sum(f.nbytes(n) for n in names),
+            "cast-report",
+            _progress(args),
+            tensors=len(names),
+            work="check",
+        )
         try:
             report = diagnostics.quant_report(
                 f,

@@ -64,7 +64,7 @@ from ..errors import (
 )
 from . import dcp, gguf, npy, npz, pt, safetensors, zarr  # noqa: F401 - tb.io.<format> without an import
 from ._common import Deferred, TensorFile
-from ._detect import describe, detect, kind_by_suffix, mismatch_note, resolve
+from ._detect import FOREIGN, describe, detect, kind_by_suffix, mismatch_note, resolve
 from ._files import Links
 from ._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, listing
 from ._keys import flatten, is_container, rebuild
@@ -224,7 +224,12 @@ def _reader(
 
 def _refusal(kind: str, where: str) -> str:
     """Why a file of ``kind``, which no format reads, is refused, and what to do instead."""
-    readable = ", ".join(f.description for f in FORMATS)
+    readable = ", ".join(describe(k) for f in FORMATS for k in f.kinds)
+    if kind in FOREIGN:
+        return (
+            f"{where} is {FOREIGN[kind]}, a format tensorbridge does not read; it reads "
+            f"{readable} and shard indexes"
+        )
     return {
         "torchscript": pt.TORCHSCRIPT_MESSAGE.format(where=where),
         "pickle": f"{where} is a plain pickle, not a torch.save archive; tensorbridge never "

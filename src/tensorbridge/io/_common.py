@@ -189,6 +189,13 @@ def destination_errors(
         ours = only_destination or name in (None, tmp, str(target)) or inside
         if err.errno is None or not ours:
             raise
+        blocking = _file_above(target) if err.errno in (errno.EEXIST, errno.ENOTDIR) else None
+        if blocking is not None:  # mkdir says EEXIST one level down, ENOTDIR deeper: one message
+            raise DestinationError(
+                errno.ENOTDIR,
+                f"cannot write {target}: {blocking} is a file, not a directory; a file stands "
+                "where a directory is needed; save to another path",
+            ) from None
         if err.errno in _NO_SPACE:
             fix = "free space (or raise the file size limit) or save to another disk"
         elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -200,6 +207,14 @@ def destination_errors(
         else:
             fix = "check the destination or save to another path"
         raise DestinationError(err.errno, f"cannot write {target}: {err.strerror}; {fix}") from None
+
+
+def _file_above(target: Path) -> Path | None:
+    """The nearest existing ancestor of ``target`` when it is not a directory, else None."""
+    for parent in Path(target).parents:
+        if parent.exists() or parent.is_symlink():
+            return None if parent.is_dir() else parent
+    return None
 
 
 STAGING_PREFIX = ".tensorbridge-tmp-"  # a multi-file save's staging directory
@@ -453,9 +468,39 @@ class _NoBar:
         pass
 
 
-def progress_bar(total: int, desc: str, progress: bool | None) -> Any:
-    """A byte-counting bar on stderr: shown when ``progress`` is True, or None and a terminal."""
-    show = progress if progress is not None else (sys.stderr.isatty() and total >= DEFAULT_CHUNK)
+# How fast work goes on one busy core (the development machine: 2 cores shared by several
+# processes): bytes a second, and seconds of fixed cost per tensor. A bar is shown on a
+# terminal when the work is expected to take SHOW_AFTER seconds or more, so 12,000 small
+# tensors show one as much as a large file does. Rough on purpose: a bar shown for 0.5 s
+# costs nothing, a silent 5 s looks like a hang.
+WORK_RATES = {
+    "io": (128 << 20, 1e-4),  # reading, writing, verifying: one pass over the bytes
+    "check": (32 << 20, 3e-4),  # stats, compare, cast-report: several passes an element
+}
+SHOW_AFTER = 1.0
+
+
+def expected_seconds(nbytes: int, tensors: int = 0, work: str = "io") -> float:
+    """A rough estimate of the seconds ``work`` over ``nbytes`` in ``tensors`` tensors takes.
+
+    >>> expected_seconds(0, 12_000) >= SHOW_AFTER
+    True
+    >>> expected_seconds(1 << 20, 1) < SHOW_AFTER
+    True
+    """
+    per_second, per_tensor = WORK_RATES[work]
+    return nbytes / per_second + tensors * per_tensor
+
+
+def progress_bar(
+    total: int, desc: str, progress: bool | None, *, tensors: int = 0, work: str = "io"
+) -> Any:
+    """A byte-counting bar on stderr: shown when ``progress`` is True, or None, on a terminal,
+    when the work (``total`` bytes in ``tensors`` tensors) is expected to take a second or more.
+    """
+    show = progress
+    if show is None:
+        show = sys.stderr.isatty() and expected_seconds(total, tensors, work) >= SHOW_AFTER
     if not show:
         return _NoBar()
     try:
@@ -637,7 +682,12 @@ class TensorFile(abc.ABC):
         bar = _NoBar()
         if options.get("mmap") is False:  # a real read of every byte: worth a bar if long
             total = sum(self.nbytes(n) for n in names)
-            bar = progress_bar(total, f"loading {self.filename}", options.pop("progress", None))
+            bar = progress_bar(
+                total,
+                f"loading {self.filename}",
+                options.pop("progress", None),
+                tensors=len(names),
+            )
         out = {}
         try:
             for n in names:

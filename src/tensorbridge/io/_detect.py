@@ -24,6 +24,20 @@ kind               how it is recognised
                    resolve to it), recognised from the class name, never unpickled here
 =================  ===================================================================
 
+Model files of other toolkits are recognised too, so that a refusal says what the file
+is (:data:`FOREIGN`); none of them is read:
+
+=================  ===================================================================
+``hdf5``           the HDF5 signature ``\\x89HDF\\r\\n\\x1a\\n`` (Keras ``.h5``, ``.weights.h5``)
+``keras``          a zip archive with ``config.json`` and ``model.weights.h5`` (``.keras``)
+``tflite``         a FlatBuffer whose file identifier (bytes 4-8) is ``TFL3``
+``onnx``           a protobuf ``ModelProto``: field 1 (``ir_version``) first, then a
+                   producer name or another ``ModelProto`` field
+``coreml``         a protobuf starting with field 1 and a nested message (``.mlmodel``)
+``mlpackage``      a directory with ``Manifest.json`` and ``Data/com.apple.CoreML``
+``savedmodel``     a directory with ``saved_model.pb``, or that protobuf itself
+=================  ===================================================================
+
 A fixed magic (``npy``'s, GGUF's) is the format's own, read from its row in
 ``tensorbridge.io._formats``; the structural rules above are this module's. Which
 format reads a kind, what it is called in messages, and which names a directory is
@@ -50,6 +64,7 @@ from ._files import open_regular
 from ._formats import FORMATS, INDEX_SUFFIX, by_kind, by_suffix
 
 __all__ = [
+    "FOREIGN",
     "INDEX_SUFFIX",
     "ZIP_ERRORS",
     "describe",
@@ -68,7 +83,18 @@ ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OverflowErro
 _PROTO = 0x80  # pickle's PROTO opcode: every pickle of protocol 2 or later starts with it
 
 # kinds no format's description covers: refused, or read by the shard-index reader
+# model files of other toolkits: recognised so that a refusal names them, never read
+FOREIGN = {
+    "onnx": "an ONNX model",
+    "tflite": "a TensorFlow Lite model",
+    "keras": "a Keras .keras archive",
+    "hdf5": "an HDF5 file (Keras .h5 weights)",
+    "coreml": "a Core ML model (.mlmodel)",
+    "mlpackage": "a Core ML package (.mlpackage)",
+    "savedmodel": "a TensorFlow SavedModel",
+}
 _KIND_DESCRIPTION = {
+    **FOREIGN,
     "pt-legacy": "a legacy (pre-1.6) torch.save file",
     "torchscript": "a TorchScript archive",
     "pickle": "a plain pickle",
@@ -113,16 +139,67 @@ def detect(path: str | os.PathLike[str]) -> str:
         return "dcp" if _is_dcp_metadata(path) else "pickle"
     if head.lstrip()[:1] == b"{":
         return "index"
-    return "unknown"
+    return _foreign_kind(path, head) or "unknown"
+
+
+_HDF5 = b"\x89HDF\r\n\x1a\n"
+_ONNX_FIELDS = (0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42)  # ModelProto's fields 3-8 (tag bytes)
+
+
+def _foreign_kind(path: str | os.PathLike[str], head: bytes) -> str | None:
+    """Another toolkit's model file (see :data:`FOREIGN`), from its first bytes, or None."""
+    if head.startswith(_HDF5):
+        return "hdf5"
+    if head[4:8] == b"TFL3":
+        return "tflite"
+    if head[:1] != b"\x08":  # protobuf field 1 as a varint: ONNX, Core ML, SavedModel
+        return None
+    with open(path, "rb") as f:
+        data = f.read(4096)
+    version, i = _varint(data, 1)
+    if version is None or not 1 <= version <= 100 or i >= len(data):
+        return None
+    if data[i] in _ONNX_FIELDS:
+        return "onnx"
+    if data[i] != 0x12:
+        return None
+    size, j = _varint(data, i + 1)
+    if size is None or size == 0:
+        return None
+    body = data[j : j + min(size, 64)]
+    if all(32 <= c < 127 for c in body):
+        return "onnx"  # field 2 is ONNX's producer_name, text
+    if body[:1] == b"\x0a":  # field 2 a message: Core ML's description, SavedModel's graph
+        return "savedmodel" if Path(path).suffix.lower() == ".pb" else "coreml"
+    return None
+
+
+def _varint(data: bytes, i: int) -> tuple[int | None, int]:
+    """The protobuf varint at ``data[i:]`` and the index after it (None: not one)."""
+    value = 0
+    for shift in range(0, 64, 7):
+        if i >= len(data):
+            return None, i
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, i
+    return None, i
 
 
 def _directory_kind(path: Path) -> str | None:
-    """The kind of a directory that is itself the checkpoint, or None: a Zarr v3 group or
-    array, or a directory whose best-ranked files are one entry each (``NAME.npy``)."""
+    """The kind of a directory that is itself the checkpoint (a Zarr v3 group or array, or
+    a directory whose best-ranked files are one entry each, ``NAME.npy``), or another
+    toolkit's model directory (refused by name), or None."""
     from .zarr import store_kind  # reads one small JSON file; zarr itself is not needed
 
     if store_kind(path) is not None:
         return "zarr"
+    if (path / "saved_model.pb").is_file() or (path / "saved_model.pbtxt").is_file():
+        return "savedmodel"
+    if (path / "Manifest.json").is_file() and (path / "Data" / "com.apple.CoreML").is_dir():
+        return "mlpackage"
     for fmt, pattern in _DIRECTORY_SEARCH:
         if any(p.is_file() for p in path.glob(pattern)):
             return fmt.kinds[0] if fmt.file_per_entry else None
@@ -151,6 +228,8 @@ def _zip_kind(path: str | os.PathLike[str]) -> str:
         return "pt"
     if all(n.endswith((".npy", "/")) for n in names):
         return "npz"
+    if "config.json" in names and any(n.endswith(".weights.h5") for n in names):
+        return "keras"
     return "zip"
 
 

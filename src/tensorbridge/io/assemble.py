@@ -350,7 +350,9 @@ def _fill(
     label: str,
 ) -> None:
     """Write every placement: here, one after the other, or as tasks on ``executor``."""
-    bar = progress_bar(sum(p.nbytes for p in items), f"saving {label}", progress)
+    bar = progress_bar(
+        sum(p.nbytes for p in items), f"saving {label}", progress, tensors=len(items)
+    )
     try:
         if executor is None:
             for p in items:

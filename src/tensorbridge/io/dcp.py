@@ -146,9 +146,7 @@ class CheckpointMetadata:
     storage: dict[tuple[str, tuple[int, ...] | None], StoredItem]
 
 
-def read_metadata(
-    path: str | os.PathLike[str], links: Links | None = None
-) -> CheckpointMetadata:
+def read_metadata(path: str | os.PathLike[str], links: Links | None = None) -> CheckpointMetadata:
     """A DCP ``.metadata`` file, through the pickle machine, checked field by field.
 
     ``path`` is the checkpoint directory or its ``.metadata`` file; ``links`` confines

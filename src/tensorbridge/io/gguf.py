@@ -683,7 +683,9 @@ def save(
         if unknown:
             raise KeyError(f"quantize= names {unknown[0]!r}, which is not among the tensors")
     header = _header(items, {ARCHITECTURE_KEY: arch, **meta}, alignment)
-    bar = progress_bar(sum(it.nbytes for it in items), f"saving {target.name}", progress)
+    bar = progress_bar(
+        sum(it.nbytes for it in items), f"saving {target.name}", progress, tensors=len(items)
+    )
     try:
         with atomic_write(target) as f:
             f.write(header)

@@ -126,7 +126,7 @@ def save(
         except TensorBridgeError as err:
             raise type(err)(f"at {name!r}: {err}") from None
     sizes = [e.size if isinstance(e, NpyBytes) else len(e.header) + e.nbytes for _, e in entries]
-    bar = progress_bar(sum(sizes), f"saving {path.name}", progress)
+    bar = progress_bar(sum(sizes), f"saving {path.name}", progress, tensors=len(entries))
     try:
         with atomic_write(path) as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as zf:
             for (name, e), size in zip(entries, sizes, strict=True):

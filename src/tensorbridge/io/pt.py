@@ -414,7 +414,9 @@ def save(
         data = _as_saved(tensors, float_dtype)
         saved = [data]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved}
-    bar = progress_bar(sum(storages.values()), f"saving {path.name}", progress)
+    bar = progress_bar(
+        sum(storages.values()), f"saving {path.name}", progress, tensors=len(storages)
+    )
     try:
         with atomic_write(path) as f:
             counted = _Counted(f, bar)

@@ -165,7 +165,9 @@ def save(
     meta = _file_metadata({**tied, **(metadata or {})})
     limit = parse_size(max_shard_size)
     shards = _split(items, limit) if limit is not None else [items]
-    bar = progress_bar(sum(it.nbytes for it in items), f"saving {target.name}", progress)
+    bar = progress_bar(
+        sum(it.nbytes for it in items), f"saving {target.name}", progress, tensors=len(items)
+    )
     try:
         if len(shards) <= 1 and not index:
             with atomic_write(target) as f:

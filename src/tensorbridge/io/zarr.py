@@ -435,7 +435,7 @@ def save(
         except (UnsupportedDtypeError, UnsupportedTensorError) as err:
             raise type(err)(f"at {name!r}: {err}") from None
     total = sum(math.prod(x.shape) * dst.itemsize for _, x, dst in plans)
-    bar = progress_bar(total, f"saving {path.name}", progress)
+    bar = progress_bar(total, f"saving {path.name}", progress, tensors=len(plans))
     try:
         with (
             destination_errors(path),
