@@ -34,7 +34,7 @@ TITLE = "Comparing and summarising tensors: tb.compare and tb.stats vs hand-writ
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32}
 
 _HAND = {
-    "compare": "d = (a - b).abs(); d.max(); (d / a.abs()).max()",
+    "compare": "d = (a - b.float()).abs(); d.max(); (d / a.abs()).max()",
     "stats": "a.min(), a.max(), a.mean(), a.std(), a.isnan().sum(), a.isinf().sum()",
 }
 

@@ -175,9 +175,7 @@ def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastR
         else:
             chunk_in = chunk
         res = chunk_in.to(dst.torch)
-        quick = (
-            _quick_chunk(chunk_in, res, fmt, scratch, max_rel) if quick_plan is not None else None
-        )
+        quick = _quick_chunk(chunk_in, res, fmt, scratch) if quick_plan is not None else None
         if quick is not None:
             exact, flushed, subnormal, q_abs, q_rel, q_sum, q_n, q_hist = quick
             c["exact"] += exact
@@ -277,7 +275,7 @@ def _quick_plan(src: DTypeRow, dst: DTypeRow) -> bool | None:
 
 
 def _quick_chunk(
-    s: torch.Tensor, res: torch.Tensor, fmt: Format, scratch: Scratch, floor: float
+    s: torch.Tensor, res: torch.Tensor, fmt: Format, scratch: Scratch
 ) -> tuple[int, int, int, float, float, float, int, list[int]] | None:
     """The counts of one real chunk whose values are all finite and within the target's
     range, in float32, in about twenty passes; ``None`` when the chunk is not such a one.
@@ -286,9 +284,6 @@ def _quick_chunk(
     target is signed), so what is left to count is rounding: the error ``|r - s|`` is
     exact in float32 (``r`` is within a factor of two of ``s``, or zero), and the target's
     ULP at ``|s|`` is a power of two read off the exponent bits of ``|s|``.
-
-    ``floor`` is the largest relative error found so far: a chunk whose own largest is
-    below it skips working that out exactly (in float64) and reports it rounded.
 
     Returns (exact, flushed to zero, subnormal, max abs err, max rel err, sum of rel
     errs, nonzero values, ULP histogram).
@@ -315,11 +310,9 @@ def _quick_chunk(
     rel = torch.div(err, ref, out=scratch.get("rel", f32, n))
     if zeros:
         rel.nan_to_num_(nan=0.0)  # 0 / 0: zeros have no relative error
+    # the float32 quotient of exact operands, correctly rounded: the largest is the float32
+    # rounding of the exact largest (within 6e-8 of it, relative)
     max_rel = float(rel.max())
-    if max_rel >= float(torch.tensor(floor, dtype=f32)):  # the chunk may hold the largest
-        # the float32 quotients are rounded: the largest in float64, of those that tie in float32
-        at = (rel == max_rel).nonzero().squeeze(1)
-        max_rel = float((err[at].to(torch.float64) / ref[at].to(torch.float64)).max())
     rel_sum = float(rel.sum())
     # the target's ULP at |s| is 2^(max(e, emin) - nmant), e the exponent of |s|: 2^e is |s|
     # with its mantissa bits cleared (0 for subnormal |s|, then raised to 2^emin)
