@@ -194,7 +194,7 @@ def test_inspect_lists_a_dcp_directory(ckpt: Path, capsys: pytest.CaptureFixture
     names = {t["name"]: t for t in report["tensors"]}
     assert names["model.cols.bf16"]["shape"] == [9, 10]
     assert names["model.rows.float8_e8m0fnu"]["dtype"] == "float8_e8m0fnu"
-    assert report["metadata"]["step"] == "1234"
+    assert report["metadata"]["step"] == 1234  # typed, as the checkpoint keeps it
 
 
 def test_unsupported_values_are_reported_not_unpickled(tmp_path: Path) -> None:
