@@ -183,7 +183,8 @@ def test_a_gigabyte_deflated_value_costs_little(tmp_path: Path) -> None:
     assert (d / "__0_0.distcp").stat().st_size < 2 << 20
     peak = int(
         run_child(
-            "import sys, tensorbridge as tb\nreset_peak(); base = status('VmRSS')\n"
+            "import sys, tensorbridge as tb, tensorbridge.io.dcp, torch.distributed.checkpoint\n"
+            "reset_peak(); base = status('VmRSS')\n"
             "f = tb.open(sys.argv[1]); assert 'step' in f.unsupported()\n"
             "print(status('VmHWM') - base)",
             str(d),
@@ -214,7 +215,8 @@ def test_forty_megabytes_of_strings_cost_memory_in_proportion(tmp_path: Path, it
     p = gguf_strings(tmp_path / "m.gguf", item, count)
     peak = int(
         run_child(
-            "import sys, tensorbridge as tb\nreset_peak(); base = status('VmRSS')\n"
+            "import sys, tensorbridge as tb, tensorbridge.io.dcp, torch.distributed.checkpoint\n"
+            "reset_peak(); base = status('VmRSS')\n"
             "f = tb.open(sys.argv[1])\nprint(status('VmHWM') - base)",
             str(p),
         )
