@@ -423,6 +423,73 @@ def _pickle_ints(data: bytes, rng: random.Random) -> bytes:
     return data[:pos] + repl + data[pos + 1 + width :]
 
 
+def _global(name: str) -> bytes:
+    module, _, attr = name.rpartition(".")
+    return b"c" + module.encode() + b"\n" + attr.encode() + b"\n"
+
+
+# globals a hostile pickle aims at: the machine's table, its refusals, and placeholders
+_GLOBALS = (
+    "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3",
+    "torch._utils._rebuild_parameter", "torch._tensor._rebuild_from_type_v2",
+    "collections.OrderedDict", "torch.Size", "torch.device", "builtins.set",
+    "builtins.frozenset", "builtins.complex", "builtins.bytearray", "_codecs.encode",
+    "copyreg._reconstructor", "torch.serialization._get_layout", "torch.float32",
+    "torch.FloatStorage", "torch.UntypedStorage", "torch.Tensor", "pathlib.PosixPath",
+    "builtins.eval", "builtins.getattr", "os.system", "argparse.Namespace",
+    "torch.nn.modules.linear.Linear", "torch._utils._rebuild_sparse_tensor",
+)  # fmt: skip
+
+
+def _snippet(rng: random.Random) -> bytes:
+    """A few opcodes a hostile pickle would insert: a call, a BUILD, a size, nesting, memo."""
+    arg = rng.choice(
+        (b"K\x01", b"\x8a\x05\x00\x00\x00\x00\x01", b"X\x04\x00\x00\x00name", b")", b"N",
+         b"(K\x02K\x03t", b"}X\x04\x00\x00\x00nameX\x01\x00\x00\x00/s")
+    )  # fmt: skip
+    g = _global(rng.choice(_GLOBALS))
+    n = rng.choice((2, 300, 5000))
+    return rng.choice(
+        (
+            g + arg + b"\x85R",  # REDUCE of a global with one argument
+            g + arg + b"\x85\x81",  # NEWOBJ
+            g + b"N" + arg + b"\x86b",  # BUILD on the global itself
+            g + arg + arg + b"s",  # SETITEM on it
+            g + arg + b"a",  # APPEND to it
+            b"(" + arg + b"i" + g[1:],  # INST
+            b"b",  # BUILD on whatever is below
+            b"(" * n + b"l" * n,  # nesting
+            b"(" * n + b"t" * n,
+            b"\x8d" + struct.pack("<Q", 1 << rng.choice((20, 40, 62))),  # lengths past the end
+            b"\x96" + struct.pack("<Q", 1 << 40),
+            b"r" + struct.pack("<I", rng.getrandbits(32)),  # memo far away
+            b"j" + struct.pack("<I", rng.getrandbits(32)),
+            b"\x82\x01",  # the extension registry
+        )
+    )
+
+
+def _pickle_opcodes(data: bytes, rng: random.Random) -> bytes:
+    """Hostile opcodes inserted at an opcode boundary, or a call's opcode swapped."""
+    import pickletools
+
+    starts = [m.start() for m in re.finditer(rb"\x80[\x02-\x05]", data[: 1 << 16])] or [0]
+    start = rng.choice(starts)
+    try:
+        ops = [
+            (op, start + pos) for op, _, pos in pickletools.genops(data[start:]) if pos is not None
+        ]
+    except Exception:
+        ops = []
+    if not ops:
+        return _flip(data, rng)
+    op, pos = rng.choice(ops)
+    if op.name in ("REDUCE", "NEWOBJ", "BUILD") and rng.random() < 0.3:
+        swap = rng.choice((b"R", b"\x81", b"b", b"\x92"))
+        return data[:pos] + swap + data[pos + 1 :]
+    return data[:pos] + _snippet(rng) + data[pos:]
+
+
 # ------------------------------------------------------------------- entry point
 
 _BYTE_LEVEL = (_truncate, _flip, _set_bytes, _splice_int, _length_prefix, _insert_delete)
@@ -436,7 +503,7 @@ def mutate(data: bytes, rng: random.Random, depth: int = 0) -> bytes:
     if _is_zip(data) and depth == 0:
         choices += [_zip_structure] * 5
     if data[:1] == b"\x80" or (depth and data.find(b"\x80\x02") >= 0):
-        choices += [_pickle_ints] * 4
+        choices += [_pickle_ints] * 4 + [_pickle_opcodes] * 4
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # zipfile warns about the duplicates it is asked for
         try:
