@@ -23,6 +23,7 @@ PUBLIC = [
     "DestinationExistsError",
     "FormatError",
     "InvalidArgumentError",
+    "InvalidNameError",
     "LocalShard",
     "MissingExtraError",
     "NoDataError",

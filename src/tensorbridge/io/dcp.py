@@ -69,12 +69,17 @@ import torch
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError
 from ._common import TensorFile, check_unchanged, read_small
+from ._detect import ZIP_ERRORS
+from ._keys import broken, no_nul, not_empty, one_file_name, valid_unicode
 
 __all__ = ["METADATA_FILE", "Chunk", "DcpFile", "load", "open", "read_metadata"]
 
 METADATA_FILE = ".metadata"
 MAX_METADATA = 1 << 30  # a .metadata larger than this is no checkpoint's
 MAX_VALUE = 64 << 20  # a non-tensor value's bytes read for metadata, at most
+
+# a .distcp file an item names: one file of the checkpoint's directory (tensorbridge.io._keys)
+_FILE_NAME = (not_empty, no_nul, valid_unicode, one_file_name)
 
 _DCP = "torch.distributed.checkpoint.metadata"
 _OLD = "torch.distributed._shard.sharded_tensor.metadata"  # torch 2.0 - 2.2 pickled these
@@ -218,11 +223,9 @@ def _check_metadata(p: Path, meta: Any) -> None:
             raise bad("storage_data maps something other than MetadataIndex -> _StorageInfo")
         rel = getattr(info, "relative_path", None)
         if (
-            not isinstance(rel, str)
-            or Path(rel).name != rel
-            or rel in ("", ".", "..")
-            or "\x00" in rel
-            or len(os.fsencode(rel)) > 255  # longer than any file name can be
+            type(rel) is not str
+            or broken(rel, _FILE_NAME) is not None
+            or len(rel.encode("utf-8")) > 255  # longer than any file name can be
         ):
             shown = repr(rel[:80]) if isinstance(rel, str) else f"a {type(rel).__qualname__}"
             raise bad(f"the item of {index.fqn!r} names the file {shown}, not one in the directory")
@@ -397,12 +400,15 @@ def _locate(buf: Any, start: int, length: int, where: str) -> tuple[_Rebuild, in
             if infos[pkl[0]].file_size > MAX_VALUE:
                 raise _Unrecognised("a data.pkl too large for one tensor")
             rebuilt = _ItemUnpickler(io.BytesIO(zf.read(pkl[0]))).load()
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as err:
-        raise FormatError(
-            f"{where}: the stored tensor is not a valid torch.save zip ({err})"
-        ) from None
     except pickle.UnpicklingError as err:
         raise _Unrecognised(str(err)) from None
+    except (*ZIP_ERRORS, zipfile.LargeZipFile, RuntimeError, KeyError) as err:
+        # a bad CRC, a truncated directory, a method zipfile lacks (NotImplementedError),
+        # an encrypted member (RuntimeError), a name that is no UTF-8 (UnicodeDecodeError)
+        raise FormatError(
+            f"{where}: the stored tensor is not a valid torch.save zip "
+            f"({type(err).__name__}: {err})"
+        ) from None
     if not isinstance(rebuilt, _Rebuild):
         raise _Unrecognised("data.pkl holds no plain tensor")
     info = infos.get(f"{prefix}data/{rebuilt.key}")
@@ -410,7 +416,7 @@ def _locate(buf: Any, start: int, length: int, where: str) -> tuple[_Rebuild, in
         raise FormatError(f"{where}: the storage member data/{rebuilt.key} is missing")
     if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
         raise _Unrecognised("a compressed storage member")
-    if info.header_offset + _LOCAL.size > length:
+    if info.header_offset < 0 or info.header_offset + _LOCAL.size > length:
         raise FormatError(f"{where}: a zip local header lies past the item's {length} bytes")
     head = _LOCAL.unpack(bytes(buf[start + info.header_offset : start + info.header_offset + 30]))
     name_len, extra_len = head[9], head[10]
@@ -489,7 +495,7 @@ class DcpFile(TensorFile):
         super().__init__()
         p = Path(path)
         self.path = p if p.is_dir() else p.parent
-        self._meta = read_metadata(self.path)
+        self._meta = read_metadata(p)  # the directory, or its metadata file by any name
         self._files: dict[str, _Mapped] = {}
         self._tensors: dict[str, Any] = {}
         self._values: dict[str, Any] = {}

@@ -50,7 +50,7 @@ from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedTensorError
 from ._common import TensorFile, atomic_write, cast_target, check_unchanged, progress_bar, row_of
 from ._detect import detect
-from ._keys import flatten, is_container
+from ._keys import NameRules, flatten, is_container, no_nul, valid_unicode
 
 __all__ = ["PtFile", "load", "open", "save"]
 
@@ -292,6 +292,10 @@ def load(
         return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
 
 
+# keys are pickled str (any text survives); the rules of tensorbridge.io._keys that apply
+NAMES = NameRules((no_nul, valid_unicode))
+
+
 def save(
     tensors: Any,
     path: str | os.PathLike[str],
@@ -323,9 +327,11 @@ def save(
     Raises:
         UnsupportedDtypeError / UnsupportedTensorError: a value with no torch counterpart
             (the message names its key).
+        InvalidNameError: a key :data:`NAMES` refuses (a NUL, a lone surrogate).
     """
     path = Path(path)
     if isinstance(tensors, Mapping):
+        NAMES.check(tensors, repr(str(path)))
         data: Any = {}
         for key, value in tensors.items():
             if not isinstance(key, str):

@@ -38,6 +38,7 @@ from .base import (
     Group,
     Index,
     Scheme,
+    group_index,
     group_scale_,
     packed_words,
     require,
@@ -183,7 +184,7 @@ class GPTQ(Scheme):
         rows_in = q.shape[1]
         g: torch.Tensor | int = int(gs)
         if "g_idx" in parts:
-            g_idx = parts["g_idx"].long()
+            g_idx = group_index(parts["g_idx"], parts["scale"].shape[0], group.parts["g_idx"])
             plain = g_idx.numel() == rows_in and torch.equal(g_idx, torch.arange(rows_in) // gs)
             g = g if plain else g_idx  # act-order: a gather; otherwise a broadcast
         w = q.to(torch.float32)
