@@ -36,7 +36,6 @@ from tensorbridge.errors import (  # noqa: E402
     MissingExtraError,
     UncommittedCheckpointError,
     UnsupportedDtypeError,
-    UnsupportedTensorError,
 )
 from tensorbridge.io import zarr as tbz  # noqa: E402
 

@@ -300,6 +300,7 @@ def save(
     )
     temps: dict[Path, str] = {}
     sharded = fmt == "safetensors" and index_bytes is not None
+    made = fmt == "npy" and not target.exists()  # the directory this save creates
     try:
         for out in outs:
             with destination_errors(out.final, only_destination=True):
@@ -325,6 +326,14 @@ def save(
             remove_temps(final)
         temps.clear()
         fsync_dir(target.parent if fmt == "safetensors" else target)
+    except BaseException:
+        if made:  # a failed save leaves no empty directory behind
+            for tmp in temps.values():
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            with contextlib.suppress(OSError):
+                target.rmdir()
+        raise
     finally:
         for tmp in temps.values():
             with contextlib.suppress(OSError):

@@ -369,6 +369,15 @@ class _Slice(io.RawIOBase):
     def tell(self) -> int:
         return self.pos
 
+    def read(self, size: int | None = -1) -> bytes:
+        # RawIOBase.read(n) allocates n bytes first: a zip member's size from the file
+        # (1 GiB in a 4 KB item) would be allocated whole, whatever is there to read
+        left = max(0, self.length - self.pos)
+        n = left if size is None or size < 0 else min(size, left)
+        lo = self.start + self.pos
+        self.pos += n
+        return bytes(self.buf[lo : lo + n])
+
     def readinto(self, b: Any) -> int:
         n = max(0, min(len(b), self.length - self.pos))
         lo = self.start + self.pos

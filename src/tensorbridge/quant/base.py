@@ -191,6 +191,16 @@ class Scheme(abc.ABC):
             "one of the MX formats, nvfp4 or fp8-block"
         )
 
+    def check_values(self, group: Group, parts: Mapping[str, Any], where: str) -> None:
+        """Check the stored values this scheme indexes by (an act-order ``g_idx``) once,
+        before any piece is computed; ``where`` (the file) starts the message. The
+        kernels check them too, without the file's name. Default: nothing to check.
+
+        Raises:
+            FormatError: an index out of its range.
+        """
+        return None
+
     def block_index(self, group: Group, flat: torch.Tensor) -> torch.Tensor | None:
         """Each output element's block: flat indices of the dequantized weight (C order)
         -> flat indices into its scale tensor; ``None`` where scales are not a grid over

@@ -28,6 +28,7 @@ from .base import (
     Group,
     Index,
     Scheme,
+    as_torch,
     group_index,
     group_scale_,
     int_codes_f32,
@@ -118,6 +119,11 @@ class PackQuantized(Scheme):
                 f"([{cols}])",
             )
         return Group(name, self.name, dict(parts), (out, cols), {"bits": bits, "group_size": gs})
+
+    def check_values(self, group: Group, parts: Mapping[str, Any], where: str) -> None:
+        if "g_idx" in parts:  # scales are [out, groups]
+            groups = as_torch(parts["scale"]).shape[1]
+            group_index(as_torch(parts["g_idx"]), groups, f"{where}: {group.parts['g_idx']}")
 
     def pieces(self, group: Group, parts: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
         bits = group.options["bits"]

@@ -38,6 +38,7 @@ from .base import (
     Group,
     Index,
     Scheme,
+    as_torch,
     group_index,
     group_scale_,
     packed_words,
@@ -148,6 +149,11 @@ class GPTQ(Scheme):
         require(srow.is_floating, f"{parts['scale']} is {srow.name}; GPTQ scales are floats")
         opts = {"bits": bits, "group_size": gs, "format": fmt}
         return Group(name, self.name, dict(parts), (out, rows_in), opts)
+
+    def check_values(self, group: Group, parts: Mapping[str, Any], where: str) -> None:
+        if "g_idx" in parts:  # scales are [groups, out]
+            groups = as_torch(parts["scale"]).shape[0]
+            group_index(as_torch(parts["g_idx"]), groups, f"{where}: {group.parts['g_idx']}")
 
     def pieces(self, group: Group, parts: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
         bits = group.options["bits"]
