@@ -248,6 +248,33 @@ def test_hundreds_of_shards_open_under_a_small_descriptor_limit(tmp_path: Path) 
     assert out.strip() == "ok"
 
 
+def test_a_dcp_checkpoint_of_hundreds_of_files_under_a_small_descriptor_limit(
+    tmp_path: Path,
+) -> None:
+    """300 ``.distcp`` files (one per tensor) under ``ulimit -n 256``: at most 64 mapped."""
+    out = _child(
+        """
+        import resource, sys, torch, tensorbridge as tb
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import FileSystemWriter
+        d, n = sys.argv[1] + "/ckpt", 300
+        state = {f"t{i}": torch.full((4,), float(i)) for i in range(n)}
+        dcp.save(state, storage_writer=FileSystemWriter(d, single_file_per_rank=False),
+                 no_dist=True)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        with tb.open(d) as f:
+            assert [f[f"t{i}"][0] for i in range(n)] == list(range(n))
+            tb.save(f, d + "-out/", max_shard_size="1KB")
+        with tb.open(d + "-out") as g:
+            assert [g[f"t{i}"][0] for i in range(n)] == list(range(n))
+        print("ok")
+        """,
+        tmp_path,
+    )
+    assert out.strip() == "ok"
+
+
 def test_a_file_size_limit_is_a_destination_error_for_every_dcp_target(tmp_path: Path) -> None:
     out = _child(
         """

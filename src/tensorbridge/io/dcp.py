@@ -58,6 +58,7 @@ import pickle
 import struct
 import warnings
 import zipfile
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,7 @@ __all__ = ["METADATA_FILE", "Chunk", "DcpFile", "load", "open", "read_metadata"]
 METADATA_FILE = ".metadata"
 MAX_METADATA = 1 << 30  # a .metadata larger than this is no checkpoint's
 MAX_VALUE = 64 << 20  # a non-tensor value's bytes read for metadata, at most
+OPEN_FILES = 64  # .distcp files mapped at once (each map holds a descriptor)
 
 # a .distcp file an item names: one file of the checkpoint's directory (tensorbridge.io._keys)
 _FILE_NAME = (not_empty, no_nul, valid_unicode, one_file_name)
@@ -480,7 +482,9 @@ class _Mapped:
     def __init__(self, path: Path) -> None:
         self.path = path
         with path.open("rb") as f:
-            self.size = os.fstat(f.fileno()).st_size
+            st = os.fstat(f.fileno())
+            self.size = st.st_size
+            self.identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             self.map: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
 
     def close(self) -> None:
@@ -505,7 +509,8 @@ class DcpFile(TensorFile):
         p = Path(path)
         self.path = p if p.is_dir() else p.parent
         self._meta = read_metadata(p)  # the directory, or its metadata file by any name
-        self._files: dict[str, _Mapped] = {}
+        self._files: OrderedDict[str, _Mapped] = OrderedDict()  # least recently used first
+        self._identity: dict[str, tuple[int, ...]] = {}
         self._tensors: dict[str, Any] = {}
         self._values: dict[str, Any] = {}
         self._skipped: dict[str, str] = {}
@@ -723,15 +728,28 @@ class DcpFile(TensorFile):
         return info
 
     def _file(self, name: str) -> _Mapped:
+        """The mapped ``.distcp`` file ``name``; at most :data:`OPEN_FILES` stay mapped (a
+        map holds a descriptor), and one mapped again must be the file first mapped."""
         f = self._files.get(name)
-        if f is None:
-            p = self.path / name
-            if not p.is_file():
-                raise FormatError(
-                    f"{self.path}: the metadata names {name}, which is missing; the checkpoint "
-                    "is incomplete"
-                )
-            f = self._files[name] = _Mapped(p)
+        if f is not None:
+            self._files.move_to_end(name)
+            return f
+        p = self.path / name
+        if not p.is_file():
+            raise FormatError(
+                f"{self.path}: the metadata names {name}, which is missing; the checkpoint "
+                "is incomplete"
+            )
+        while len(self._files) >= OPEN_FILES:  # arrays handed out keep their own map
+            self._files.popitem(last=False)[1].close()
+        f = _Mapped(p)
+        if self._identity.setdefault(name, f.identity) != f.identity:
+            f.close()
+            raise FormatError(
+                f"{p} was replaced or changed since {self.path} was opened; open the "
+                "checkpoint again"
+            )
+        self._files[name] = f
         return f
 
     def _read_value(self, key: str) -> None:
