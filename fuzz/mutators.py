@@ -7,7 +7,10 @@ wrong: truncation at a structural boundary, bit flips, length fields set to
 0 / 2**31 / 2**64-1, offsets that overlap, run past the end or overflow, shapes
 whose product overflows, ranks in the thousands, dtype names that do not exist,
 duplicate JSON keys, deeply nested or huge JSON, non-UTF-8 text, zip members that
-lie about their sizes, and zip bombs.
+lie about their sizes, zip bombs, zip records of any archive inside a file (a
+``.distcp``) with methods zipfile lacks, encryption, bad CRCs and UTF-8 flags on
+names that are not, and names (JSON keys, pickled strings) with a NUL, a lone
+surrogate, a path separator or ``..``.
 
 >>> import random
 >>> len(mutate(b"0123456789", random.Random(0))) >= 0
@@ -28,7 +31,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["INTERESTING", "bomb_archive", "boundaries", "mutate"]
+__all__ = ["HOSTILE_NAMES", "INTERESTING", "bomb_archive", "boundaries", "mutate"]
 
 INTERESTING = (
     0, 1, 2, 7, 8, 255, 256, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF,
@@ -368,6 +371,103 @@ def bomb_archive(name: str) -> bytes:
     return local + fname + body + central + fname + end
 
 
+def _zip_records(data: bytes, rng: random.Random) -> bytes:
+    """Damage zip records wherever they are (a ``.distcp`` holds many zips back to back):
+    a compression method zipfile lacks, the encryption or UTF-8 flag, a CRC, a header
+    offset, or a central directory whose size ends inside a record (zip64's too)."""
+    b = bytearray(data)
+    central = [m.start() for m in re.finditer(rb"PK\x01\x02", data)]
+    ends = [m.start() for m in re.finditer(rb"PK\x05\x06|PK\x06\x06", data)]
+    kind = rng.randrange(6)
+    if kind == 5 and ends:
+        at = rng.choice(ends)
+        if data[at + 2 : at + 4] == b"\x06\x06":  # zip64: the directory's size, 8 bytes
+            struct.pack_into("<Q", b, at + 40, rng.choice((0, 1, 20, 45)))
+        else:
+            struct.pack_into("<I", b, at + 12, rng.choice((0, 1, 20, 45)))
+        return bytes(b)
+    if not central:
+        return _flip(data, rng)
+    at = rng.choice(central)
+    if at + 46 > len(b):
+        return _flip(data, rng)
+    if kind == 0:  # methods zipfile cannot read: implode, deflate64, PKWARE, unknown
+        struct.pack_into("<H", b, at + 10, rng.choice((1, 6, 9, 14, 19, 97, 98, 99, 0xFFFF)))
+    elif kind == 1:  # encrypted (bit 0), strong encryption (bit 6), a patched member (bit 5)
+        flags = struct.unpack_from("<H", b, at + 8)[0]
+        struct.pack_into("<H", b, at + 8, flags | rng.choice((0x1, 0x20, 0x40, 0x41)))
+    elif kind == 2:  # "the name is UTF-8", and a byte of it that is not
+        flags = struct.unpack_from("<H", b, at + 8)[0]
+        struct.pack_into("<H", b, at + 8, flags | 0x800)
+        n = struct.unpack_from("<H", b, at + 28)[0]
+        if n and at + 46 + n <= len(b):
+            b[at + 46 + rng.randrange(n)] = rng.choice((0x80, 0xC0, 0xFF))
+    elif kind == 3:  # a CRC that does not match
+        struct.pack_into("<I", b, at + 16, rng.getrandbits(32))
+    else:  # the local header's offset: before the archive, inside another record, far away
+        struct.pack_into("<I", b, at + 42, _interesting(rng) % (1 << 32))
+    return bytes(b)
+
+
+# ------------------------------------------------------------------- names
+
+# names that must never become paths, or that no format stores faithfully
+HOSTILE_NAMES = (
+    "", ".", "..", "...", "a\x00b", "\x00", "\ud800", "x\udcff", "../x", "../../etc/passwd",
+    "/etc/passwd", "a/b", "a\\b", "..\\x", "C:x", "__metadata__", "__x", "A", "w" * 300,
+)  # fmt: skip
+
+
+def _json_names(data: bytes, rng: random.Random) -> bytes:
+    """A JSON object key or string value (a tensor name, a shard file, an array name)
+    replaced by a hostile name: a NUL, a lone surrogate, a separator, ``..``."""
+    span = _json_span(data)
+    if span is None:
+        return _flip(data, rng)
+    a, b = span
+    try:
+        obj = json.loads(data[a:b])
+    except (ValueError, RecursionError):
+        return _flip(data, rng)
+    paths = [p for p in _nodes(obj) if p and isinstance(p[-1], str)]
+    if not paths:
+        return _flip(data, rng)
+    path = rng.choice(paths)
+    parent = obj
+    for key in path[:-1]:
+        parent = parent[key]
+    name = rng.choice(HOSTILE_NAMES)
+    if rng.random() < 0.5 and isinstance(parent, dict):  # the key
+        parent[name] = parent.pop(path[-1])
+    elif isinstance(parent, dict) and isinstance(parent[path[-1]], str):  # a string value
+        parent[path[-1]] = name
+    else:
+        parent[path[-1]] = [name]
+    return _reframe(data, a, b, json.dumps(obj).encode())
+
+
+def _pickle_names(data: bytes, rng: random.Random) -> bytes:
+    """A string of a pickle (a state-dict key, a ``.distcp`` file name, a storage key)
+    replaced by a hostile name, encoded as pickle encodes it (surrogates passed)."""
+    starts = [m.start() for m in re.finditer(rb"\x80[\x02-\x05]", data[: 1 << 16])] or [0]
+    texts = [
+        m
+        for s in starts
+        for m in re.finditer(rb"\x8c(.)|X(....)", data[s : s + (1 << 16)], re.DOTALL)
+    ]
+    if not texts:
+        return _flip(data, rng)
+    m = rng.choice(texts)
+    size = m.group(1)[0] if m.group(1) is not None else struct.unpack("<I", m.group(2))[0]
+    at = data.find(m.group(0))
+    end = at + m.end() - m.start() + size
+    if end > len(data):
+        return _flip(data, rng)
+    enc = rng.choice(HOSTILE_NAMES).encode("utf-8", "surrogatepass")
+    repl = b"\x8c" + bytes([len(enc)]) if len(enc) < 256 else b"X" + struct.pack("<I", len(enc))
+    return data[:at] + repl + enc + data[end:]
+
+
 # ------------------------------------------------------------------- pickle
 
 
@@ -502,6 +602,12 @@ def mutate(data: bytes, rng: random.Random, depth: int = 0) -> bytes:
         choices += [_json_tree] * 4 + [_json_text] * 2
     if _is_zip(data) and depth == 0:
         choices += [_zip_structure] * 5
+    if data.find(b"PK\x01\x02") >= 0:  # a zip, or zips inside (a .distcp, a .pt)
+        choices += [_zip_records] * 3
+    if _json_span(data) is not None:
+        choices += [_json_names]
+    if data.find(b"\x80\x02") >= 0 or data[:1] == b"\x80":
+        choices += [_pickle_names] * 2
     if data[:1] == b"\x80" or (depth and data.find(b"\x80\x02") >= 0):
         choices += [_pickle_ints] * 4 + [_pickle_opcodes] * 4
     with warnings.catch_warnings():

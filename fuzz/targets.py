@@ -8,7 +8,7 @@ owned NumPy memory and as torch tensors. What it may raise is the target's ``all
 exceptions, each with a non-empty message; anything else is a finding.
 
 >>> sorted(READERS)[:3]
-['dcp', 'gguf', 'npy']
+['dcp', 'distcp', 'gguf']
 """
 
 from __future__ import annotations
@@ -211,6 +211,16 @@ def _prepare_dcp(directory: Path) -> None:
     _dcp_dir(directory)
 
 
+def _seeds_distcp(scratch: Path) -> list[bytes]:
+    d = scratch / "dcp"
+    d.mkdir(exist_ok=True)
+    _dcp_dir(d)
+    return [(d / DISTCP).read_bytes()]
+
+
+DISTCP = "__0_0.distcp"  # the data file dcp.save writes for rank 0
+
+
 def _zarr_store(directory: Path) -> None:
     import tensorbridge as tb
 
@@ -337,6 +347,8 @@ READERS: dict[str, Reader] = {
         Reader("pt", "x.pt", _seeds_pt),
         Reader("gguf", "x.gguf", _seeds_gguf, open_kwargs={"dequantize": "f32"}),
         Reader("dcp", ".metadata", _seeds_dcp, prepare=_prepare_dcp),
+        # the data file: a torch.save zip per item, with the valid .metadata beside it
+        Reader("distcp", DISTCP, _seeds_distcp, prepare=_prepare_dcp),
         Reader(
             "zarr",
             "zarr.json",

@@ -940,6 +940,22 @@ ROWS: list[Row] = [
         "save to a `.npz` path, or pass one tensor",
     ),
     Row(
+        "save:name-nul",
+        "names with a NUL (`'w\\x00a'`, `'w\\x00b'`)",
+        lambda e: tb.save({"w\x00a": F32, "w\x00b": F32}, "x.npz"),
+        tb.InvalidNameError,
+        r"'w\\x00a': it holds a NUL character.*; rename the tensor",
+        "rename the tensor (the rule it breaks is named)",
+    ),
+    Row(
+        "save:name-path",
+        "`tb.save({'../../x': t}, 'x.npz')`",
+        lambda e: tb.save({"../../x": F32}, "x.npz"),
+        tb.InvalidNameError,
+        r"a '\.\.' component, which would point outside the archive.*rename the tensor",
+        "rename the tensor: `.npz` members stay inside the archive",
+    ),
+    Row(
         "save:shard-size",
         "`max_shard_size='lots'`",
         lambda e: tb.save({"a": F32}, "x.safetensors", max_shard_size="lots"),

@@ -24,6 +24,7 @@ PUBLIC = [
     "FormatError",
     "InvalidArgumentError",
     "LinkError",
+    "InvalidNameError",
     "LocalShard",
     "MissingExtraError",
     "NoDataError",

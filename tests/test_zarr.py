@@ -36,7 +36,6 @@ from tensorbridge.errors import (  # noqa: E402
     MissingExtraError,
     UncommittedCheckpointError,
     UnsupportedDtypeError,
-    UnsupportedTensorError,
 )
 from tensorbridge.io import zarr as tbz  # noqa: E402
 
@@ -422,9 +421,9 @@ def test_stores_made_by_zarr_itself_are_read(tmp_path: Path) -> None:
 
 def test_names_and_values_a_store_cannot_hold_are_refused(tmp_path: Path) -> None:
     p = tmp_path / "r.zarr"
-    with pytest.raises(UnsupportedTensorError, match=r"'a/b' is no Zarr array name"):
+    with pytest.raises(tb.InvalidNameError, match=r"'a/b': it holds a path separator"):
         tb.save({"a/b": torch.ones(1)}, p)
-    with pytest.raises(UnsupportedTensorError, match=r"'__x' is no Zarr array name"):
+    with pytest.raises(tb.InvalidNameError, match=r"'__x': names starting with '__' are reserved"):
         tb.save({"__x": torch.ones(1)}, p)
     fp4 = torch.zeros(2, 2, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
     with pytest.raises(UnsupportedDtypeError, match=r"at 'q': float4_e2m1fn_x2 packs two"):

@@ -353,6 +353,8 @@ def explain_numpy(ndt: np.dtype[Any]) -> str:
         how = fix if fix.startswith("to_torch") else f"{fix} (lossless)"
         return f"ml_dtypes {ndt} has no torch dtype; pass {how}"
     if ndt.names is not None:
+        if not ndt.names:  # np.dtype([]): a record of no fields, no bytes
+            return f"structured dtype {ndt} has no fields and no torch dtype"
         return (
             f"structured dtype {ndt} has no torch dtype; convert each field separately "
             f"(a[{ndt.names[0]!r}])"

@@ -19,6 +19,7 @@ __all__ = [
     "DestinationExistsError",
     "FormatError",
     "InvalidArgumentError",
+    "InvalidNameError",
     "LinkError",
     "MissingExtraError",
     "NoDataError",
@@ -75,6 +76,16 @@ class InvalidArgumentError(TensorBridgeError, ValueError):
     Raised where a keyword names an option that does not exist (``framework='jax'``),
     a size or tolerance out of range (``max_shard_size='lots'``, ``rtol=-1``), or
     options that contradict each other; the message lists the values that work.
+    """
+
+
+class InvalidNameError(TensorBridgeError, ValueError):
+    """A tensor name the destination format cannot store faithfully.
+
+    A NUL, a lone surrogate, a path out of the container (``../x``, ``/abs``) where
+    names become files or zip members, a name the format reserves, or two names that
+    would become one (``A`` and ``a`` as files on a case-insensitive filesystem). The
+    message names the tensor and the rule; nothing has been written.
     """
 
 

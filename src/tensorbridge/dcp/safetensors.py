@@ -78,7 +78,7 @@ from ..errors import FormatError, InvalidArgumentError, UnsupportedTensorError
 from ..io import _commit as commit
 from ..io._common import iter_bytes
 from ..io._safetensors_header import PACKED_ROWS
-from ..io.safetensors import parse_size
+from ..io.safetensors import NAMES, parse_size
 from ._hf_layout import (
     INDEX_NAME,
     OBJECTS_KEY,
@@ -217,7 +217,7 @@ class SafetensorsWriter(StorageWriter):
                         f"tensor {name!r} has no shape or dtype in the plan"
                     )
                 if name not in specs:
-                    _check_name(name)
+                    NAMES.check([name], repr(str(self.path)))
                     specs[name] = spec_of(name, td.properties.dtype, tuple(td.size))
                 boxes.setdefault(name, []).append((td.chunk.offsets, td.chunk.sizes))
         for name, spec in specs.items():
@@ -337,15 +337,6 @@ def _open_staged(path: Path) -> int:
             f"{path} was created by the coordinator but is not visible on this rank; every "
             "rank must see the same checkpoint directory (a shared filesystem)"
         ) from None
-
-
-def _check_name(name: str) -> None:
-    if name == "__metadata__":
-        raise ValueError("'__metadata__' is reserved for the header's metadata; rename the tensor")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"tensor name {name!r} is not valid Unicode; rename the tensor") from None
 
 
 def _lookup(planner: SavePlanner, index: MetadataIndex) -> _Value:

@@ -69,7 +69,7 @@ from torch.futures import Future
 from ..convert import to_numpy, to_torch
 from ..errors import InvalidArgumentError, UnsupportedTensorError
 from ..io import zarr as zstore
-from ..io._common import DEFAULT_CHUNK
+from ..io._common import DEFAULT_CHUNK, destination_errors
 from ._tiling import check_tiles
 
 __all__ = ["ZarrReader", "ZarrWriter"]
@@ -129,7 +129,6 @@ class ZarrWriter(StorageWriter):
         for plan in plans:
             for item in plan.items:
                 fqn = item.index.fqn
-                zstore.check_name(fqn)
                 if item.type == WriteItemType.BYTE_IO:
                     continue
                 data = item.tensor_data
@@ -148,6 +147,7 @@ class ZarrWriter(StorageWriter):
                 fqn for plan in plans for fqn in (plan.storage_data or {}).get("order", [])
             )
         )
+        zstore.check_names(shapes, repr(str(self.path)))  # each tensor becomes a directory
         for fqn, (shape, _) in shapes.items():
             check_tiles(fqn, shape, blocks[fqn])
         store = zstore.StoreWriter(self.path, max_chunk_bytes=self.max_chunk_bytes)
@@ -175,14 +175,15 @@ class ZarrWriter(StorageWriter):
             assert data is not None
             tensor = planner.resolve_data(item)
             assert isinstance(tensor, torch.Tensor)
-            if fqn not in arrays:
-                arrays[fqn] = zstore.open_region(staging / fqn)
-            nbytes = zstore.write_region(
-                arrays[fqn],
-                tuple(data.chunk.offsets),
-                tensor.detach(),
-                buffer_bytes=self.buffer_bytes,
-            )
+            with destination_errors(self.path):  # a full disk, a file size limit
+                if fqn not in arrays:
+                    arrays[fqn] = zstore.open_region(staging / fqn)
+                nbytes = zstore.write_region(
+                    arrays[fqn],
+                    tuple(data.chunk.offsets),
+                    tensor.detach(),
+                    buffer_bytes=self.buffer_bytes,
+                )
             results.append(WriteResult(item.index, nbytes, {"array": fqn}))
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)

@@ -202,7 +202,7 @@ def destination_errors(
             fix = "make the directory writable or save to another path"
         elif err.errno == errno.EISDIR:
             fix = "a directory has that name; remove it or save to another path"
-        elif err.errno == errno.ENOTDIR:
+        elif err.errno in (errno.ENOTDIR, errno.EEXIST):  # mkdir under a file
             fix = "a file stands where a directory is needed; save to another path"
         else:
             fix = "check the destination or save to another path"

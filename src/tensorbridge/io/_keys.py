@@ -1,13 +1,41 @@
-"""One naming rule for a file's entries: nested containers flattened to dotted names.
+"""Tensor names: nested containers flattened to dotted names, and the rules a writer holds names to.
 
-A state dict nests (``{"encoder": {"layers": [{"w": t}]}}``); a file holds flat names.
-Every place in the file layer that meets nesting — ``tb.save`` on the way in, the
-``.pt`` reader on the way out — names entries by this one rule, torch's
-``state_dict`` convention: mapping keys (as ``str``) and list or tuple indices joined
-with ``.``, so the leaf above is ``"encoder.layers.0.w"``. Only plain lists and
+**Flattening.** A state dict nests (``{"encoder": {"layers": [{"w": t}]}}``); a file
+holds flat names. Every place in the file layer that meets nesting — ``tb.save`` on
+the way in, the ``.pt`` reader on the way out — names entries by this one rule,
+torch's ``state_dict`` convention: mapping keys (as ``str``) and list or tuple indices
+joined with ``.``, so the leaf above is ``"encoder.layers.0.w"``. Only plain lists and
 tuples are walked: a ``torch.Size`` or a named tuple is a leaf. Two leaves that would
 get the same name (``{"a.b": x, "a": {"b": y}}``) raise instead of one silently
 replacing the other.
+
+**Names a writer can store.** A writer refuses, before it creates anything, a name it
+cannot store faithfully, with :class:`~tensorbridge.errors.InvalidNameError` naming the
+tensor and the rule. Each rule is one function here (``name -> why it is broken, or
+None``); each format's writer states which apply in a :class:`NameRules` of its own
+(``NAMES`` in its module), together with the normalisation under which two names
+would become one (a case-insensitive filesystem for formats whose names become files).
+
+===============================  ====================================================
+rule                             why
+===============================  ====================================================
+:func:`no_nul`                   C strings, zip member names and file names end at a
+                                 NUL: ``w\\x00a`` and ``w\\x00b`` both become ``w``
+:func:`valid_unicode`            a lone surrogate has no UTF-8 encoding
+:func:`not_empty`                no file or member can be called ``""``
+:func:`inside_container`         an absolute path or a ``..`` component, as a zip
+                                 member or file name, points outside the container
+:func:`forward_slashes`          ``\\`` separates paths on Windows and in unzip tools
+:func:`one_file_name`            a name that becomes one file: no ``/`` or ``\\``, not
+                                 only periods (``.``, ``..``)
+:func:`reserved_name`,           names the format keeps for itself (safetensors'
+:func:`reserved_prefix`          ``__metadata__``, Zarr's ``__`` prefix)
+:func:`at_most_bytes`            a length limit (llama.cpp's 63-byte GGUF names)
+:func:`case_insensitive`         a normalisation: names equal after NFC and case
+                                 folding are one file on macOS and Windows
+:func:`npy_stem`                 a normalisation: ``np.load`` reads the key ``a.npy``
+                                 of a ``.npz`` as the member of the key ``a``
+===============================  ====================================================
 
 >>> flatten({"model": {"w": 1, "layers": [2, 3]}, "epoch": 7}, where="ckpt")
 {'model.w': 1, 'model.layers.0': 2, 'model.layers.1': 3, 'epoch': 7}
@@ -23,19 +51,45 @@ exactly, without parsing one:
 >>> tree = {"a.b": 1, "layers": [{"w": 2}], 3: (4,)}
 >>> rebuild(skeleton(tree), flatten(tree, where="t"), where="t") == tree
 True
+>>> NameRules((no_nul,)).check(["w\\x00a"], "'out.npz'")
+Traceback (most recent call last):
+    ...
+tensorbridge.errors.InvalidNameError: 'out.npz': cannot store the tensor 'w\\x00a': ...
 """
 
 from __future__ import annotations
 
 import copy
+import re
+import unicodedata
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import FormatError, InvalidArgumentError
+from ..errors import FormatError, InvalidArgumentError, InvalidNameError
 
-__all__ = ["Leaf", "flatten", "is_container", "rebuild", "skeleton"]
+__all__ = [
+    "Leaf",
+    "NameRules",
+    "Rule",
+    "at_most_bytes",
+    "broken",
+    "case_insensitive",
+    "flatten",
+    "forward_slashes",
+    "inside_container",
+    "is_container",
+    "no_nul",
+    "not_empty",
+    "npy_stem",
+    "one_file_name",
+    "rebuild",
+    "reserved_name",
+    "reserved_prefix",
+    "skeleton",
+    "valid_unicode",
+]
 
 
 def is_container(obj: Any) -> bool:
@@ -143,3 +197,164 @@ def _rebuild(node: Any, values: Mapping[str, Any], key: str, where: str) -> Any:
             "would renumber the items after it; keep all of its items or none"
         )
     return kept if type(node) is list else tuple(kept)
+
+
+# --- the rules: each takes a name and says why it breaks the rule, or None --------------------
+
+Rule = Callable[[str], "str | None"]
+
+
+def no_nul(name: str) -> str | None:
+    """A NUL ends a name in C strings, zip members and file names: two names could become one."""
+    if "\x00" in name:
+        return (
+            "it holds a NUL character, where C readers, zip members and file names end "
+            "the name (two such names become one)"
+        )
+    return None
+
+
+def valid_unicode(name: str) -> str | None:
+    """A lone surrogate (``'\\udc80'``, what ``os.fsdecode`` makes of bad bytes) is no text."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "it is not valid Unicode (a lone surrogate, which UTF-8 cannot encode)"
+    return None
+
+
+def not_empty(name: str) -> str | None:
+    """An empty name names no file and no member."""
+    return "it is empty" if not name else None
+
+
+_DRIVE = re.compile(r"[A-Za-z]:")
+
+
+def inside_container(name: str) -> str | None:
+    """A name that becomes a path (a zip member, a file) must stay inside its container."""
+    if name.startswith(("/", "\\")) or _DRIVE.match(name):
+        return "it is an absolute path, which would point outside the archive or directory"
+    if ".." in re.split(r"[/\\]", name):
+        return "it has a '..' component, which would point outside the archive or directory"
+    return None
+
+
+def forward_slashes(name: str) -> str | None:
+    """Zip member names separate with ``/`` only (APPNOTE 4.4.17); ``\\`` is one on Windows."""
+    if "\\" in name:
+        return "it holds a '\\', which Windows and unzip tools read as a path separator"
+    return None
+
+
+def one_file_name(name: str) -> str | None:
+    """A name that becomes one file or directory: no separator, not only periods."""
+    if "/" in name or "\\" in name:
+        return "it holds a path separator ('/' or '\\'), so it is no single file name"
+    if name and not name.strip("."):
+        return "it is only periods, which name a directory itself or its parent"
+    return None
+
+
+def reserved_name(reserved: str, owner: str) -> Rule:
+    """The format keeps the name ``reserved`` for itself (``owner`` says for what)."""
+
+    def rule(name: str) -> str | None:
+        return f"{reserved!r} is reserved for {owner}" if name == reserved else None
+
+    rule.__name__ = f"reserved_name({reserved!r})"
+    return rule
+
+
+def reserved_prefix(prefix: str, owner: str) -> Rule:
+    """The format keeps names starting with ``prefix`` for itself."""
+
+    def rule(name: str) -> str | None:
+        return (
+            f"names starting with {prefix!r} are reserved by {owner}"
+            if name.startswith(prefix)
+            else None
+        )
+
+    rule.__name__ = f"reserved_prefix({prefix!r})"
+    return rule
+
+
+def at_most_bytes(limit: int, owner: str) -> Rule:
+    """A name of at most ``limit`` bytes in UTF-8 (``owner`` says whose limit it is)."""
+
+    def rule(name: str) -> str | None:
+        size = len(name.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            return f"it is {size} bytes in UTF-8 and {owner} takes at most {limit}"
+        return None
+
+    rule.__name__ = f"at_most_bytes({limit})"
+    return rule
+
+
+def broken(name: str, rules: Iterable[Rule]) -> str | None:
+    """Why ``name`` breaks the first of ``rules`` it breaks, or None (readers use it for
+    names from a file that become paths)."""
+    for rule in rules:
+        why = rule(name)
+        if why is not None:
+            return why
+    return None
+
+
+def case_insensitive(name: str) -> str:
+    """A name as a case-insensitive filesystem (macOS, Windows) compares it: NFC, case-folded."""
+    return unicodedata.normalize("NFC", name).casefold()
+
+
+def npy_stem(name: str) -> str:
+    """A ``.npz`` key without its trailing ``.npy`` s: ``np.load`` looks a key ``K`` up as
+    the member ``K`` first, then ``K.npy``, so the key ``a.npy`` reads the member of the key
+    ``a``. Names with one stem may collide (strictly: only those one ``.npy`` apart)."""
+    while name.endswith(".npy"):
+        name = name[: -len(".npy")]
+    return name
+
+
+# --- a format's rules --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NameRules:
+    """The rules one format's writer holds names to, and when two names are one.
+
+    ``same`` maps a name to what the format (or the filesystem under it) makes of
+    it; two names with the same image collide. ``same_means`` says, for the message,
+    why they would be one.
+    """
+
+    rules: tuple[Rule, ...]
+    same: Callable[[str], str] | None = None
+    same_means: str = ""
+
+    def check(self, names: Iterable[Any], where: str) -> None:
+        """Refuse the first name that breaks a rule, or two names that collide.
+
+        Names that are not ``str`` are left to the writer's own type check.
+
+        Raises:
+            InvalidNameError: naming the tensor (or both tensors) and the rule.
+        """
+        seen: dict[str, str] = {}
+        for name in names:
+            if not isinstance(name, str):
+                continue
+            why = broken(name, self.rules)
+            if why is not None:
+                raise InvalidNameError(
+                    f"{where}: cannot store the tensor {name!r}: {why}; rename the tensor"
+                )
+            if self.same is not None:
+                image = self.same(name)
+                other = seen.setdefault(image, name)
+                if other != name:
+                    raise InvalidNameError(
+                        f"{where}: the tensors {other!r} and {name!r} {self.same_means}; "
+                        "rename one of them"
+                    )

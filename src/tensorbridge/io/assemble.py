@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor
@@ -301,9 +300,10 @@ def save(
     )
     temps: dict[Path, str] = {}
     sharded = fmt == "safetensors" and index_bytes is not None
+    made = fmt == "npy" and not target.exists()  # the directory this save creates
     try:
         for out in outs:
-            with destination_errors(out.final):
+            with destination_errors(out.final, only_destination=True):
                 temps[out.final] = _preallocate(out)
         items = [
             Placement(n, temps[final], off, rows[n].name, nbytes)
@@ -326,6 +326,14 @@ def save(
             remove_temps(final)
         temps.clear()
         fsync_dir(target.parent if fmt == "safetensors" else target)
+    except BaseException:
+        if made:  # a failed save leaves no empty directory behind
+            for tmp in temps.values():
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            with contextlib.suppress(OSError):
+                target.rmdir()
+        raise
     finally:
         for tmp in temps.values():
             with contextlib.suppress(OSError):
@@ -382,28 +390,29 @@ def _save_zarr(
     from .zarr import (
         GROUP_FILE,
         attributes,
-        check_name,
+        check_names,
         chunk_grid,
         create_array,
         existing_arrays,
         group_document,
     )
 
-    for n in names:
-        check_name(n)
+    check_names(names, repr(str(target)))
     attrs = attributes(metadata, names, repr(str(target)))
     stale = existing_arrays(target)
-    staging = begin_store(target, new_save_id())
+    with destination_errors(target, only_destination=True):  # a file in the way
+        staging = begin_store(target, new_save_id())
     try:
-        items = []
-        for n in names:
-            row, shape = rows[n], f.info(n)[1]
-            whole = [((0,) * len(shape), shape)]
-            create_array(staging, n, shape, row, chunk_grid(shape, whole, row.itemsize))
-            nbytes = math.prod(shape) * row.itemsize
-            items.append(Placement(n, str(staging / n), 0, row.name, nbytes, zarr=True))
-        _fill(f, items, executor, window, progress, target.name)
-        publish_store(target, staging, names, GROUP_FILE, group_document(attrs), stale)
+        with destination_errors(target):  # a full disk, a file size limit
+            items = []
+            for n in names:
+                row, shape = rows[n], f.info(n)[1]
+                whole = [((0,) * len(shape), shape)]
+                create_array(staging, n, shape, row, chunk_grid(shape, whole, row.itemsize))
+                nbytes = math.prod(shape) * row.itemsize
+                items.append(Placement(n, str(staging / n), 0, row.name, nbytes, zarr=True))
+            _fill(f, items, executor, window, progress, target.name)
+            publish_store(target, staging, names, GROUP_FILE, group_document(attrs), stale)
     except BaseException:
         abandon(staging)
         raise
@@ -440,15 +449,11 @@ def _plan(
         ]
         return outs, placed, index_bytes
     if fmt == "npy":
-        from .npy import header_bytes
+        from .npy import DIRECTORY_NAMES, header_bytes
 
+        DIRECTORY_NAMES.check(names, repr(str(target)))
         outs, placed = [], []
         for n in names:
-            if not _SAFE_NAME.fullmatch(n) or n in (".", ".."):
-                raise FormatError(
-                    f"tensor {n!r} cannot name a file in {target}; convert to .safetensors, "
-                    "or select tensors with plain names (keys=)"
-                )
             head = header_bytes(rows[n], shapes[n])
             nbytes = math.prod(shapes[n]) * rows[n].itemsize
             final = target / f"{n}.npy"
@@ -456,9 +461,6 @@ def _plan(
             placed.append((n, final, len(head), nbytes))
         return outs, placed, None
     raise FormatError(f"a chunked checkpoint converts to {' or '.join(TARGETS)}, not {fmt}")
-
-
-_SAFE_NAME = re.compile(r"[^/\\\x00]+")
 
 
 def _preallocate(out: _Out) -> str:

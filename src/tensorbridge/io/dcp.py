@@ -57,6 +57,7 @@ import mmap
 import os
 import struct
 import zipfile
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,7 @@ from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError
 from ._common import TensorFile, check_unchanged, read_small
 from ._detect import ZIP_ERRORS
 from ._files import Links
+from ._keys import broken, no_nul, not_empty, one_file_name, valid_unicode
 from .pickle_machine import Opaque, StorageRef, StorageType, TensorRef, unpickle
 from .torch_archive import read_value
 
@@ -78,6 +80,10 @@ __all__ = ["METADATA_FILE", "Chunk", "DcpFile", "load", "open", "read_metadata"]
 METADATA_FILE = ".metadata"
 MAX_METADATA = 1 << 30  # a .metadata larger than this is no checkpoint's
 MAX_VALUE = 64 << 20  # a non-tensor value's bytes (stored, and each item decompressed), at most
+OPEN_FILES = 64  # .distcp files mapped at once (each map holds a descriptor)
+
+# a .distcp file an item names: one file of the checkpoint's directory (tensorbridge.io._keys)
+_FILE_NAME = (not_empty, no_nul, valid_unicode, one_file_name)
 
 _DCP = "torch.distributed.checkpoint.metadata"
 _OLD = "torch.distributed._shard.sharded_tensor.metadata"  # torch 2.0 - 2.2 pickled these
@@ -268,13 +274,11 @@ def _check_metadata(p: Path, meta: Any) -> CheckpointMetadata:
 
 def _file_name(rel: Any) -> bool:
     """Whether ``rel`` (a plain ``str``) names a file in the checkpoint directory itself."""
-    if type(rel) is not str or rel in ("", ".", "..") or "\x00" in rel or "/" in rel:
-        return False
-    try:
-        encoded = rel.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate names no file
-        return False
-    return len(encoded) <= 255 and Path(rel).name == rel  # no longer than a file name can be
+    return (
+        type(rel) is str
+        and broken(rel, _FILE_NAME) is None
+        and len(rel.encode("utf-8")) <= 255  # no longer than a file name can be
+    )
 
 
 def _ints(x: Any) -> tuple[int, ...] | None:
@@ -341,6 +345,15 @@ class _Slice(io.RawIOBase):
     def tell(self) -> int:
         return self.pos
 
+    def read(self, size: int | None = -1) -> bytes:
+        # RawIOBase.read(n) allocates n bytes first: a zip member's size from the file
+        # (1 GiB in a 4 KB item) would be allocated whole, whatever is there to read
+        left = max(0, self.length - self.pos)
+        n = left if size is None or size < 0 else min(size, left)
+        lo = self.start + self.pos
+        self.pos += n
+        return bytes(self.buf[lo : lo + n])
+
     def readinto(self, b: Any) -> int:
         n = max(0, min(len(b), self.length - self.pos))
         lo = self.start + self.pos
@@ -373,9 +386,12 @@ def _locate(buf: Any, start: int, length: int, where: str) -> tuple[_Rebuild, in
             if data_pkl is None:
                 raise _Unrecognised("a data.pkl too large for one tensor")
             rebuilt = _chunk_tensor(data_pkl)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as err:
+    except (*ZIP_ERRORS, zipfile.LargeZipFile, RuntimeError, KeyError) as err:
+        # a bad CRC, a truncated directory, a method zipfile lacks (NotImplementedError),
+        # an encrypted member (RuntimeError), a name that is no UTF-8 (UnicodeDecodeError)
         raise FormatError(
-            f"{where}: the stored tensor is not a valid torch.save zip ({err})"
+            f"{where}: the stored tensor is not a valid torch.save zip "
+            f"({type(err).__name__}: {err})"
         ) from None
     except FormatError as err:
         raise FormatError(f"{where}: the stored tensor's pickle is refused: {err}") from None
@@ -384,7 +400,7 @@ def _locate(buf: Any, start: int, length: int, where: str) -> tuple[_Rebuild, in
         raise FormatError(f"{where}: the storage member data/{rebuilt.key} is missing")
     if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
         raise _Unrecognised("a compressed storage member")
-    if info.header_offset + _LOCAL.size > length:
+    if info.header_offset < 0 or info.header_offset + _LOCAL.size > length:
         raise FormatError(f"{where}: a zip local header lies past the item's {length} bytes")
     head = _LOCAL.unpack(bytes(buf[start + info.header_offset : start + info.header_offset + 30]))
     name_len, extra_len = head[9], head[10]
@@ -472,7 +488,9 @@ class _Mapped:
     def __init__(self, path: Path, links: Links) -> None:
         self.path = path
         with links.open(path) as f:  # a regular file in the checkpoint
-            self.size = os.fstat(f.fileno()).st_size
+            st = os.fstat(f.fileno())
+            self.size = st.st_size
+            self.identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             self.map: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
 
     def close(self) -> None:
@@ -499,9 +517,13 @@ class DcpFile(TensorFile):
         self.path = p if p.is_dir() else p.parent
         self.follow_links = follow_links
         self._links = Links.of(self.path, follow=follow_links)
-        meta = self.path / METADATA_FILE  # confined, unless the caller named it
-        self._meta = read_metadata(meta, None if meta == p else self._links)
-        self._files: dict[str, _Mapped] = {}
+        # the directory's .metadata (confined), or a metadata file the caller named, by any name
+        named = not p.is_dir()
+        self._meta = read_metadata(
+            p if named else self.path / METADATA_FILE, None if named else self._links
+        )
+        self._files: OrderedDict[str, _Mapped] = OrderedDict()  # least recently used first
+        self._identity: dict[str, tuple[int, ...]] = {}
         self._tensors: dict[str, Any] = {}
         self._values: dict[str, Any] = {}
         self._skipped: dict[str, str] = {}
@@ -717,15 +739,28 @@ class DcpFile(TensorFile):
         return info
 
     def _file(self, name: str) -> _Mapped:
+        """The mapped ``.distcp`` file ``name``; at most :data:`OPEN_FILES` stay mapped (a
+        map holds a descriptor), and one mapped again must be the file first mapped."""
         f = self._files.get(name)
-        if f is None:
-            p = self.path / name
-            if not p.exists():
-                raise FormatError(
-                    f"{self.path}: the metadata names {name}, which is missing; the checkpoint "
-                    "is incomplete"
-                )
-            f = self._files[name] = _Mapped(p, self._links)
+        if f is not None:
+            self._files.move_to_end(name)
+            return f
+        p = self.path / name
+        if not os.path.lexists(p):
+            raise FormatError(
+                f"{self.path}: the metadata names {name}, which is missing; the checkpoint "
+                "is incomplete"
+            )
+        while len(self._files) >= OPEN_FILES:  # arrays handed out keep their own map
+            self._files.popitem(last=False)[1].close()
+        f = _Mapped(p, self._links)
+        if self._identity.setdefault(name, f.identity) != f.identity:
+            f.close()
+            raise FormatError(
+                f"{p} was replaced or changed since {self.path} was opened; open the "
+                "checkpoint again"
+            )
+        self._files[name] = f
         return f
 
     def _read_value(self, key: str) -> None:

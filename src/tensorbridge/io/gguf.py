@@ -99,6 +99,7 @@ from ._gguf_header import (
     encode_value,
     parse,
 )
+from ._keys import NameRules, at_most_bytes, no_nul, valid_unicode
 
 __all__ = [
     "GGUFFile",
@@ -616,6 +617,12 @@ class _Item:
     nbytes: int
 
 
+# llama.cpp's reader refuses a tensor name of GGML_MAX_NAME (64) bytes or more, and ends a
+# name at a NUL (ggml_set_name copies a C string): the rules of tensorbridge.io._keys
+NAMES = NameRules(
+    (no_nul, valid_unicode, at_most_bytes(63, "llama.cpp (GGML_MAX_NAME is 64 with the final NUL)"))
+)
+
 Quantize = str | Mapping[str, str] | Callable[[str, tuple[int, ...]], "str | None"] | None
 
 
@@ -658,6 +665,8 @@ def save(
 
     Raises:
         FormatError: no ``general.architecture`` in ``metadata``.
+        InvalidNameError: a name :data:`NAMES` refuses (a NUL, a lone surrogate, more
+            than 63 bytes).
         UnsupportedDtypeError: a dtype GGUF has no type for (bool, uint8, fp8, complex).
         UnsupportedTensorError: more than 4 dimensions, or a quantized row that is no
             whole number of blocks.
@@ -672,6 +681,7 @@ def save(
             f"save expects a mapping of names to tensors, got {type(tensors).__qualname__}; "
             "pass a dict such as model.state_dict()"
         )
+    NAMES.check(tensors, repr(str(target)))
     items = []
     for name, value in tensors.items():
         try:

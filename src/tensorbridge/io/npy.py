@@ -25,6 +25,11 @@ equal to the shape times the item size, to the byte. Object arrays are refused. 
 violation raises :class:`~tensorbridge.FormatError` naming the file (and member).
 With ``mmap=True`` NumPy results are read-only views of the file; torch results share one
 copy-on-write mapping per opened file (writes never reach the file).
+
+**A directory of ``.npy`` files** (a chunked checkpoint converted with
+``format="npy"``) names each file ``NAME.npy``: :data:`DIRECTORY_NAMES` holds names to
+what one file name can carry (not empty, no NUL, no lone surrogate, no ``/`` or ``\\``,
+not only periods) and refuses two names that differ only in case.
 """
 
 from __future__ import annotations
@@ -78,6 +83,7 @@ from ._common import (
     row_of,
 )
 from ._files import open_regular
+from ._keys import NameRules, case_insensitive, no_nul, not_empty, one_file_name, valid_unicode
 
 __all__ = [
     "MAX_HEADER_SIZE",
@@ -97,6 +103,14 @@ _LENGTH_FORMAT = {1: "<H", 2: "<I", 3: "<I"}  # header-length field per major ve
 _ENCODING = {1: "latin1", 2: "latin1", 3: "utf8"}
 _MAX_NDIM = NUMPY_MAXDIMS  # 32 on NumPy 1.x
 HEAD_LIMIT = len(MAGIC) + 2 + 4 + MAX_HEADER_SIZE * 4  # utf8: up to 4 bytes a character
+
+# a directory of NAME.npy files: the rules of tensorbridge.io._keys each NAME is held to
+DIRECTORY_NAMES = NameRules(
+    (not_empty, no_nul, valid_unicode, one_file_name),
+    same=case_insensitive,
+    same_means="differ only in case: as files NAME.npy they are one on a case-insensitive "
+    "filesystem (macOS, Windows)",
+)
 
 
 # --- the convention, derived from the table --------------------------------------------------

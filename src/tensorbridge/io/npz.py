@@ -11,6 +11,13 @@ size has been checked against the header and the compressed size. Encrypted memb
 and other compression methods are refused. Any fault raises
 :class:`~tensorbridge.FormatError` naming the file and the member.
 
+**Names** become member names ``<key>.npy`` (as ``np.savez`` names them; ``np.load``
+takes the ``.npy`` off again). :data:`NAMES` refuses what a member name cannot carry
+faithfully: an empty name, a NUL (``zipfile`` ends the name there), a lone surrogate,
+``\\`` (a separator to Windows and unzip tools), a path out of the archive (absolute,
+or a ``..`` component), and keys ``a`` and ``a.npy`` together (``np.load(p)["a.npy"]``
+reads the member ``a.npy``, which is the key ``a``).
+
 **Writing** is deterministic (fixed timestamps) and pads each member's local header
 with a zipalign-style extra field so that its data starts at a 64-byte file offset:
 mapped arrays are aligned. Every header is worked out before a byte is written, and
@@ -42,6 +49,15 @@ from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError, Unsu
 from ._common import DEFAULT_CHUNK, TensorFile, atomic_write, progress_bar
 from ._detect import ZIP_ERRORS
 from ._files import open_regular
+from ._keys import (
+    NameRules,
+    forward_slashes,
+    inside_container,
+    no_nul,
+    not_empty,
+    npy_stem,
+    valid_unicode,
+)
 from .npy import (
     HEAD_LIMIT,
     Header,
@@ -66,6 +82,14 @@ _ALIGN_EXTRA_ID = 0xD935  # the zip extra field Android's zipalign pads with
 _ZIP64_EXTRA = 20  # the zip64 extra zipfile adds to a local header when forced
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... name length, extra length
 _DEFLATE_MAX_RATIO = 1032  # deflate cannot expand data more than this
+
+# the rules of tensorbridge.io._keys a member name is held to
+NAMES = NameRules(
+    (not_empty, no_nul, valid_unicode, forward_slashes, inside_container),
+    same=npy_stem,
+    same_means="are one member to np.load, which looks a key up as a member name first "
+    "(the key 'a.npy' reads the member 'a.npy' of the key 'a')",
+)
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -101,7 +125,9 @@ def save(
 
     Raises:
         UnsupportedDtypeError: a dtype with no row in the dtype table.
-        UnsupportedTensorError: not a mapping, a bad name, or a sparse/nested tensor.
+        InvalidNameError: a name :data:`NAMES` refuses.
+        UnsupportedTensorError: not a mapping, a name that is no string, or a
+            sparse/nested tensor.
         ValueError: ``metadata`` given.
     """
     path = Path(path)
@@ -111,12 +137,11 @@ def save(
             f"{str(path)!r}: a .npz file holds named arrays; pass a mapping such as "
             f"{{'x': array}}, not a {type(tensors).__qualname__}"
         )
+    NAMES.check(tensors, repr(str(path)))
     entries: list[tuple[str, Any]] = []
     for name, x in tensors.items():
-        if not isinstance(name, str) or not name:
-            raise UnsupportedTensorError(
-                f"{str(path)!r}: .npz keys are non-empty strings, got {name!r}"
-            )
+        if not isinstance(name, str):
+            raise UnsupportedTensorError(f"{str(path)!r}: .npz keys are strings, got {name!r}")
         if isinstance(x, NpyBytes):  # a member torch cannot hold, copied as it is
             x.check_cast(float_dtype, name)
             entries.append((name, x))

@@ -62,7 +62,7 @@ from ..errors import (
     UnsupportedTensorError,
 )
 from ._common import TensorFile, atomic_write, cast_target, check_unchanged, progress_bar, row_of
-from ._keys import is_container, skeleton
+from ._keys import NameRules, flatten, is_container, no_nul, skeleton, valid_unicode
 from .pickle_machine import Opaque, TensorRef
 from .torch_archive import TORCHSCRIPT_MESSAGE, Archive, open_archive
 
@@ -348,6 +348,9 @@ def load(
 PLAIN_VALUES = (str, int, float, bool, type(None), bytes, complex, torch.Size, torch.dtype,
                 torch.device)  # fmt: skip
 
+# keys are pickled str (any text survives); the rules of tensorbridge.io._keys that apply
+NAMES = NameRules((no_nul, valid_unicode))
+
 
 def save(
     tensors: Any,
@@ -388,11 +391,13 @@ def save(
     Raises:
         UnsupportedDtypeError / UnsupportedTensorError: a value with no torch counterpart,
             or a leaf that is neither a tensor nor a plain value (the message names its key).
+        InvalidNameError: a key :data:`NAMES` refuses (a NUL, a lone surrogate).
     """
     path = Path(path)
     where = repr(str(path))
     saved: list[torch.Tensor] = []
     if is_container(tensors):
+        NAMES.check(flatten(tensors, where=where), where)
         data: Any = _saved_tree(tensors, float_dtype, "", where, saved)
         for key, value in (metadata or {}).items():
             if not isinstance(data, dict):

@@ -26,10 +26,14 @@ Reading validates the whole header before anything else is touched; every
 malformed file raises :class:`~tensorbridge.errors.FormatError` naming the file,
 the tensor and the fault. Sharded checkpoints follow the Hugging Face layout
 (``model-00001-of-00002.safetensors`` plus ``model.safetensors.index.json``).
+
+Names are JSON strings, so any text is stored as given; :data:`NAMES` refuses a NUL
+(C readers end the name there), a lone surrogate (no UTF-8) and ``__metadata__``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import mmap as _mmap
@@ -57,6 +61,7 @@ from ..errors import (
     FormatError,
     InvalidArgumentError,
     NoDataError,
+    TensorBridgeError,
     UnsupportedDtypeError,
     UnsupportedTensorError,
 )
@@ -80,6 +85,7 @@ from ._common import (
 from ._detect import INDEX_SUFFIX, resolve
 from ._files import Links, open_fd
 from ._formats import by_name
+from ._keys import NameRules, no_nul, reserved_name, valid_unicode
 from ._pipeline import STREAM_CHUNK, pipelined
 from ._safetensors_header import (
     LAYOUT_RANK,
@@ -96,6 +102,9 @@ from .sharded import ShardedFile
 __all__ = ["FileLayout", "SafetensorsFile", "layout", "load", "open", "remove_stale", "save"]
 
 # --- writing ----------------------------------------------------------------------------------
+
+# a header key is any JSON string; the rules of tensorbridge.io._keys that apply to it
+NAMES = NameRules((no_nul, valid_unicode, reserved_name("__metadata__", "the header's metadata")))
 
 
 @dataclass(frozen=True)
@@ -156,6 +165,8 @@ def save(
     Raises:
         UnsupportedDtypeError: a dtype safetensors cannot store (complex128, complex32).
         UnsupportedTensorError: a value that is not a dense tensor or array.
+        InvalidNameError: a name :data:`NAMES` refuses (a NUL, a lone surrogate,
+            ``__metadata__``).
         TypeError / ValueError: malformed names, metadata or ``max_shard_size``.
     """
     target = Path(path)
@@ -200,6 +211,7 @@ def _plan(tensors: Mapping[str, Any], float_dtype: Any, target: Path) -> list[_I
             f"save expects a mapping of names to tensors, got {type(tensors).__qualname__}; "
             "pass a dict such as model.state_dict()"
         )
+    NAMES.check(tensors, repr(str(target)))
     items = []
     for name, value in tensors.items():
         try:
@@ -247,12 +259,6 @@ def _alias_key(it: _Item) -> tuple[Any, ...] | None:
 def _item(name: Any, value: Any, float_dtype: Any) -> _Item:
     if not isinstance(name, str):
         raise TypeError(f"tensor names must be str, got {type(name).__qualname__}; pass str(name)")
-    if name == "__metadata__":
-        raise ValueError("'__metadata__' is reserved for the header's metadata; rename the tensor")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("the name is not valid Unicode (a lone surrogate); fix the name") from None
     if isinstance(value, torch.Tensor):
         if value.layout is not torch.strided:
             raise UnsupportedTensorError(
@@ -469,6 +475,7 @@ def layout(
     >>> [(f.name, f.size, f.offsets) for f in files], idx
     ([('m.safetensors', 104, {'w': 96})], None)
     """
+    NAMES.check((name for name, _, _ in entries), repr(str(target)))
     items = []
     for name, row, shape in entries:
         if row.safetensors is None:
@@ -554,7 +561,16 @@ class _Shard:
         else:
             self._check_open()
             access = _mmap.ACCESS_COPY if copy_on_write else _mmap.ACCESS_READ
-            mm = _mmap.mmap(self.fd, 0, access=access)
+            try:
+                mm = _mmap.mmap(self.fd, 0, access=access)
+            except OSError as err:
+                if err.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise
+                raise TensorBridgeError(
+                    f"{self.path}: cannot map one more file, the process is out of file "
+                    "descriptors (each map holds one: arrays still referenced keep theirs); "
+                    "read with mmap=False, keep fewer arrays at once, or raise ulimit -n"
+                ) from None
             if len(mm) != self.size:
                 raise FormatError(f"{self.path} changed size since it was opened; open it again")
             self._maps[copy_on_write] = mm

@@ -22,6 +22,7 @@ name: nothing is read until asked, and a shard's tensors keep their reader's rul
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,21 @@ from ._safetensors_header import read_index, short
 __all__ = ["ShardedFile"]
 
 
+# Shards held open at once. A shard holds a descriptor (and one per map it has made), so
+# a checkpoint of thousands of shards would run out of them (``ulimit -n`` is often
+# 1024); the least recently used shard is closed, and opened again when next asked.
+OPEN_SHARDS = 64
+
+
 class ShardedFile(TensorFile):
-    """A shard index and its shards, read as one file; ``metadata`` is the first shard's."""
+    """A shard index and its shards, read as one file; ``metadata`` is the first shard's.
+
+    At most :data:`OPEN_SHARDS` shards are open at a time (least recently used first
+    closed). A shard opened again must be the file first opened (device, inode, size
+    and modification time): one that was replaced meanwhile raises
+    :class:`~tensorbridge.errors.FormatError` rather than mixing two versions.
+    Arrays already handed out keep their own mapping.
+    """
 
     def __init__(
         self,
@@ -52,10 +66,16 @@ class ShardedFile(TensorFile):
         self.path = Path(index)
         links = links or Links.of(self.path)
         self.follow_links = links.follow
+        self._links = links
         weight_map = read_index(self.path)
-        self._shards: list[TensorFile] = []
-        self._where: dict[str, TensorFile] = {}
-        self._file: dict[int, str] = {}
+        self._opener = opener
+        self._open: OrderedDict[str, TensorFile] = OrderedDict()  # file -> shard, LRU first
+        self._identity: dict[str, tuple[int, ...]] = {}
+        self._files: list[str] = []
+        self._where: dict[str, str] = {}  # tensor name -> the file of its shard
+        self._info: dict[str, tuple[DTypeRow, tuple[int, ...]]] = {}
+        self._unsupported: dict[str, str] = {}
+        self.metadata = {}
         try:
             for file in sorted(set(weight_map.values())):
                 shard_path = self.path.parent / file
@@ -65,16 +85,24 @@ class ShardedFile(TensorFile):
                         f"{self.path.parent}; the download is incomplete"
                     )
                 links.check(shard_path)  # its reader refuses anything but a regular file
-                shard = opener(shard_path)
-                self._shards.append(shard)
-                self._file[id(shard)] = file
+                shard = self._shard_file(file)
+                if not self._files:
+                    self.metadata = dict(shard.metadata)
+                self._files.append(file)
                 self.notes.extend(n for n in shard.notes if n not in self.notes)
+                skipped = shard.unsupported()
                 for name in shard:
                     if weight_map.get(name) == file:
-                        self._where[name] = shard
+                        self._where[name] = file
                     elif name in shard.aliases and name not in weight_map:  # a tie, kept here
-                        self._where[name] = shard
+                        self._where[name] = file
                         self.aliases[name] = shard.aliases[name]
+                    else:
+                        continue
+                    if name in skipped:
+                        self._unsupported[name] = skipped[name]
+                    else:
+                        self._info[name] = shard.info(name)
             missing = [name for name in weight_map if name not in self._where]
             if missing:
                 raise FormatError(
@@ -85,8 +113,30 @@ class ShardedFile(TensorFile):
         except BaseException:
             self.close()
             raise
-        self.metadata = dict(self._shards[0].metadata) if self._shards else {}
         self._restore_ties(self._where)  # ties whose kept name is in another shard
+        for name, kept in self.aliases.items():
+            if name not in self._info and kept in self._info:
+                self._info[name] = self._info[kept]
+
+    def _shard_file(self, file: str) -> TensorFile:
+        """The open shard ``file``: opened (again) when it is not, the oldest closed."""
+        shard = self._open.get(file)
+        if shard is not None:
+            self._open.move_to_end(file)
+            return shard
+        while len(self._open) >= OPEN_SHARDS:
+            self._open.popitem(last=False)[1].close()
+        path = self.path.parent / file
+        self._links.check(path)
+        before = _identity(path)
+        if self._identity.setdefault(file, before) != before:
+            raise FormatError(
+                f"{path} was replaced or changed since {self.path} was opened; open the "
+                "checkpoint again"
+            )
+        shard = self._opener(path)
+        self._open[file] = shard
+        return shard
 
     def keys(self) -> list[str]:
         return list(self._where)
@@ -96,20 +146,23 @@ class ShardedFile(TensorFile):
 
     def _shard(self, name: str) -> TensorFile:
         try:
-            return self._where[name]
+            file = self._where[name]
         except KeyError:
             keys = self.keys()[:10]
             raise KeyError(f"{name!r} is not in {self.path}; its keys are {keys}") from None
+        return self._shard_file(file)
 
     def shard_of(self, name: str) -> str:
         """The file name of the shard holding ``name``."""
-        return self._file[id(self._shard(name))]
+        self._shard(name)  # the KeyError of an unknown name
+        return self._where[name]
 
     def info(self, name: str) -> tuple[DTypeRow, tuple[int, ...]]:
-        return self._shard(name).info(name)
+        found = self._info.get(name)
+        return found if found is not None else self._shard(name).info(name)
 
     def unsupported(self) -> dict[str, str]:
-        return {k: v for s in self._shards for k, v in s.unsupported().items() if k in self}
+        return dict(self._unsupported)
 
     def nbytes(self, name: str) -> int:
         return self._shard(name).nbytes(name)
@@ -122,8 +175,14 @@ class ShardedFile(TensorFile):
         return self._shard(name).get(name, **options)
 
     def close(self) -> None:
-        for shard in self._shards:
-            shard.close()
+        while self._open:
+            self._open.popitem(last=False)[1].close()
 
     def __repr__(self) -> str:
-        return f"<ShardedFile {str(self.path)!r}: {len(self._shards)} shards>"
+        return f"<ShardedFile {str(self.path)!r}: {len(self._files)} shards>"
+
+
+def _identity(path: Path) -> tuple[int, ...]:
+    """What tells a file from another put under its name: device, inode, size, mtime."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -18,6 +18,11 @@ refused rather than unpacked behind the caller's back.
 and at most ``max_chunk_bytes``; every chunk is written, even one that equals the fill
 value (zarr would otherwise skip it, and its comparison folds NaN payloads and -0.0).
 
+**Names** are Zarr node names and directories: :data:`NAMES` holds them to the v3
+spec's rules (not empty, no ``/``, not only periods, no leading ``__``) and to what a
+directory can hold faithfully: no NUL, no lone surrogate, no ``\\``, and no two names
+that differ only in case (one directory on macOS and Windows).
+
 **Metadata** goes to the group's attributes as JSON values (``tb.load`` gives them
 back in ``metadata`` as strings and typed in ``plain_values()``); the key
 ``"tensorbridge"`` is reserved for the tensors' order.
@@ -84,6 +89,15 @@ from ._common import (
     row_of,
 )
 from ._files import Links, read_limited, read_regular
+from ._keys import (
+    NameRules,
+    case_insensitive,
+    no_nul,
+    not_empty,
+    one_file_name,
+    reserved_prefix,
+    valid_unicode,
+)
 
 if TYPE_CHECKING:
     import zarr as zarr_module
@@ -93,6 +107,7 @@ __all__ = [
     "MAX_CHUNK_BYTES",
     "MAX_FILL_BYTES",
     "MAX_FILL_CHUNKS",
+    "NAMES",
     "StoreWriter",
     "ZarrFile",
     "chunk_grid",
@@ -114,6 +129,14 @@ MAX_FILL_BYTES = 64 << 20  # what a read may make up from fill_value beyond the 
 MAX_FILL_CHUNKS = 1024  # absent chunks a read may fill (zarr looks up each one)
 RESERVED = "tensorbridge"  # the group attribute that holds the tensors' order
 _CONFIG = {"write_empty_chunks": True}
+
+# each name is a directory of the store: the rules of tensorbridge.io._keys that apply
+NAMES = NameRules(
+    (not_empty, no_nul, valid_unicode, one_file_name, reserved_prefix("__", "the Zarr spec")),
+    same=case_insensitive,
+    same_means="differ only in case: as directories of a store they are one on a "
+    "case-insensitive filesystem (macOS, Windows)",
+)
 
 
 def require_zarr() -> Any:
@@ -211,7 +234,7 @@ def create_array(
     """
     zarr = require_zarr()
     row = storable(dtype)
-    check_name(name)
+    check_names([name], repr(os.fspath(root)))
     return zarr.create_array(  # type: ignore[no-any-return]
         store=os.fspath(Path(root) / name),
         shape=tuple(int(n) for n in shape),
@@ -320,15 +343,18 @@ _PACKED_MESSAGE = (
 )
 
 
-def check_name(name: Any) -> None:
-    """Refuse a tensor name that is no Zarr node name (empty, ``/``, ``.``, ``..``, ``__*``)."""
-    if not isinstance(name, str) or not name:
-        raise UnsupportedTensorError(f"Zarr array names are non-empty strings, got {name!r}")
-    if "/" in name or name in (".", "..") or name.startswith("__"):
-        raise UnsupportedTensorError(
-            f"{name!r} is no Zarr array name (no '/', not '.' or '..', no leading '__'); "
-            "rename the tensor"
-        )
+def check_names(names: Iterable[Any], where: str) -> None:
+    """Refuse names that are no Zarr node names or break :data:`NAMES` (``where``: the store).
+
+    Raises:
+        UnsupportedTensorError: a name that is no string.
+        InvalidNameError: a name :data:`NAMES` refuses, or two that collide.
+    """
+    names = list(names)
+    for name in names:
+        if not isinstance(name, str):
+            raise UnsupportedTensorError(f"{where}: Zarr array names are strings, got {name!r}")
+    NAMES.check(names, where)
 
 
 # --- saving a whole state dict ----------------------------------------------------------------
@@ -416,7 +442,9 @@ def save(
     Raises:
         MissingExtraError: zarr is not installed.
         UnsupportedDtypeError: a dtype with no row in the dtype table, or packed float4.
-        UnsupportedTensorError: not a mapping, a name that is no Zarr name, a sparse tensor.
+        InvalidNameError: a name :data:`NAMES` refuses (no Zarr node name, a NUL, two
+            names one directory on a case-insensitive filesystem).
+        UnsupportedTensorError: not a mapping, a sparse tensor.
         FormatError: ``path`` exists and is no Zarr store.
     """
     require_zarr()
@@ -427,9 +455,9 @@ def save(
             f"{where}: a Zarr store holds named arrays; pass a mapping such as "
             f"{{'x': array}}, not a {type(tensors).__qualname__}"
         )
+    check_names(tensors, where)
     plans = []
     for name, x in tensors.items():
-        check_name(name)
         try:
             plans.append((name, x, cast_target(_source_row(x), float_dtype)))
         except (UnsupportedDtypeError, UnsupportedTensorError) as err:
@@ -489,7 +517,8 @@ class StoreWriter:
         self.saved: dict[str, Any] = {}  # more of tensorbridge's own group attribute
         attributes(self.metadata, [], repr(str(self.path)))  # refuse bad metadata up front
         self.stale = existing_arrays(self.path)
-        self.staging = begin_store(self.path, new_save_id())
+        with destination_errors(self.path, only_destination=True):  # a file in the way
+            self.staging = begin_store(self.path, new_save_id())
 
     def create(
         self,
@@ -504,7 +533,8 @@ class StoreWriter:
         row = storable(dtype)
         whole = [((0,) * len(shape), shape)]
         chunks = chunk_grid(shape, blocks or whole, row.itemsize, self.max_chunk_bytes)
-        array = create_array(self.staging, name, shape, row, chunks)
+        with destination_errors(self.path):
+            array = create_array(self.staging, name, shape, row, chunks)
         self.names.append(name)
         return array
 
@@ -513,7 +543,8 @@ class StoreWriter:
         attrs = attributes(self.metadata, self.names, repr(str(self.path)))
         attrs[RESERVED].update(self.saved)
         doc = group_document(attrs)
-        publish_store(self.path, self.staging, self.names, GROUP_FILE, doc, self.stale)
+        with destination_errors(self.path):
+            publish_store(self.path, self.staging, self.names, GROUP_FILE, doc, self.stale)
 
     def abandon(self) -> None:
         """Delete the staging directory: nothing of this save is committed."""

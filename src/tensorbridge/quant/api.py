@@ -368,6 +368,7 @@ class DequantizedFile(TensorFile):
         parts = {
             role: self.src._array(stored, copy_on_write=True) for role, stored in g.parts.items()
         }
+        SCHEMES[g.scheme].check_values(g, parts, str(self.path))
         return DequantizedTensor(SCHEMES[g.scheme], g, parts, self.row)
 
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..dtypes import DTypeRow
-from ..errors import QuantizationError
+from ..errors import FormatError, QuantizationError
 
 __all__ = [
     "FP4_VALUES",
@@ -52,6 +52,7 @@ __all__ = [
     "fp4_encode",
     "fp8_to_f32",
     "fp8_to_f32_shifted",
+    "group_index",
     "group_scale_",
     "int_codes_f32",
     "packed_words",
@@ -189,6 +190,16 @@ class Scheme(abc.ABC):
             f"tensorbridge dequantizes {self.name} but does not write it; quantize with "
             "one of the MX formats, nvfp4 or fp8-block"
         )
+
+    def check_values(self, group: Group, parts: Mapping[str, Any], where: str) -> None:
+        """Check the stored values this scheme indexes by (an act-order ``g_idx``) once,
+        before any piece is computed; ``where`` (the file) starts the message. The
+        kernels check them too, without the file's name. Default: nothing to check.
+
+        Raises:
+            FormatError: an index out of its range.
+        """
+        return None
 
     def block_index(self, group: Group, flat: torch.Tensor) -> torch.Tensor | None:
         """Each output element's block: flat indices of the dequantized weight (C order)
@@ -381,6 +392,30 @@ def int_codes_f32(
     if order is not None:
         values = values.reshape(*words.shape, per)[..., list(np.argsort(order))]
     return values.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+
+
+def group_index(g_idx: torch.Tensor, groups: int, name: str) -> torch.Tensor:
+    """A stored act-order ``g_idx`` (tensor ``name``) as int64, every entry checked in
+    ``[0, groups)``: an index from a file never wraps (``-1``, the last group) or reads
+    out of range.
+
+    >>> group_index(torch.tensor([0, 1, 1], dtype=torch.int32), 2, "q.g_idx").tolist()
+    [0, 1, 1]
+
+    Raises:
+        FormatError: an entry out of range, or a ``g_idx`` that is not integers.
+    """
+    if g_idx.is_floating_point() or g_idx.is_complex() or g_idx.dtype == torch.bool:
+        raise FormatError(f"{name} is {g_idx.dtype}; a g_idx holds integer group indices")
+    idx = g_idx.long()
+    bad = ((idx < 0) | (idx >= groups)).nonzero()
+    if bad.numel():
+        row = int(bad[0, 0]) if bad.dim() > 1 else int(bad[0])
+        raise FormatError(
+            f"{name}[{row}] is {int(idx.reshape(-1)[row])}, but there are {groups} groups "
+            f"(indices 0 to {groups - 1}); the checkpoint is corrupt"
+        )
+    return idx
 
 
 def group_scale_(

@@ -23,7 +23,18 @@ import torch
 
 from ..errors import QuantizationError
 from . import base
-from .base import Config, Group, Index, Scheme, group_scale_, int_codes_f32, require, shape_text
+from .base import (
+    Config,
+    Group,
+    Index,
+    Scheme,
+    as_torch,
+    group_index,
+    group_scale_,
+    int_codes_f32,
+    require,
+    shape_text,
+)
 
 __all__ = ["PackQuantized"]
 
@@ -100,7 +111,19 @@ class PackQuantized(Scheme):
                 f"{parts['zeros']} {zrow.name} {shape_text(zshape)} is not zero points packed "
                 f"along the output axis ({shape_text(want)})",
             )
+        if "g_idx" in parts:
+            gshape = index[parts["g_idx"]][1]
+            require(
+                tuple(gshape) == (cols,),
+                f"{parts['g_idx']} {shape_text(gshape)} is not one group per input column "
+                f"([{cols}])",
+            )
         return Group(name, self.name, dict(parts), (out, cols), {"bits": bits, "group_size": gs})
+
+    def check_values(self, group: Group, parts: Mapping[str, Any], where: str) -> None:
+        if "g_idx" in parts:  # scales are [out, groups]
+            groups = as_torch(parts["scale"]).shape[1]
+            group_index(as_torch(parts["g_idx"]), groups, f"{where}: {group.parts['g_idx']}")
 
     def pieces(self, group: Group, parts: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
         bits = group.options["bits"]
@@ -125,7 +148,9 @@ class PackQuantized(Scheme):
         if "zeros" in parts:  # packed along the output axis, stored + offset like the codes
             z = int_codes_f32(parts["zeros"].t().contiguous(), bits, offset)[:, :rows]
             zero = z.t()
-        g = parts["g_idx"].long() if "g_idx" in parts else int(gs)
+        g: torch.Tensor | int = int(gs)
+        if "g_idx" in parts:
+            g = group_index(parts["g_idx"], parts["scale"].shape[1], group.parts["g_idx"])
         return group_scale_(w, g, parts["scale"].to(torch.float32), zero)
 
 

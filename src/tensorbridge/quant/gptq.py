@@ -41,6 +41,8 @@ from .base import (
     Group,
     Index,
     Scheme,
+    as_torch,
+    group_index,
     group_scale_,
     packed_words,
     require,
@@ -179,6 +181,11 @@ class GPTQ(Scheme):
         opts = {"bits": bits, "group_size": gs, "format": fmt}
         return Group(name, self.name, dict(parts), (out, rows_in), opts)
 
+    def check_values(self, group: Group, parts: Mapping[str, Any], where: str) -> None:
+        if "g_idx" in parts:  # scales are [groups, out]
+            groups = as_torch(parts["scale"]).shape[0]
+            group_index(as_torch(parts["g_idx"]), groups, f"{where}: {group.parts['g_idx']}")
+
     def pieces(self, group: Group, parts: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
         bits = group.options["bits"]
         per = 32 // bits if 32 % bits == 0 else 32  # output columns a run of zero words holds
@@ -206,7 +213,7 @@ class GPTQ(Scheme):
         rows_in = q.shape[1]
         g: torch.Tensor | int = int(gs)
         if "g_idx" in parts:
-            g_idx = parts["g_idx"].long()
+            g_idx = group_index(parts["g_idx"], parts["scale"].shape[0], group.parts["g_idx"])
             plain = g_idx.numel() == rows_in and torch.equal(g_idx, torch.arange(rows_in) // gs)
             g = g if plain else g_idx  # act-order: a gather; otherwise a broadcast
         w = q.to(torch.float32)
