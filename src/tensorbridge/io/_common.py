@@ -21,7 +21,6 @@ import mmap
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -35,6 +34,7 @@ from .._versions import byte_bounds
 from ..convert import to_numpy, to_torch
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
 from ..errors import DestinationError, FormatError, InvalidArgumentError, UnsupportedDtypeError
+from ._locks import Claim, alive, commit_lock, remove_dead_claims
 from ._pipeline import STREAM_CHUNK, Task, pipelined
 
 DEFAULT_CHUNK = 64 << 20
@@ -89,6 +89,15 @@ class StagedFiles:
 
     def __init__(self) -> None:
         self.temps: dict[Path, str] = {}  # final path -> its written, fsynced temporary
+        self.claims: dict[Path, Claim] = {}  # directory -> this save's claim on it
+
+    def claim(self, directory: Path) -> Claim:
+        """This save's claim on ``directory`` (made on first use): its temporaries there
+        carry the claim's token, and no other save removes them while it is held."""
+        claim = self.claims.get(directory)
+        if claim is None:
+            claim = self.claims[directory] = Claim(directory)
+        return claim
 
     @contextlib.contextmanager
     def write(self, path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
@@ -98,8 +107,10 @@ class StagedFiles:
             target.parent.mkdir(parents=True, exist_ok=True)
             if target.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "Is a directory")
-            fd, tmp = tempfile.mkstemp(
-                prefix=f".{target.name}.", suffix=TEMP_SUFFIX, dir=target.parent
+            tmp = str(self.claim(target.parent).temp(target))
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+            fd = os.open(
+                tmp, flags | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0), 0o600
             )
         try:
             with destination_errors(target, tmp):
@@ -117,22 +128,37 @@ class StagedFiles:
         self.temps[target] = tmp
 
     def commit(self) -> None:
-        """Rename every written file into place, then make the renames durable."""
+        """Rename every written file into place, then make the renames durable.
+
+        The renames run under each directory's commit lock (:func:`commit_lock`), so a
+        concurrent save's commit never interleaves with them: the last commit wins.
+        """
         directories = {p.parent for p in self.temps}
-        for target, tmp in list(self.temps.items()):
-            with destination_errors(target, tmp):
-                os.replace(tmp, target)
-            del self.temps[target]
-            remove_temps(target)
-        for directory in directories:
-            fsync_dir(directory)
+        with contextlib.ExitStack() as locks:
+            for directory in sorted(directories):
+                locks.enter_context(commit_lock(directory))
+            for target, tmp in list(self.temps.items()):
+                with destination_errors(target, tmp):
+                    os.replace(tmp, target)
+                del self.temps[target]
+                remove_temps(target)
+            for directory in directories:
+                fsync_dir(directory)
+        self.release()
 
     def discard(self) -> None:
-        """Remove the temporaries not yet committed."""
+        """Remove the temporaries not yet committed, and give up the claims."""
         for tmp in self.temps.values():
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         self.temps.clear()
+        self.release()
+
+    def release(self) -> None:
+        """Give up this save's claims (once its temporaries are committed or removed)."""
+        for claim in self.claims.values():
+            claim.release()
+        self.claims.clear()
 
     def __enter__(self) -> StagedFiles:
         return self
@@ -149,14 +175,17 @@ def remove_temps(target: Path) -> None:
 
     Called once a save of ``target`` has renamed its own file into place: a save
     killed before its rename leaves a hidden ``.NAME.<8 random>.tmp`` that no reader
-    looks at but that holds the disk space of a whole file.
+    looks at but that holds the disk space of a whole file. A temporary whose save
+    is still running (its claim is held: :mod:`tensorbridge.io._locks`) is kept.
     """
-    pattern = re.compile(re.escape(f".{target.name}.") + r"[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
+    pattern = re.compile(re.escape(f".{target.name}.") + r"([a-z0-9_]{8})" + re.escape(TEMP_SUFFIX))
     with contextlib.suppress(OSError):
         for entry in os.scandir(target.parent):
-            if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+            m = pattern.fullmatch(entry.name)
+            if m and entry.is_file(follow_symlinks=False) and not alive(target.parent, m[1]):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
+    remove_dead_claims(target.parent)
 
 
 _NO_SPACE = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
@@ -188,6 +217,13 @@ def destination_errors(
         ours = only_destination or name in (None, tmp, str(target)) or inside
         if err.errno is None or not ours:
             raise
+        if err.errno == errno.ENOENT and tmp is not None and name == tmp:
+            raise DestinationError(
+                err.errno,
+                f"cannot write {target}: its temporary file was removed while this save was "
+                "writing it (by another program cleaning the directory); nothing of this "
+                "save was kept; save again",
+            ) from None
         if err.errno in _NO_SPACE:
             fix = "free space (or raise the file size limit) or save to another disk"
         elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):

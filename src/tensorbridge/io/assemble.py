@@ -31,7 +31,6 @@ import contextlib
 import math
 import os
 import re
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from ._common import (
     remove_temps,
 )
 from ._detect import INDEX_SUFFIX
+from ._locks import Claim, commit_lock
 from .dcp import Chunk, DcpFile
 
 __all__ = ["WINDOW", "Placement", "Task", "run", "save", "windows"]
@@ -301,10 +301,14 @@ def save(
     )
     temps: dict[Path, str] = {}
     sharded = fmt == "safetensors" and index_bytes is not None
+    claims: dict[Path, Claim] = {}  # this save's claims on its temporaries' directories
     try:
         for out in outs:
             with destination_errors(out.final):
-                temps[out.final] = _preallocate(out)
+                out.final.parent.mkdir(parents=True, exist_ok=True)
+                claim = claims.get(out.final.parent) or Claim(out.final.parent)
+                claims[out.final.parent] = claim
+                temps[out.final] = _preallocate(out, claim)
         items = [
             Placement(n, temps[final], off, rows[n].name, nbytes)
             for n, final, off, nbytes in placements
@@ -319,24 +323,34 @@ def save(
             index_name = target.name + INDEX_SUFFIX
             with destination_errors(target.parent):
                 commit_files(
-                    target.parent, files, index_name, index_bytes or b"", stale_files(target)
+                    target.parent,
+                    files,
+                    index_name,
+                    index_bytes or b"",
+                    lambda: stale_files(target),
                 )
-        for final, tmp in temps.items():
-            os.replace(tmp, final)
-            remove_temps(final)
-        temps.clear()
-        fsync_dir(target.parent if fmt == "safetensors" else target)
+        directory = target.parent if fmt == "safetensors" else target
+        directory.mkdir(parents=True, exist_ok=True)
+        with commit_lock(directory):
+            for final, tmp in temps.items():  # every file of one save, or of the other
+                with destination_errors(final, tmp):
+                    os.replace(tmp, final)
+                remove_temps(final)
+            temps.clear()
+            if not sharded and fmt == "safetensors":
+                from .safetensors import remove_stale
+
+                remove_stale(target)
+            fsync_dir(target.parent if fmt == "safetensors" else target)
     finally:
         for tmp in temps.values():
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+        for claim in claims.values():
+            claim.release()
     written = [out.final for out in outs]
     if sharded:
         written.append(target.parent / (target.name + INDEX_SUFFIX))
-    elif fmt == "safetensors":
-        from .safetensors import remove_stale
-
-        remove_stale(target)
     fsync_dir(target.parent if fmt == "safetensors" else target)
     return written
 
@@ -459,10 +473,11 @@ def _plan(
 _SAFE_NAME = re.compile(r"[^/\\\x00]+")
 
 
-def _preallocate(out: _Out) -> str:
-    """A temporary file beside ``out.final`` holding its header, extended to its size."""
-    out.final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.final.name}.", suffix=".tmp", dir=out.final.parent)
+def _preallocate(out: _Out, claim: Claim) -> str:
+    """A temporary file beside ``out.final`` holding its header, extended to its size;
+    its name carries the token of this save's ``claim``."""
+    tmp = str(claim.temp(out.final))
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         umask = os.umask(0)
         os.umask(umask)
