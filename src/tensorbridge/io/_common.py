@@ -17,6 +17,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import errno
+import io
 import mmap
 import os
 import re
@@ -430,6 +431,83 @@ def map_file(path: str | os.PathLike[str], *, copy_on_write: bool = False) -> mm
             return b""
         access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
         return mmap.mmap(f.fileno(), 0, access=access)
+
+
+class FileReader(io.RawIOBase):
+    """A read-only, seekable file over an open descriptor, with a position of its own.
+
+    Readers keep the descriptor of the file they opened and read through it (``pread``)
+    instead of opening the path again: a path that another save has since replaced
+    atomically names a new file, the descriptor still the one opened (one handle, one
+    version). Several readers may share one descriptor. Closing this object leaves the
+    descriptor open.
+    """
+
+    def __init__(self, fd: int, size: int) -> None:
+        super().__init__()
+        self.fd, self.size, self.pos = fd, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.size}[whence]
+        self.pos = max(0, base + pos)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        if hasattr(os, "preadv"):
+            n = os.preadv(self.fd, [view], self.pos)
+        else:  # pragma: no cover - Windows
+            data = os.pread(self.fd, len(view), self.pos)
+            n = len(data)
+            view[:n] = data
+        self.pos += n
+        return n
+
+
+def open_reader(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """A read-only descriptor of ``path`` (closed on exec) and the file's size."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        return fd, os.fstat(fd).st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells one version of a file from another: device, inode, size, modification time."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def check_same_version(
+    path: str | os.PathLike[str], opened: tuple[int, int, int, int], where: object
+) -> None:
+    """Refuse to go on reading a checkpoint whose file ``path`` is no longer the one opened.
+
+    For files a reader must open by path after the checkpoint was opened (a Zarr
+    store's chunks): ``opened`` is :func:`identity` of ``path`` when it was.
+
+    Raises:
+        FormatError: ``path`` was replaced (another save committed) or removed.
+    """
+    try:
+        now = identity(os.stat(path))
+    except OSError:
+        now = None
+    if now != opened:
+        raise FormatError(
+            f"{where} was replaced since it was opened (another save committed a new "
+            "version); this handle reads only the version it opened: open it again"
+        )
 
 
 def check_unchanged(file: int | str | os.PathLike[str], size: int, where: object) -> None:

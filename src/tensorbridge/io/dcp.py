@@ -68,7 +68,7 @@ import torch
 
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError
-from ._common import TensorFile, check_unchanged, read_small
+from ._common import TensorFile, check_same_version, identity, read_small
 
 __all__ = ["METADATA_FILE", "Chunk", "DcpFile", "load", "open", "read_metadata"]
 
@@ -465,8 +465,18 @@ class _Mapped:
     def __init__(self, path: Path) -> None:
         self.path = path
         with path.open("rb") as f:
-            self.size = os.fstat(f.fileno()).st_size
+            st = os.fstat(f.fileno())
+            self.size, self.version = st.st_size, identity(st)
             self.map: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
+
+    def check_unchanged(self) -> None:
+        """Refuse a view of a file truncated since it was mapped (SIGBUS: see _common)."""
+        now = self.map.size() if isinstance(self.map, mmap.mmap) else 0  # the mapped file's
+        if now != self.size:
+            raise FormatError(
+                f"{self.path} changed size since it was opened ({self.size} -> {now} bytes): "
+                "another process is writing it; open it again once that write is complete"
+            )
 
     def close(self) -> None:
         if isinstance(self.map, mmap.mmap):
@@ -490,6 +500,7 @@ class DcpFile(TensorFile):
         p = Path(path)
         self.path = p if p.is_dir() else p.parent
         self._meta = read_metadata(self.path)
+        self._versions = _versions(self.path, self._meta)
         self._files: dict[str, _Mapped] = {}
         self._tensors: dict[str, Any] = {}
         self._values: dict[str, Any] = {}
@@ -592,7 +603,7 @@ class DcpFile(TensorFile):
             return np.empty(chunk.shape, row.numpy)
         mapped = self._file(chunk.file)
         where = f"{mapped.path}: tensor {name!r} at offset {chunk.item_offset}"
-        check_unchanged(mapped.path, mapped.size, mapped.path)
+        mapped.check_unchanged()
         if chunk.item_offset + chunk.item_length > mapped.size:
             raise FormatError(
                 f"{where}: the item's bytes run past the file's {mapped.size} bytes; the file is "
@@ -650,9 +661,11 @@ class DcpFile(TensorFile):
         try:
             reader.read_data(plan, _Into()).wait()  # type: ignore[arg-type]
         except Exception as err:
+            self._check_version(chunk.file)  # a file replaced while read is no corrupt one
             raise FormatError(
                 f"{self.path}: tensor {name!r}: DCP's reader failed on a chunk ({err})"
             ) from None
+        self._check_version(chunk.file)  # DCP's reader opened the file by its path
         from ..convert import to_numpy
 
         out: np.ndarray = to_numpy(target)
@@ -716,8 +729,22 @@ class DcpFile(TensorFile):
                     f"{self.path}: the metadata names {name}, which is missing; the checkpoint "
                     "is incomplete"
                 )
-            f = self._files[name] = _Mapped(p)
+            f = _Mapped(p)
+            if self._versions.get(name, f.version) != f.version:
+                f.close()
+                self._check_version(name)  # raises
+            self._files[name] = f
         return f
+
+    def _check_version(self, name: str) -> None:
+        """Refuse a data file that is not the one there when the checkpoint was opened.
+
+        Data files are mapped when first read, not at open (a checkpoint may have
+        thousands); one that another save replaced since (a new file, or the same one
+        rewritten) belongs to another version, which this handle never mixes in.
+        """
+        if name in self._versions:
+            check_same_version(self.path / name, self._versions[name], self.path / name)
 
     def _read_value(self, key: str) -> None:
         """A non-tensor entry: a plain value into metadata, anything else reported."""
@@ -750,6 +777,17 @@ class DcpFile(TensorFile):
             "with torch.distributed.checkpoint if you trust it)"
         )
         self._order.append(key)
+
+
+def _versions(path: Path, meta: Any) -> dict[str, tuple[int, int, int, int]]:
+    """Each data file's :func:`identity` when the checkpoint is opened (see ``_file``)."""
+    out: dict[str, tuple[int, int, int, int]] = {}
+    for info in meta.storage_data.values():
+        rel = getattr(info, "relative_path", None)
+        if type(rel) is str and rel not in out:
+            with contextlib.suppress(OSError, ValueError):
+                out[rel] = identity(os.stat(path / rel))
+    return out
 
 
 def _plain(v: Any) -> bool:

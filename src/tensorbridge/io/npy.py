@@ -29,10 +29,11 @@ copy-on-write mapping per opened file (writes never reach the file).
 from __future__ import annotations
 
 import ast
-import builtins
 import io
+import mmap
 import os
 import struct
+import weakref
 from collections.abc import Iterable, Mapping
 from math import prod
 from pathlib import Path
@@ -60,12 +61,13 @@ from ..errors import (
 )
 from ._common import (
     DEFAULT_CHUNK,
+    FileReader,
     TensorFile,
     atomic_write,
     cast_target,
     check_unchanged,
     iter_bytes,
-    map_file,
+    open_reader,
     progress_bar,
     row_of,
 )
@@ -392,30 +394,43 @@ def no_metadata(metadata: Mapping[str, Any] | None, path: Path) -> None:
 
 
 class MappedFile(TensorFile):
-    """A file read through one read-only and one copy-on-write map (``.npy``, ``.npz``)."""
+    """A file read through one read-only and one copy-on-write map (``.npy``, ``.npz``).
 
-    def __init__(self, path: Path, size: int) -> None:
+    The file is opened once: both maps and every read come from that descriptor, so
+    a handle keeps reading the version it opened when another save replaces the path.
+    """
+
+    def __init__(self, path: Path) -> None:
         super().__init__()
         self._path = path
-        self._size = size
+        self._fd, self._size = open_reader(path)
+        # a plain descriptor closed on collection: dropping an unclosed file stays quiet
+        self._closer = weakref.finalize(self, os.close, self._fd)
         self._maps: dict[bool, Any] = {}
+
+    def _reader(self) -> io.BufferedReader:
+        """The opened file as a stream of its own (its position shared with no one)."""
+        if not self._closer.alive:
+            raise ValueError(f"{str(self._path)!r} is closed; open it again")
+        return io.BufferedReader(FileReader(self._fd, self._size))
 
     def _map(self, copy_on_write: bool) -> Any:
         mm = self._maps.get(copy_on_write)
         if mm is not None:
-            check_unchanged(self._path, self._size, repr(str(self._path)))
+            check_unchanged(self._fd, self._size, repr(str(self._path)))
         else:
-            mm = map_file(self._path, copy_on_write=copy_on_write)
-            if len(mm) != self._size:
-                raise FormatError(
-                    f"{str(self._path)!r}: the file changed size since it was "
-                    f"opened ({self._size} -> {len(mm)} bytes); open it again"
-                )
-            self._maps[copy_on_write] = mm
+            if not self._closer.alive:
+                raise ValueError(f"{str(self._path)!r} is closed; open it again")
+            check_unchanged(self._fd, self._size, repr(str(self._path)))
+            if self._size == 0:
+                return b""
+            access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
+            mm = self._maps[copy_on_write] = mmap.mmap(self._fd, 0, access=access)
         return mm
 
     def close(self) -> None:
         self._maps.clear()  # handed-out arrays keep their mapping alive
+        self._closer()
 
 
 class NpyFile(MappedFile):
@@ -425,11 +440,14 @@ class NpyFile(MappedFile):
 
     def __init__(self, path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> None:
         p = Path(path)
-        with builtins.open(p, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(min(size, HEAD_LIMIT))
-        super().__init__(p, size)
-        self.header = parse_header(head, size, repr(str(p)), raw_row(dtype))
+        super().__init__(p)
+        try:
+            with self._reader() as f:
+                head = f.read(min(self._size, HEAD_LIMIT))
+            self.header = parse_header(head, self._size, repr(str(p)), raw_row(dtype))
+        except BaseException:
+            self.close()
+            raise
         self.name = p.stem
 
     def keys(self) -> list[str]:
@@ -445,7 +463,7 @@ class NpyFile(MappedFile):
 
     def _owned(self, name: str) -> np.ndarray:
         self._check(name)
-        with builtins.open(self._path, "rb") as f:
+        with self._reader() as f:
             f.seek(self.header.offset)
             return read_data(f, self.header, repr(str(self._path)))
 

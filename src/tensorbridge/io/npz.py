@@ -151,12 +151,16 @@ class NpzFile(MappedFile):
         p = Path(path)
         where = repr(str(p))
         self._raw = raw_row(dtype)
+        super().__init__(p)
         try:
-            with zipfile.ZipFile(p) as zf:
+            with self._reader() as f, zipfile.ZipFile(f) as zf:
                 infos = zf.infolist()
         except ZIP_ERRORS as err:
+            self.close()
             raise FormatError(f"{where}: not a readable .npz (zip) archive: {err}") from None
-        super().__init__(p, os.stat(p).st_size)
+        except BaseException:
+            self.close()
+            raise
         self._members: dict[str, zipfile.ZipInfo] = {}
         for info in infos:
             if not info.filename:
@@ -214,7 +218,7 @@ class NpzFile(MappedFile):
                     f"{info.compress_size} deflated ones, more than deflate "
                     "can produce; the archive is corrupt"
                 )
-            with _member(self._path, info, where) as f:
+            with _member(self._reader(), info, where) as f:
                 head = f.read(min(info.file_size, HEAD_LIMIT))
             result = (parse_header(head, info.file_size, where, self._raw), -1)
         self._headers[name] = result
@@ -245,7 +249,7 @@ class NpzFile(MappedFile):
         h, start = self._header(name)
         info, where = self._members[name], self._where(name)
         if start < 0:
-            with _member(self._path, info, where) as f:
+            with _member(self._reader(), info, where) as f:
                 f.read(h.offset)
                 return read_data(f, h, where)
         mm = self._map(False)
@@ -257,10 +261,11 @@ class NpzFile(MappedFile):
 
 
 @contextlib.contextmanager
-def _member(path: Path, info: zipfile.ZipInfo, where: str) -> Iterator[BinaryIO]:
-    """A deflated member as a stream; zip and zlib failures become :class:`FormatError`."""
+def _member(file: BinaryIO, info: zipfile.ZipInfo, where: str) -> Iterator[BinaryIO]:
+    """A deflated member of the opened ``file`` as a stream; zip and zlib failures become
+    :class:`FormatError`."""
     try:
-        with zipfile.ZipFile(path) as zf, zf.open(info) as f:
+        with file, zipfile.ZipFile(file) as zf, zf.open(info) as f:
             yield f  # type: ignore[misc]
     except ZIP_ERRORS as err:
         raise FormatError(f"{where}: corrupt member data: {err}") from None

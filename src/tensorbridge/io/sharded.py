@@ -11,6 +11,11 @@ safetensors shards reads too), and ``[name]`` / ``get`` go to the shard that hol
 name: nothing is read until asked, and a shard's tensors keep their reader's rules
 (memory-mapped, read-only NumPy views, copy-on-write torch tensors).
 
+Every shard is opened when the index is, and the index is checked to be the same
+file afterwards (else opened again): a save that commits a new version later (a new
+index first, then new files under the shards' names) changes nothing this handle
+reads.
+
 >>> import os, tempfile, torch, tensorbridge as tb
 >>> d = tempfile.mkdtemp()
 >>> tb.save({"a": torch.zeros(4), "b": torch.ones(4)}, d, max_shard_size=16)
@@ -30,10 +35,12 @@ import numpy as np
 
 from ..dtypes import DTypeRow
 from ..errors import FormatError
-from ._common import TensorFile
+from ._common import TensorFile, check_same_version, identity
 from ._safetensors_header import read_index, short
 
 __all__ = ["ShardedFile"]
+
+_ATTEMPTS = 3  # opens of an index that saves keep replacing, before giving up
 
 
 class ShardedFile(TensorFile):
@@ -42,6 +49,21 @@ class ShardedFile(TensorFile):
     def __init__(self, index: str | os.PathLike[str], opener: Callable[[Path], TensorFile]) -> None:
         super().__init__()
         self.path = Path(index)
+        for attempt in range(_ATTEMPTS):
+            opened = identity(os.stat(self.path))
+            self._open(opener)
+            try:  # the shards are the index's: no save committed while they were opened
+                check_same_version(self.path, opened, self.path)
+                break
+            except FormatError:
+                self.close()
+                if attempt == _ATTEMPTS - 1:
+                    raise
+        self.metadata = dict(self._shards[0].metadata) if self._shards else {}
+        self._restore_ties(self._where)  # ties whose kept name is in another shard
+
+    def _open(self, opener: Callable[[Path], TensorFile]) -> None:
+        """Open every shard the index names (each reader keeps its file open)."""
         weight_map = read_index(self.path)
         self._shards: list[TensorFile] = []
         self._where: dict[str, TensorFile] = {}
@@ -74,8 +96,6 @@ class ShardedFile(TensorFile):
         except BaseException:
             self.close()
             raise
-        self.metadata = dict(self._shards[0].metadata) if self._shards else {}
-        self._restore_ties(self._where)  # ties whose kept name is in another shard
 
     def keys(self) -> list[str]:
         return list(self._where)
