@@ -161,3 +161,21 @@ def test_dcp_data_files_replaced_after_open_are_refused_or_read_as_opened(tmp_pa
         assert_version(f, 2)  # every data file mapped now
         _replace_dcp(p, 3)
         assert_version(f, 2)
+
+
+def test_a_conversion_task_refuses_a_checkpoint_replaced_since_it_was_planned(
+    tmp_path: Path,
+) -> None:
+    """A worker process reopens the checkpoint by path: it must be the version planned."""
+    from tensorbridge.io import assemble
+
+    p = tmp_path / "ckpt"
+    _dcp(p, 1)
+    with tb.open(p) as f:
+        versions = tuple(sorted(f.file_versions().items()))
+    _replace_dcp(p, 2)
+    with pytest.raises(FormatError, match=r"replaced since it was opened"):
+        assemble.run(assemble.Task(str(p.absolute()), (), versions=versions))
+    with tb.open(p) as f:
+        now = tuple(sorted(f.file_versions().items()))
+    assert assemble.run(assemble.Task(str(p.absolute()), (), versions=now)) == 0

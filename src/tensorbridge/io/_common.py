@@ -489,7 +489,7 @@ def identity(st: os.stat_result) -> tuple[int, int, int, int]:
 
 
 def check_same_version(
-    path: str | os.PathLike[str], opened: tuple[int, int, int, int], where: object
+    path: str | os.PathLike[str], opened: tuple[int, ...], where: object
 ) -> None:
     """Refuse to go on reading a checkpoint whose file ``path`` is no longer the one opened.
 

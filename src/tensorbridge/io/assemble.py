@@ -83,6 +83,7 @@ class Task:
     source: str  # the checkpoint, reopened by path in the task's process
     items: tuple[Placement, ...]
     window: int = WINDOW
+    versions: tuple[tuple[str, tuple[int, ...]], ...] = ()  # its data files when opened
 
 
 # --- one tensor, window by window -------------------------------------------------------------
@@ -221,7 +222,8 @@ def _pwrite(fd: int, data: memoryview, offset: int) -> None:
         done += os.pwrite(fd, data[done:], offset + done)
 
 
-_OPEN: dict[str, DcpFile] = {}  # a worker process keeps its checkpoints open between tasks
+# a worker process keeps its checkpoints open between tasks, one handle a version
+_OPEN: dict[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], DcpFile] = {}
 
 
 def run(task: Task) -> int:
@@ -230,9 +232,17 @@ def run(task: Task) -> int:
     Each file it wrote to is fsynced before it returns, so the coordinator may
     commit once every task has reported.
     """
-    f = _OPEN.get(task.source)
+    key = (task.source, task.versions)
+    f = _OPEN.get(key)
     if f is None:
-        f = _OPEN[task.source] = DcpFile(task.source)
+        f = DcpFile(task.source)
+        if task.versions and f.file_versions() != dict(task.versions):
+            f.close()  # the checkpoint the coordinator opened was replaced since
+            raise FormatError(
+                f"{task.source} was replaced since it was opened (another save committed a "
+                "new version); open it again and convert again"
+            )
+        _OPEN[key] = f
     total = 0
     for p in task.items:
         total += write_tensor(f, p, task.window)
@@ -372,7 +382,8 @@ def _fill(
             for file in sorted({p.file for p in items if not p.zarr}):
                 _fsync(file)
         else:
-            tasks = _batch(str(f.path.absolute()), items, window)
+            versions = tuple(sorted(f.file_versions().items()))
+            tasks = _batch(str(f.path.absolute()), items, window, versions)
             for done in executor.map(run, tasks):
                 bar.update(done)
     finally:
@@ -493,17 +504,22 @@ def _preallocate(out: _Out, claim: Claim) -> str:
     return tmp
 
 
-def _batch(source: str, items: list[Placement], window: int) -> list[Task]:
+def _batch(
+    source: str,
+    items: list[Placement],
+    window: int,
+    versions: tuple[tuple[str, tuple[int, ...]], ...] = (),
+) -> list[Task]:
     """One task per large tensor; small ones grouped to about ``TASK_BYTES``."""
     tasks: list[Task] = []
     group: list[Placement] = []
     size = 0
     for p in items:
         if group and size + p.nbytes > TASK_BYTES:
-            tasks.append(Task(source, tuple(group), window))
+            tasks.append(Task(source, tuple(group), window, versions))
             group, size = [], 0
         group.append(p)
         size += p.nbytes
     if group:
-        tasks.append(Task(source, tuple(group), window))
+        tasks.append(Task(source, tuple(group), window, versions))
     return tasks

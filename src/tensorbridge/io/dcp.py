@@ -736,6 +736,11 @@ class DcpFile(TensorFile):
             self._files[name] = f
         return f
 
+    def file_versions(self) -> dict[str, tuple[int, ...]]:
+        """Each data file's device, inode, size and modification time when this checkpoint
+        was opened: a process reopening it by path checks it reads the same version."""
+        return dict(self._versions)
+
     def _check_version(self, name: str) -> None:
         """Refuse a data file that is not the one there when the checkpoint was opened.
 
@@ -779,9 +784,9 @@ class DcpFile(TensorFile):
         self._order.append(key)
 
 
-def _versions(path: Path, meta: Any) -> dict[str, tuple[int, int, int, int]]:
+def _versions(path: Path, meta: Any) -> dict[str, tuple[int, ...]]:
     """Each data file's :func:`identity` when the checkpoint is opened (see ``_file``)."""
-    out: dict[str, tuple[int, int, int, int]] = {}
+    out: dict[str, tuple[int, ...]] = {}
     for info in meta.storage_data.values():
         rel = getattr(info, "relative_path", None)
         if type(rel) is str and rel not in out:
