@@ -35,7 +35,7 @@ from .._versions import byte_bounds
 from ..convert import to_numpy, to_torch
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
 from ..errors import DestinationError, FormatError, InvalidArgumentError, UnsupportedDtypeError
-from ._locks import Claim, alive, commit_lock, remove_dead_claims
+from ._locks import Claim, alive, commit_lock, is_claim_name, remove_dead_claims
 from ._pipeline import STREAM_CHUNK, Task, pipelined
 
 DEFAULT_CHUNK = 64 << 20
@@ -180,13 +180,16 @@ def remove_temps(target: Path) -> None:
     is still running (its claim is held: :mod:`tensorbridge.io._locks`) is kept.
     """
     pattern = re.compile(re.escape(f".{target.name}.") + r"([a-z0-9_]{8})" + re.escape(TEMP_SUFFIX))
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(target.parent):
+    claims = []
+    with contextlib.suppress(OSError), os.scandir(target.parent) as entries:
+        for entry in entries:
             m = pattern.fullmatch(entry.name)
             if m and entry.is_file(follow_symlinks=False) and not alive(target.parent, m[1]):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
-    remove_dead_claims(target.parent)
+            elif is_claim_name(entry.name):
+                claims.append(Path(entry.path))
+    remove_dead_claims(claims)  # after the temporaries: a claim goes once they are gone
 
 
 _NO_SPACE = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}

@@ -144,14 +144,24 @@ def alive(directory: str | os.PathLike[str], token: str) -> bool:
     return False
 
 
-def remove_dead_claims(directory: str | os.PathLike[str]) -> None:
-    """Remove the claim files that killed saves left in ``directory``."""
+def is_claim_name(name: str) -> bool:
+    """Whether ``name`` is a save's claim file."""
+    return CLAIM_NAME.fullmatch(name) is not None
+
+
+def remove_dead_claims(where: str | os.PathLike[str] | list[Path]) -> None:
+    """Remove the claim files that killed saves left in the directory ``where`` (or the
+    claim files listed)."""
     if fcntl is None:  # pragma: no cover - Windows
         return
-    with contextlib.suppress(OSError), os.scandir(directory) as entries:
-        for entry in entries:
-            if CLAIM_NAME.fullmatch(entry.name):
-                _remove_if_free(Path(entry.path))
+    paths: list[Path] = []
+    if isinstance(where, list):
+        paths = where
+    else:
+        with contextlib.suppress(OSError), os.scandir(where) as entries:
+            paths = [Path(e.path) for e in entries if is_claim_name(e.name)]
+    for path in paths:
+        _remove_if_free(path)
 
 
 def _remove_if_free(path: Path) -> None:
