@@ -359,7 +359,9 @@ def test_a_rank_killed_mid_save_leaves_no_committed_checkpoint(tmp_path: Path) -
     assert report.read_text() != "committed"
     assert not (ckpt / "model.safetensors.index.json").exists()
     assert not list(ckpt.glob("*.safetensors"))
-    assert [p.name[:18] for p in ckpt.iterdir()] == [".tensorbridge-tmp-"]
+    # the staging directory, and the killed coordinator's claim on it (io/_locks.py)
+    left = sorted(p.name.split("-")[1] for p in ckpt.iterdir())
+    assert left in (["tmp"], ["save", "tmp"])
     with pytest.raises(tb.UncommittedCheckpointError, match="died before writing"):
         tb.SafetensorsReader(ckpt).read_metadata()
     # torch 2.10's dcp.load drops read_metadata's error and says "metadata is None"
