@@ -391,6 +391,8 @@ def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path: Path) -> N
         dcp.save({"w": torch.zeros(4), "b": torch.zeros(2)}, storage_writer=_FailsToWrite(tmp_path))
 
     staged = [p for p in tmp_path.iterdir() if p.name not in before]
+    claims = [p for p in staged if p.name.startswith(".tensorbridge-save-")]  # io/_locks.py
+    staged = [p for p in staged if p not in claims]
     assert len(staged) == 1 and staged[0].name.startswith(".tensorbridge-tmp-")
     assert {p: (tmp_path / p).read_bytes() for p in before} == before
     back = {"w": torch.zeros(4), "b": torch.zeros(2, dtype=torch.int64)}

@@ -226,7 +226,7 @@ class SafetensorsWriter(StorageWriter):
             check_tiles(name, spec.shape, boxes[name])
         tensors = [specs[n] for n in order if n in specs]
         layout = plan_layout(tensors, [n for n in order if n in objects], self.max_shard_size)
-        staging = commit.begin(self.path, commit.new_save_id())
+        staging = commit.begin(self.path, commit.new_save_id(), owner=self)
         for f in layout.files:
             with open(staging / f.name, "wb") as out:
                 out.truncate(f.size)

@@ -76,6 +76,7 @@ import re
 import secrets
 import shutil
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -100,14 +101,17 @@ def staging_dir(dest: str | os.PathLike[str], save_id: str) -> Path:
     return Path(dest) / f"{STAGING_PREFIX}{save_id}"
 
 
-def begin(dest: str | os.PathLike[str], save_id: str) -> Path:
+def begin(dest: str | os.PathLike[str], save_id: str, owner: object = None) -> Path:
     """Create ``dest`` (if needed) and the save's staging directory; return the latter.
 
-    The save's claim on it is held until :func:`commit_files` or :func:`abandon`.
+    The save's claim on it is held until :func:`commit_files` or :func:`abandon`, or
+    until ``owner`` (the writer object) is collected: a save that failed without
+    either (DCP gives a writer no hook on failure) is then a dead one, cleaned by the
+    next save.
     """
     staging = staging_dir(dest, save_id)
     Path(dest).mkdir(parents=True, exist_ok=True)
-    _claim(staging, save_id)
+    _claim(staging, save_id, owner)
     try:
         staging.mkdir()
         fsync_dir(Path(dest))
@@ -117,9 +121,11 @@ def begin(dest: str | os.PathLike[str], save_id: str) -> Path:
     return staging
 
 
-def _claim(staging: Path, save_id: str) -> None:
+def _claim(staging: Path, save_id: str, owner: object = None) -> None:
     """Claim ``staging`` (not yet created) for this save: no cleanup removes it meanwhile."""
     _CLAIMS[staging.absolute()] = Claim(staging.parent, save_id)
+    if owner is not None:
+        weakref.finalize(owner, _release, staging.absolute())
 
 
 def _release(staging: Path) -> None:
@@ -316,14 +322,15 @@ def store_staging_dir(dest: str | os.PathLike[str], save_id: str) -> Path:
     return d.parent / f"{STAGING_PREFIX}{save_id}.{d.name}"
 
 
-def begin_store(dest: str | os.PathLike[str], save_id: str) -> Path:
+def begin_store(dest: str | os.PathLike[str], save_id: str, owner: object = None) -> Path:
     """Create the sibling staging directory of the store ``dest``; return it.
 
-    The save's claim on it is held until :func:`publish_store` or :func:`abandon`.
+    The save's claim on it is held until :func:`publish_store` or :func:`abandon`, or
+    until ``owner`` is collected (as :func:`begin`).
     """
     staging = store_staging_dir(dest, save_id)
     staging.parent.mkdir(parents=True, exist_ok=True)
-    _claim(staging, save_id)
+    _claim(staging, save_id, owner)
     try:
         staging.mkdir()
         fsync_dir(staging.parent)

@@ -489,7 +489,7 @@ class StoreWriter:
         self.saved: dict[str, Any] = {}  # more of tensorbridge's own group attribute
         attributes(self.metadata, [], repr(str(self.path)))  # refuse bad metadata up front
         self.stale = existing_arrays(self.path)
-        self.staging = begin_store(self.path, new_save_id())
+        self.staging = begin_store(self.path, new_save_id(), owner=self)
 
     def create(
         self,
