@@ -20,9 +20,10 @@ fallback commit of filesystems without hard links or an atomic exchange leaves
 that); where a previous version existed, that is a lost checkpoint. An index never
 names a missing, partial or foreign shard. What a killed save may leave behind,
 and readers ignore: hidden ``.NAME.<random>.tmp`` files (which an index committed
-by the killed save may name, until its final names are linked) and
-``.tensorbridge-tmp-<id>`` staging directories, and the previous save's shards
-once the new index is committed. A quarter of the killed trials then save the new
+by the killed save may name, until its final names are linked),
+``.tensorbridge-tmp-<id>`` staging directories, the lock files of ``io/_locks.py``
+(``.tensorbridge.lock``, ``.tensorbridge-save-<token>.lock``), and the previous
+save's shards once the new index is committed. A quarter of the killed trials then save the new
 version again, unkilled: it must read as the new version and leave none of that
 behind.
 
@@ -94,6 +95,7 @@ INDEXED = {"sharded", "convert-sharded", "convert-dcp", "dcp-safetensors"}  # a 
 INDEX = "model.safetensors.index.json"
 TEMP = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")  # atomic writes' temporaries
 STAGING = ".tensorbridge-tmp-"
+LOCK = re.compile(r"\.tensorbridge\.lock|\.tensorbridge-save-[0-9a-z_]+\.lock")  # io/_locks.py
 HANG_S = 180  # a save not done after this long is killed and counted as a hang
 
 
@@ -471,7 +473,10 @@ def _free_port() -> int:
 
 
 def is_litter(rel: Path) -> bool:
-    return any(TEMP.fullmatch(part) or part.startswith(STAGING) for part in rel.parts)
+    return any(
+        TEMP.fullmatch(part) or part.startswith(STAGING) or LOCK.fullmatch(part)
+        for part in rel.parts
+    )
 
 
 def snapshot(root: Path) -> dict[str, str]:

@@ -53,7 +53,8 @@ def test_a_second_save_replaces_files_directories_and_stale_entries(tmp_path: Pa
     (first / "arr").mkdir()
     (first / "arr" / "c0").write_bytes(b"old")
     publish(dest, first, ["a.bin", "old.bin", "arr"], "index.json", b"1")
-    killed = begin(dest, new_save_id())  # a save that died: never published
+    killed = dest / f"{STAGING_PREFIX}{new_save_id()}"  # a save that died: no claim held
+    killed.mkdir()
     (killed / "a.bin").write_bytes(b"partial")
 
     second = begin(dest, new_save_id())

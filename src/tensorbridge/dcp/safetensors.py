@@ -179,6 +179,8 @@ class SafetensorsWriter(StorageWriter):
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id is not None:
             self.path = Path(checkpoint_id)
+        if self._staging is not None:  # a save that failed on some rank: never committed
+            commit.abandon(self._staging)
         self._layout = None
         self._staging = None
 
@@ -224,7 +226,7 @@ class SafetensorsWriter(StorageWriter):
             check_tiles(name, spec.shape, boxes[name])
         tensors = [specs[n] for n in order if n in specs]
         layout = plan_layout(tensors, [n for n in order if n in objects], self.max_shard_size)
-        staging = commit.begin(self.path, commit.new_save_id())
+        staging = commit.begin(self.path, commit.new_save_id(), owner=self)
         for f in layout.files:
             with open(staging / f.name, "wb") as out:
                 out.truncate(f.size)
@@ -317,16 +319,19 @@ class SafetensorsWriter(StorageWriter):
                 _pwrite_all(fd, memoryview(f.header(meta)), 0)
             finally:
                 os.close(fd)
-        names = (commit.final_name(p.name) or p.name for p in self.path.iterdir())
-        stale = [n for n in names if _SHARD_NAME.fullmatch(n)]
+
+        def stale() -> list[str]:  # under the commit lock: what the last commit left
+            names = (commit.final_name(p.name) or p.name for p in self.path.iterdir())
+            return [*(n for n in names if _SHARD_NAME.fullmatch(n)), SINGLE_NAME]
+
+        self._layout = self._staging = None
         commit.commit_files(
             self.path,
             {f.name: staging / f.name for f in layout.files},
             INDEX_NAME,
             layout.index(),
-            stale=[*stale, SINGLE_NAME],
+            stale=stale,
         )
-        self._layout = self._staging = None
 
 
 def _open_staged(path: Path) -> int:

@@ -112,6 +112,8 @@ class ZarrWriter(StorageWriter):
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id:
             self.path = Path(checkpoint_id)
+        if self.store is not None:  # a save that failed on some rank: never committed
+            self.store.abandon()
         self.store = None
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:

@@ -46,6 +46,14 @@ A killed save leaves hidden temporaries and staging directories behind (DCP give
 writer no hook on failure); readers ignore them and the next successful save into
 the same destination removes them.
 
+**Concurrent saves** to one destination write in parallel but commit one at a time:
+every commit above runs under the destination's commit lock (:mod:`._locks`; the
+directory holding the index for files named by an index, the store's parent
+directory for a store), and works out what it replaces (the previous checkpoint's
+files) under that lock, so the last save to commit wins, whole. Each save holds a
+claim on its temporaries and staging directory while it runs; cleanup removes only
+those whose save is gone (killed), never a running save's.
+
 >>> import json, tempfile, pathlib
 >>> d = pathlib.Path(tempfile.mkdtemp())
 >>> staging = begin(d, new_save_id())
@@ -68,16 +76,19 @@ import re
 import secrets
 import shutil
 import uuid
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import UncommittedCheckpointError
+from ..errors import DestinationError, UncommittedCheckpointError
 from ._common import STAGING_PREFIX as STAGING_PREFIX  # staging directories' names
 from ._common import TEMP_SUFFIX, atomic_write, fsync_dir
+from ._locks import Claim, alive, commit_lock, is_lock_name, remove_dead_claims
 
 NO_LINKS = {errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
-TEMP_NAME = re.compile(r"\.(.+)\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
+TEMP_NAME = re.compile(r"\.(.+)\.([a-z0-9_]{8})" + re.escape(TEMP_SUFFIX))
+_CLAIMS: dict[Path, Claim] = {}  # a running save's staging directory -> its claim
 
 
 def new_save_id() -> str:
@@ -90,12 +101,43 @@ def staging_dir(dest: str | os.PathLike[str], save_id: str) -> Path:
     return Path(dest) / f"{STAGING_PREFIX}{save_id}"
 
 
-def begin(dest: str | os.PathLike[str], save_id: str) -> Path:
-    """Create ``dest`` (if needed) and the save's staging directory; return the latter."""
+def begin(dest: str | os.PathLike[str], save_id: str, owner: object = None) -> Path:
+    """Create ``dest`` (if needed) and the save's staging directory; return the latter.
+
+    The save's claim on it is held until :func:`commit_files` or :func:`abandon`, or
+    until ``owner`` (the writer object) is collected: a save that failed without
+    either (DCP gives a writer no hook on failure) is then a dead one, cleaned by the
+    next save.
+    """
     staging = staging_dir(dest, save_id)
-    staging.mkdir(parents=True)
-    fsync_dir(Path(dest))
+    Path(dest).mkdir(parents=True, exist_ok=True)
+    _claim(staging, save_id, owner)
+    try:
+        staging.mkdir()
+        fsync_dir(Path(dest))
+    except BaseException:
+        abandon(staging)
+        raise
     return staging
+
+
+def _claim(staging: Path, save_id: str, owner: object = None) -> None:
+    """Claim ``staging`` (not yet created) for this save: no cleanup removes it meanwhile."""
+    _CLAIMS[staging.absolute()] = Claim(staging.parent, save_id)
+    if owner is not None:
+        weakref.finalize(owner, _release, staging.absolute())
+
+
+def _release(staging: Path) -> None:
+    claim = _CLAIMS.pop(staging.absolute(), None)
+    if claim is not None:
+        claim.release()
+
+
+def _live(staging: Path) -> bool:
+    """Whether the save that made the staging directory ``staging`` is running."""
+    token = staging.name.removeprefix(STAGING_PREFIX).split(".", 1)[0]
+    return alive(staging.parent, token)
 
 
 def fsync_tree(path: Path) -> None:
@@ -136,7 +178,7 @@ def commit_files(
     staged: Mapping[str, Path],
     index_name: str,
     index: bytes,
-    stale: Iterable[str] = (),
+    stale: Iterable[str] | Callable[[], Iterable[str]] = (),
 ) -> None:
     """Commit the written files ``staged`` (final name -> where it lies) and their ``index``.
 
@@ -145,14 +187,37 @@ def commit_files(
     anywhere inside ``dest`` (hidden temporaries beside their final names, or a
     staging directory); they are fsynced here. ``stale`` names files of the previous
     checkpoint to remove once the new one is committed (those in ``staged`` are
-    kept). The protocol is the module's: the new checkpoint is committed by the
-    first index swap, under hidden names, before any final name changes.
+    kept); a function giving them is called under the commit lock, so it sees what
+    a concurrent save committed. The protocol is the module's: the new checkpoint is
+    committed by the first index swap, under hidden names, before any final name
+    changes.
     """
     dest = Path(dest)
+    try:
+        with commit_lock(dest):
+            names = list(stale() if callable(stale) else stale)
+            _commit_files(dest, staged, index_name, index, names)
+    finally:
+        for staging in {p.parent for p in staged.values()} - {dest}:
+            if staging.name.startswith(STAGING_PREFIX):
+                abandon(staging)  # emptied by the commit, or never to be committed
+
+
+def _commit_files(
+    dest: Path, staged: Mapping[str, Path], index_name: str, index: bytes, stale: list[str]
+) -> None:
     hidden: dict[str, str] = {}
     try:
         for name, path in staged.items():
-            fsync_file(path)
+            try:
+                fsync_file(path)
+            except FileNotFoundError:
+                raise DestinationError(
+                    errno.ENOENT,
+                    f"cannot write {dest}: this save's file {path.name} was removed while it "
+                    "was being written (by another program cleaning the directory); nothing "
+                    "of this save was kept; save again",
+                ) from None
             if path.parent == dest and final_name(path.name) == name:
                 hidden[name] = path.name
             else:  # from a staging directory: the same filesystem, a rename
@@ -232,11 +297,19 @@ def _clean(dest: Path, keep: list[str], stale: Iterable[str]) -> None:
             remove(dest / name)
     stale_names = set(stale)
     for entry in os.scandir(dest):
-        left = final_name(entry.name)
-        if left is not None and (left in kept or left in stale_names):
+        m = TEMP_NAME.fullmatch(entry.name)
+        if m and (m[1] in kept or m[1] in stale_names) and not alive(dest, m[2]):
             remove(Path(entry.path))
+    remove_leftovers(dest)
+
+
+def remove_leftovers(dest: Path) -> None:
+    """Remove what killed saves into ``dest`` left: staging directories and claims."""
     for leftover in pending(dest):
-        remove(leftover)
+        if not _live(leftover):
+            remove(leftover)
+    remove_dead_claims(dest)
+    remove_dead_claims(dest.absolute().parent)
     fsync_dir(dest)
 
 
@@ -249,12 +322,21 @@ def store_staging_dir(dest: str | os.PathLike[str], save_id: str) -> Path:
     return d.parent / f"{STAGING_PREFIX}{save_id}.{d.name}"
 
 
-def begin_store(dest: str | os.PathLike[str], save_id: str) -> Path:
-    """Create the sibling staging directory of the store ``dest``; return it."""
+def begin_store(dest: str | os.PathLike[str], save_id: str, owner: object = None) -> Path:
+    """Create the sibling staging directory of the store ``dest``; return it.
+
+    The save's claim on it is held until :func:`publish_store` or :func:`abandon`, or
+    until ``owner`` is collected (as :func:`begin`).
+    """
     staging = store_staging_dir(dest, save_id)
     staging.parent.mkdir(parents=True, exist_ok=True)
-    staging.mkdir()
-    fsync_dir(staging.parent)
+    _claim(staging, save_id, owner)
+    try:
+        staging.mkdir()
+        fsync_dir(staging.parent)
+    except BaseException:
+        abandon(staging)
+        raise
     return staging
 
 
@@ -276,24 +358,32 @@ def publish_store(
     """
     dest = Path(dest).absolute()
     names = list(names)
-    stale = list(stale)
     with atomic_write(staging / index_name) as f:
         f.write(index)
     fsync_tree(staging)
-    if not dest.exists():
-        os.rename(staging, dest)  # nothing to exchange with
+    with commit_lock(dest.parent):
+        stale = [*stale, *_stores(dest, index_name)]  # as it is now: another save may have won
+        if not dest.exists():
+            os.rename(staging, dest)  # nothing to exchange with
+            fsync_dir(dest.parent)
+        elif dest.is_symlink() or not (
+            _carry(dest, staging, [*stale, index_name]) and exchange(staging, dest)
+        ):
+            (staging / index_name).unlink()
+            publish(dest, staging, names, index_name, index, stale)
+        else:
+            fsync_dir(dest.parent)
+            remove(staging)  # the previous store
+        _release(staging)
+        remove_leftovers(dest)
         fsync_dir(dest.parent)
-    elif dest.is_symlink() or not (
-        _carry(dest, staging, [*stale, index_name]) and exchange(staging, dest)
-    ):
-        (staging / index_name).unlink()
-        publish(dest, staging, names, index_name, index, stale)
-    else:
-        fsync_dir(dest.parent)
-        remove(staging)  # the previous store
-    for leftover in pending(dest):
-        remove(leftover)
-    fsync_dir(dest.parent)
+
+
+def _stores(dest: Path, index_name: str) -> list[str]:
+    """The entries of the store ``dest`` that hold their own ``index_name`` (its arrays)."""
+    with contextlib.suppress(OSError):
+        return [e.name for e in os.scandir(dest) if os.path.isfile(Path(e.path) / index_name)]
+    return []
 
 
 def _carry(dest: Path, staging: Path, store: list[str]) -> bool:
@@ -305,6 +395,8 @@ def _carry(dest: Path, staging: Path, store: list[str]) -> bool:
     for entry in os.scandir(dest):
         path = Path(entry.path)
         if entry.name in store or path in inside or final_name(entry.name) is not None:
+            continue
+        if is_lock_name(entry.name):
             continue
         if entry.is_dir(follow_symlinks=False) or (staging / entry.name).exists():
             return False
@@ -373,7 +465,13 @@ def publish(
     """
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    names = list(names)
+    with commit_lock(dest.absolute().parent):
+        _publish(dest, staging, list(names), index_name, index, stale)
+
+
+def _publish(
+    dest: Path, staging: Path, names: list[str], index_name: str, index: bytes, stale: Iterable[str]
+) -> None:
     for name in names:
         fsync_tree(staging / name)
     old_index = dest / index_name
@@ -398,9 +496,8 @@ def publish(
     for name in stale:
         if name not in keep:
             remove(dest / name)
-    for leftover in pending(dest):
-        remove(leftover)
-    fsync_dir(dest)
+    abandon(staging)
+    remove_leftovers(dest)
 
 
 def remove(path: Path) -> None:
@@ -413,8 +510,11 @@ def remove(path: Path) -> None:
 
 
 def abandon(staging: Path) -> None:
-    """Delete a staging directory whose save will not be committed."""
-    remove(staging)
+    """Delete a staging directory (its save committed, or will not be) and give up its claim."""
+    try:
+        remove(staging)
+    finally:
+        _release(staging)
 
 
 def pending(dest: str | os.PathLike[str]) -> list[Path]:

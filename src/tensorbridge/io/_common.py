@@ -17,11 +17,11 @@ from __future__ import annotations
 import abc
 import contextlib
 import errno
+import io
 import mmap
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -35,7 +35,8 @@ from .._versions import byte_bounds
 from ..convert import to_numpy, to_torch
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
 from ..errors import DestinationError, FormatError, InvalidArgumentError, UnsupportedDtypeError
-from ._files import Links, open_regular, read_limited
+from ._files import Links, open_fd, open_regular, read_limited
+from ._locks import Claim, alive, commit_lock, is_claim_name, remove_dead_claims
 from ._pipeline import STREAM_CHUNK, Task, pipelined
 
 DEFAULT_CHUNK = 64 << 20
@@ -90,6 +91,15 @@ class StagedFiles:
 
     def __init__(self) -> None:
         self.temps: dict[Path, str] = {}  # final path -> its written, fsynced temporary
+        self.claims: dict[Path, Claim] = {}  # directory -> this save's claim on it
+
+    def claim(self, directory: Path) -> Claim:
+        """This save's claim on ``directory`` (made on first use): its temporaries there
+        carry the claim's token, and no other save removes them while it is held."""
+        claim = self.claims.get(directory)
+        if claim is None:
+            claim = self.claims[directory] = Claim(directory)
+        return claim
 
     @contextlib.contextmanager
     def write(self, path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
@@ -99,8 +109,10 @@ class StagedFiles:
             target.parent.mkdir(parents=True, exist_ok=True)
             if target.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "Is a directory")
-            fd, tmp = tempfile.mkstemp(
-                prefix=f".{target.name}.", suffix=TEMP_SUFFIX, dir=target.parent
+            tmp = str(self.claim(target.parent).temp(target))
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+            fd = os.open(
+                tmp, flags | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0), 0o600
             )
         try:
             with destination_errors(target, tmp):
@@ -118,22 +130,37 @@ class StagedFiles:
         self.temps[target] = tmp
 
     def commit(self) -> None:
-        """Rename every written file into place, then make the renames durable."""
+        """Rename every written file into place, then make the renames durable.
+
+        The renames run under each directory's commit lock (:func:`commit_lock`), so a
+        concurrent save's commit never interleaves with them: the last commit wins.
+        """
         directories = {p.parent for p in self.temps}
-        for target, tmp in list(self.temps.items()):
-            with destination_errors(target, tmp):
-                os.replace(tmp, target)
-            del self.temps[target]
-            remove_temps(target)
-        for directory in directories:
-            fsync_dir(directory)
+        with contextlib.ExitStack() as locks:
+            for directory in sorted(directories):
+                locks.enter_context(commit_lock(directory))
+            for target, tmp in list(self.temps.items()):
+                with destination_errors(target, tmp):
+                    os.replace(tmp, target)
+                del self.temps[target]
+                remove_temps(target)
+            for directory in directories:
+                fsync_dir(directory)
+        self.release()
 
     def discard(self) -> None:
-        """Remove the temporaries not yet committed."""
+        """Remove the temporaries not yet committed, and give up the claims."""
         for tmp in self.temps.values():
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         self.temps.clear()
+        self.release()
+
+    def release(self) -> None:
+        """Give up this save's claims (once its temporaries are committed or removed)."""
+        for claim in self.claims.values():
+            claim.release()
+        self.claims.clear()
 
     def __enter__(self) -> StagedFiles:
         return self
@@ -150,14 +177,20 @@ def remove_temps(target: Path) -> None:
 
     Called once a save of ``target`` has renamed its own file into place: a save
     killed before its rename leaves a hidden ``.NAME.<8 random>.tmp`` that no reader
-    looks at but that holds the disk space of a whole file.
+    looks at but that holds the disk space of a whole file. A temporary whose save
+    is still running (its claim is held: :mod:`tensorbridge.io._locks`) is kept.
     """
-    pattern = re.compile(re.escape(f".{target.name}.") + r"[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(target.parent):
-            if pattern.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+    pattern = re.compile(re.escape(f".{target.name}.") + r"([a-z0-9_]{8})" + re.escape(TEMP_SUFFIX))
+    claims = []
+    with contextlib.suppress(OSError), os.scandir(target.parent) as entries:
+        for entry in entries:
+            m = pattern.fullmatch(entry.name)
+            if m and entry.is_file(follow_symlinks=False) and not alive(target.parent, m[1]):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
+            elif is_claim_name(entry.name):
+                claims.append(Path(entry.path))
+    remove_dead_claims(claims)  # after the temporaries: a claim goes once they are gone
 
 
 _NO_SPACE = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
@@ -195,6 +228,13 @@ def destination_errors(
                 errno.ENOTDIR,
                 f"cannot write {target}: {blocking} is a file, not a directory; a file stands "
                 "where a directory is needed; save to another path",
+            ) from None
+        if err.errno == errno.ENOENT and tmp is not None and name == tmp:
+            raise DestinationError(
+                err.errno,
+                f"cannot write {target}: its temporary file was removed while this save was "
+                "writing it (by another program cleaning the directory); nothing of this "
+                "save was kept; save again",
             ) from None
         if err.errno in _NO_SPACE:
             fix = "free space (or raise the file size limit) or save to another disk"
@@ -410,6 +450,85 @@ def map_file(path: str | os.PathLike[str], *, copy_on_write: bool = False) -> mm
             return b""
         access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
         return mmap.mmap(f.fileno(), 0, access=access)
+
+
+class FileReader(io.RawIOBase):
+    """A read-only, seekable file over an open descriptor, with a position of its own.
+
+    Readers keep the descriptor of the file they opened and read through it (``pread``)
+    instead of opening the path again: a path that another save has since replaced
+    atomically names a new file, the descriptor still the one opened (one handle, one
+    version). Several readers may share one descriptor. Closing this object leaves the
+    descriptor open.
+    """
+
+    def __init__(self, fd: int, size: int) -> None:
+        super().__init__()
+        self.fd, self.size, self.pos = fd, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.size}[whence]
+        self.pos = max(0, base + pos)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        if hasattr(os, "preadv"):
+            n = os.preadv(self.fd, [view], self.pos)
+        else:  # pragma: no cover - Windows
+            data = os.pread(self.fd, len(view), self.pos)
+            n = len(data)
+            view[:n] = data
+        self.pos += n
+        return n
+
+
+def open_reader(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """A read-only descriptor of ``path`` (closed on exec), a regular file (see
+    :func:`~tensorbridge.io._files.open_fd`: a FIFO or device is refused unopened), and
+    the file's size."""
+    fd = open_fd(path)
+    try:
+        return fd, os.fstat(fd).st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells one version of a file from another: device, inode, size, modification time."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def check_same_version(
+    path: str | os.PathLike[str], opened: tuple[int, ...], where: object
+) -> None:
+    """Refuse to go on reading a checkpoint whose file ``path`` is no longer the one opened.
+
+    For files a reader must open by path after the checkpoint was opened (a Zarr
+    store's chunks): ``opened`` is :func:`identity` of ``path`` when it was.
+
+    Raises:
+        FormatError: ``path`` was replaced (another save committed) or removed.
+    """
+    try:
+        now = identity(os.stat(path))
+    except OSError:
+        now = None
+    if now != opened:
+        raise FormatError(
+            f"{where} was replaced since it was opened (another save committed a new "
+            "version); this handle reads only the version it opened: open it again"
+        )
 
 
 def check_unchanged(file: int | str | os.PathLike[str], size: int, where: object) -> None:

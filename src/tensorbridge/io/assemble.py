@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import tempfile
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -53,6 +53,7 @@ from ._common import (
     remove_temps,
 )
 from ._detect import INDEX_SUFFIX
+from ._locks import Claim, commit_lock
 from .dcp import Chunk, DcpFile
 
 __all__ = ["WINDOW", "Placement", "Task", "run", "save", "windows"]
@@ -82,6 +83,7 @@ class Task:
     source: str  # the checkpoint, reopened by path in the task's process
     items: tuple[Placement, ...]
     window: int = WINDOW
+    versions: tuple[tuple[str, tuple[int, ...]], ...] = ()  # its data files when opened
 
 
 # --- one tensor, window by window -------------------------------------------------------------
@@ -220,7 +222,8 @@ def _pwrite(fd: int, data: memoryview, offset: int) -> None:
         done += os.pwrite(fd, data[done:], offset + done)
 
 
-_OPEN: dict[str, DcpFile] = {}  # a worker process keeps its checkpoints open between tasks
+# a worker process keeps its checkpoints open between tasks, one handle a version
+_OPEN: dict[tuple[str, tuple[tuple[str, tuple[int, ...]], ...]], DcpFile] = {}
 
 
 def run(task: Task) -> int:
@@ -229,9 +232,17 @@ def run(task: Task) -> int:
     Each file it wrote to is fsynced before it returns, so the coordinator may
     commit once every task has reported.
     """
-    f = _OPEN.get(task.source)
+    key = (task.source, task.versions)
+    f = _OPEN.get(key)
     if f is None:
-        f = _OPEN[task.source] = DcpFile(task.source)
+        f = DcpFile(task.source)
+        if task.versions and f.file_versions() != dict(task.versions):
+            f.close()  # the checkpoint the coordinator opened was replaced since
+            raise FormatError(
+                f"{task.source} was replaced since it was opened (another save committed a "
+                "new version); open it again and convert again"
+            )
+        _OPEN[key] = f
     total = 0
     for p in task.items:
         total += write_tensor(f, p, task.window)
@@ -301,10 +312,14 @@ def save(
     temps: dict[Path, str] = {}
     sharded = fmt == "safetensors" and index_bytes is not None
     made = fmt == "npy" and not target.exists()  # the directory this save creates
+    claims: dict[Path, Claim] = {}  # this save's claims on its temporaries' directories
     try:
         for out in outs:
             with destination_errors(out.final, only_destination=True):
-                temps[out.final] = _preallocate(out)
+                out.final.parent.mkdir(parents=True, exist_ok=True)
+                claim = claims.get(out.final.parent) or Claim(out.final.parent)
+                claims[out.final.parent] = claim
+                temps[out.final] = _preallocate(out, claim)
         items = [
             Placement(n, temps[final], off, rows[n].name, nbytes)
             for n, final, off, nbytes in placements
@@ -319,18 +334,33 @@ def save(
             index_name = target.name + INDEX_SUFFIX
             with destination_errors(target.parent):
                 commit_files(
-                    target.parent, files, index_name, index_bytes or b"", stale_files(target)
+                    target.parent,
+                    files,
+                    index_name,
+                    index_bytes or b"",
+                    lambda: stale_files(target),
                 )
-        for final, tmp in temps.items():
-            os.replace(tmp, final)
-            remove_temps(final)
-        temps.clear()
-        fsync_dir(target.parent if fmt == "safetensors" else target)
+        directory = target.parent if fmt == "safetensors" else target
+        directory.mkdir(parents=True, exist_ok=True)
+        with commit_lock(directory):
+            for final, tmp in temps.items():  # every file of one save, or of the other
+                with destination_errors(final, tmp):
+                    os.replace(tmp, final)
+                remove_temps(final)
+            temps.clear()
+            if not sharded and fmt == "safetensors":
+                from .safetensors import remove_stale
+
+                remove_stale(target)
+            fsync_dir(target.parent if fmt == "safetensors" else target)
     except BaseException:
         if made:  # a failed save leaves no empty directory behind
             for tmp in temps.values():
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
+            temps.clear()
+            for claim in claims.values():  # its lock file goes too
+                claim.release()
             with contextlib.suppress(OSError):
                 target.rmdir()
         raise
@@ -338,13 +368,11 @@ def save(
         for tmp in temps.values():
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+        for claim in claims.values():
+            claim.release()
     written = [out.final for out in outs]
     if sharded:
         written.append(target.parent / (target.name + INDEX_SUFFIX))
-    elif fmt == "safetensors":
-        from .safetensors import remove_stale
-
-        remove_stale(target)
     fsync_dir(target.parent if fmt == "safetensors" else target)
     return written
 
@@ -368,7 +396,8 @@ def _fill(
             for file in sorted({p.file for p in items if not p.zarr}):
                 _fsync(file)
         else:
-            tasks = _batch(str(f.path.absolute()), items, window)
+            versions = tuple(sorted(f.file_versions().items()))
+            tasks = _batch(str(f.path.absolute()), items, window, versions)
             for done in executor.map(run, tasks):
                 bar.update(done)
     finally:
@@ -463,10 +492,14 @@ def _plan(
     raise FormatError(f"a chunked checkpoint converts to {' or '.join(TARGETS)}, not {fmt}")
 
 
-def _preallocate(out: _Out) -> str:
-    """A temporary file beside ``out.final`` holding its header, extended to its size."""
-    out.final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.final.name}.", suffix=".tmp", dir=out.final.parent)
+_SAFE_NAME = re.compile(r"[^/\\\x00]+")
+
+
+def _preallocate(out: _Out, claim: Claim) -> str:
+    """A temporary file beside ``out.final`` holding its header, extended to its size;
+    its name carries the token of this save's ``claim``."""
+    tmp = str(claim.temp(out.final))
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -482,17 +515,22 @@ def _preallocate(out: _Out) -> str:
     return tmp
 
 
-def _batch(source: str, items: list[Placement], window: int) -> list[Task]:
+def _batch(
+    source: str,
+    items: list[Placement],
+    window: int,
+    versions: tuple[tuple[str, tuple[int, ...]], ...] = (),
+) -> list[Task]:
     """One task per large tensor; small ones grouped to about ``TASK_BYTES``."""
     tasks: list[Task] = []
     group: list[Placement] = []
     size = 0
     for p in items:
         if group and size + p.nbytes > TASK_BYTES:
-            tasks.append(Task(source, tuple(group), window))
+            tasks.append(Task(source, tuple(group), window, versions))
             group, size = [], 0
         group.append(p)
         size += p.nbytes
     if group:
-        tasks.append(Task(source, tuple(group), window))
+        tasks.append(Task(source, tuple(group), window, versions))
     return tasks

@@ -68,7 +68,7 @@ import torch
 from .._boxes import TooIrregular, first_overlap
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError
-from ._common import TensorFile, check_unchanged, read_small
+from ._common import TensorFile, check_same_version, identity, read_small
 from ._detect import ZIP_ERRORS
 from ._files import Links
 from ._keys import broken, no_nul, not_empty, one_file_name, valid_unicode
@@ -489,9 +489,17 @@ class _Mapped:
         self.path = path
         with links.open(path) as f:  # a regular file in the checkpoint
             st = os.fstat(f.fileno())
-            self.size = st.st_size
-            self.identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            self.size, self.version = st.st_size, identity(st)
             self.map: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
+
+    def check_unchanged(self) -> None:
+        """Refuse a view of a file truncated since it was mapped (SIGBUS: see _common)."""
+        now = self.map.size() if isinstance(self.map, mmap.mmap) else 0  # the mapped file's
+        if now != self.size:
+            raise FormatError(
+                f"{self.path} changed size since it was opened ({self.size} -> {now} bytes): "
+                "another process is writing it; open it again once that write is complete"
+            )
 
     def close(self) -> None:
         if isinstance(self.map, mmap.mmap):
@@ -523,7 +531,7 @@ class DcpFile(TensorFile):
             p if named else self.path / METADATA_FILE, None if named else self._links
         )
         self._files: OrderedDict[str, _Mapped] = OrderedDict()  # least recently used first
-        self._identity: dict[str, tuple[int, ...]] = {}
+        self._versions = _versions(self.path, self._meta)  # each data file as opened
         self._tensors: dict[str, Any] = {}
         self._values: dict[str, Any] = {}
         self._skipped: dict[str, str] = {}
@@ -619,7 +627,7 @@ class DcpFile(TensorFile):
             return np.empty(chunk.shape, row.numpy)
         mapped = self._file(chunk.file)
         where = f"{mapped.path}: tensor {name!r} at offset {chunk.item_offset}"
-        check_unchanged(mapped.path, mapped.size, mapped.path)
+        mapped.check_unchanged()
         if chunk.item_offset + chunk.item_length > mapped.size:
             raise FormatError(
                 f"{where}: the item's bytes run past the file's {mapped.size} bytes; the file is "
@@ -684,9 +692,11 @@ class DcpFile(TensorFile):
         try:
             reader.read_data(plan, _Into()).wait()  # type: ignore[arg-type]
         except Exception as err:
+            self._check_version(chunk.file)  # a file replaced while read is no corrupt one
             raise FormatError(
                 f"{self.path}: tensor {name!r}: DCP's reader failed on a chunk ({err})"
             ) from None
+        self._check_version(chunk.file)  # DCP's reader opened the file by its path
         from ..convert import to_numpy
 
         out: np.ndarray = to_numpy(target)
@@ -754,14 +764,26 @@ class DcpFile(TensorFile):
         while len(self._files) >= OPEN_FILES:  # arrays handed out keep their own map
             self._files.popitem(last=False)[1].close()
         f = _Mapped(p, self._links)
-        if self._identity.setdefault(name, f.identity) != f.identity:
+        if self._versions.get(name, f.version) != f.version:
             f.close()
-            raise FormatError(
-                f"{p} was replaced or changed since {self.path} was opened; open the "
-                "checkpoint again"
-            )
+            self._check_version(name)  # raises
         self._files[name] = f
         return f
+
+    def file_versions(self) -> dict[str, tuple[int, ...]]:
+        """Each data file's device, inode, size and modification time when this checkpoint
+        was opened: a process reopening it by path checks it reads the same version."""
+        return dict(self._versions)
+
+    def _check_version(self, name: str) -> None:
+        """Refuse a data file that is not the one there when the checkpoint was opened.
+
+        Data files are mapped when first read, not at open (a checkpoint may have
+        thousands); one that another save replaced since (a new file, or the same one
+        rewritten) belongs to another version, which this handle never mixes in.
+        """
+        if name in self._versions:
+            check_same_version(self.path / name, self._versions[name], self.path / name)
 
     def _read_value(self, key: str) -> None:
         """A non-tensor entry: a plain value into metadata, anything else reported."""
@@ -800,6 +822,17 @@ class DcpFile(TensorFile):
             "torch.distributed.checkpoint reads it where its code is available)"
         )
         self._order.append(key)
+
+
+def _versions(path: Path, meta: Any) -> dict[str, tuple[int, ...]]:
+    """Each data file's :func:`identity` when the checkpoint is opened (see ``_file``)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for info in meta.storage_data.values():
+        rel = getattr(info, "relative_path", None)
+        if type(rel) is str and rel not in out:
+            with contextlib.suppress(OSError, ValueError):
+                out[rel] = identity(os.stat(path / rel))
+    return out
 
 
 def _plain(v: Any) -> bool:

@@ -39,9 +39,11 @@ import ast
 import builtins
 import contextlib
 import io
+import mmap
 import os
 import struct
 import tokenize
+import weakref
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
@@ -73,16 +75,16 @@ from ..errors import (
 )
 from ._common import (
     DEFAULT_CHUNK,
+    FileReader,
     TensorFile,
     atomic_write,
     cast_target,
     check_unchanged,
     iter_bytes,
-    map_file,
+    open_reader,
     progress_bar,
     row_of,
 )
-from ._files import open_regular
 from ._keys import NameRules, case_insensitive, no_nul, not_empty, one_file_name, valid_unicode
 
 __all__ = [
@@ -431,9 +433,9 @@ def write_npy_bytes(f: Any, e: NpyBytes, chunk_bytes: int, bar: Any) -> None:
 
 
 @contextlib.contextmanager
-def open_at(path: Path, start: int) -> Iterator[BinaryIO]:
-    """``path`` opened for reading from byte ``start``."""
-    with builtins.open(path, "rb") as f:
+def open_at(file: BinaryIO, start: int) -> Iterator[BinaryIO]:
+    """``file`` (a stream of its own over an opened file) read from byte ``start``."""
+    with file as f:
         f.seek(start)
         yield f
 
@@ -544,30 +546,43 @@ def no_metadata(metadata: Mapping[str, Any] | None, path: Path) -> None:
 
 
 class MappedFile(NpyEntries):
-    """A file read through one read-only and one copy-on-write map (``.npy``, ``.npz``)."""
+    """A file read through one read-only and one copy-on-write map (``.npy``, ``.npz``).
 
-    def __init__(self, path: Path, size: int) -> None:
+    The file is opened once: both maps and every read come from that descriptor, so
+    a handle keeps reading the version it opened when another save replaces the path.
+    """
+
+    def __init__(self, path: Path) -> None:
         super().__init__()
         self._path = path
-        self._size = size
+        self._fd, self._size = open_reader(path)
+        # a plain descriptor closed on collection: dropping an unclosed file stays quiet
+        self._closer = weakref.finalize(self, os.close, self._fd)
         self._maps: dict[bool, Any] = {}
+
+    def _reader(self) -> io.BufferedReader:
+        """The opened file as a stream of its own (its position shared with no one)."""
+        if not self._closer.alive:
+            raise ValueError(f"{str(self._path)!r} is closed; open it again")
+        return io.BufferedReader(FileReader(self._fd, self._size))
 
     def _map(self, copy_on_write: bool) -> Any:
         mm = self._maps.get(copy_on_write)
         if mm is not None:
-            check_unchanged(self._path, self._size, repr(str(self._path)))
+            check_unchanged(self._fd, self._size, repr(str(self._path)))
         else:
-            mm = map_file(self._path, copy_on_write=copy_on_write)
-            if len(mm) != self._size:
-                raise FormatError(
-                    f"{str(self._path)!r}: the file changed size since it was "
-                    f"opened ({self._size} -> {len(mm)} bytes); open it again"
-                )
-            self._maps[copy_on_write] = mm
+            if not self._closer.alive:
+                raise ValueError(f"{str(self._path)!r} is closed; open it again")
+            check_unchanged(self._fd, self._size, repr(str(self._path)))
+            if self._size == 0:
+                return b""
+            access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
+            mm = self._maps[copy_on_write] = mmap.mmap(self._fd, 0, access=access)
         return mm
 
     def close(self) -> None:
         self._maps.clear()  # handed-out arrays keep their mapping alive
+        self._closer()
 
 
 class NpyFile(MappedFile):
@@ -577,17 +592,22 @@ class NpyFile(MappedFile):
 
     def __init__(self, path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> None:
         p = Path(path)
-        with open_regular(p) as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(min(size, HEAD_LIMIT))
-        super().__init__(p, size)
+        super().__init__(p)
         self.name = p.stem
         self._refused: UnsupportedDtypeError | None = None
         try:
-            self._header: Header | None = parse_header(head, size, repr(str(p)), raw_row(dtype))
-        except UnsupportedDtypeError as err:  # well formed, but no torch dtype: copyable
-            stored_header(head, size, repr(str(p)))  # the rest of it valid, objects refused
-            self._header, self._refused = None, err
+            with self._reader() as f:
+                head = f.read(min(self._size, HEAD_LIMIT))
+            try:
+                self._header: Header | None = parse_header(
+                    head, self._size, repr(str(p)), raw_row(dtype)
+                )
+            except UnsupportedDtypeError as err:  # well formed, but no torch dtype: copyable
+                stored_header(head, self._size, repr(str(p)))  # the rest valid, objects refused
+                self._header, self._refused = None, err
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def header(self) -> Header:
@@ -610,7 +630,7 @@ class NpyFile(MappedFile):
 
     def _owned(self, name: str) -> np.ndarray:
         self._check(name)
-        with open_regular(self._path) as f:
+        with self._reader() as f:
             f.seek(self.header.offset)
             return read_data(f, self.header, repr(str(self._path)))
 
@@ -620,7 +640,7 @@ class NpyFile(MappedFile):
         with builtins.open(self._path, "rb") as f:
             head = f.read(min(self._size, HEAD_LIMIT))
         stored, shape, _ = stored_header(head, self._size, where)
-        return NpyBytes(where, stored, shape, self._size, lambda: open_at(self._path, 0))
+        return NpyBytes(where, stored, shape, self._size, lambda: open_at(self._reader(), 0))
 
     def _check(self, name: str) -> None:
         if name != self.name:

@@ -48,7 +48,6 @@ from ..dtypes import DeviceLike, DTypeLike, DTypeRow
 from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError, UnsupportedTensorError
 from ._common import DEFAULT_CHUNK, TensorFile, atomic_write, progress_bar
 from ._detect import ZIP_ERRORS
-from ._files import open_regular
 from ._keys import (
     NameRules,
     forward_slashes,
@@ -188,13 +187,16 @@ class NpzFile(MappedFile):
         p = Path(path)
         where = repr(str(p))
         self._raw = raw_row(dtype)
+        super().__init__(p)
         try:
-            with open_regular(p) as fh, zipfile.ZipFile(fh) as zf:
+            with self._reader() as f, zipfile.ZipFile(f) as zf:
                 infos = zf.infolist()
-                size = os.fstat(fh.fileno()).st_size
         except ZIP_ERRORS as err:
+            self.close()
             raise FormatError(f"{where}: not a readable .npz (zip) archive: {err}") from None
-        super().__init__(p, size)
+        except BaseException:
+            self.close()
+            raise
         self._members: dict[str, zipfile.ZipInfo] = {}
         for info in infos:
             if not info.filename:
@@ -252,7 +254,7 @@ class NpzFile(MappedFile):
                     f"{info.compress_size} deflated ones, more than deflate "
                     "can produce; the archive is corrupt"
                 )
-            with _member(self._path, info, where) as f:
+            with _member(self._reader(), info, where) as f:
                 head = f.read(min(info.file_size, HEAD_LIMIT))
             result = (parse_header(head, info.file_size, where, self._raw), -1)
         self._headers[name] = result
@@ -282,13 +284,23 @@ class NpzFile(MappedFile):
             head = bytes(mm[start : start + min(info.file_size, HEAD_LIMIT)])
             stored, shape, _ = stored_header(head, info.file_size, where)
             return NpyBytes(
-                where, stored, shape, info.file_size, lambda: open_at(self._path, start), info.CRC
+                where,
+                stored,
+                shape,
+                info.file_size,
+                lambda: open_at(self._reader(), start),
+                info.CRC,
             )
-        with _member(self._path, info, where) as f:
+        with _member(self._reader(), info, where) as f:
             head = f.read(min(info.file_size, HEAD_LIMIT))
         stored, shape, _ = stored_header(head, info.file_size, where)
         return NpyBytes(
-            where, stored, shape, info.file_size, lambda: _member(self._path, info, where), info.CRC
+            where,
+            stored,
+            shape,
+            info.file_size,
+            lambda: _member(self._reader(), info, where),
+            info.CRC,
         )
 
     def _header_or_raw(self, name: str) -> None:
@@ -306,7 +318,7 @@ class NpzFile(MappedFile):
         h, start = self._header(name)
         info, where = self._members[name], self._where(name)
         if start < 0:
-            with _member(self._path, info, where) as f:
+            with _member(self._reader(), info, where) as f:
                 f.read(h.offset)
                 return read_data(f, h, where)
         mm = self._map(False)
@@ -318,10 +330,11 @@ class NpzFile(MappedFile):
 
 
 @contextlib.contextmanager
-def _member(path: Path, info: zipfile.ZipInfo, where: str) -> Iterator[BinaryIO]:
-    """A deflated member as a stream; zip and zlib failures become :class:`FormatError`."""
+def _member(file: BinaryIO, info: zipfile.ZipInfo, where: str) -> Iterator[BinaryIO]:
+    """A deflated member of the opened ``file`` as a stream; zip and zlib failures become
+    :class:`FormatError`."""
     try:
-        with open_regular(path) as fh, zipfile.ZipFile(fh) as zf, zf.open(info) as f:
+        with file, zipfile.ZipFile(file) as zf, zf.open(info) as f:
             yield f  # type: ignore[misc]
     except ZIP_ERRORS as err:
         raise FormatError(f"{where}: corrupt member data: {err}") from None

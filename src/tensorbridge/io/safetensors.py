@@ -72,7 +72,6 @@ from ._common import (
     StagedFiles,
     TensorFile,
     array_at,
-    atomic_write,
     cast_target,
     check_unchanged,
     destination_errors,
@@ -86,6 +85,7 @@ from ._detect import INDEX_SUFFIX, resolve
 from ._files import Links, open_fd
 from ._formats import by_name
 from ._keys import NameRules, no_nul, reserved_name, valid_unicode
+from ._locks import commit_lock
 from ._pipeline import STREAM_CHUNK, pipelined
 from ._safetensors_header import (
     LAYOUT_RANK,
@@ -181,9 +181,12 @@ def save(
     )
     try:
         if len(shards) <= 1 and not index:
-            with atomic_write(target) as f:
-                _write_file(f, items, meta, chunk_bytes, bar)
-            remove_stale(target)
+            with StagedFiles() as staged:
+                with staged.write(target) as f:
+                    _write_file(f, items, meta, chunk_bytes, bar)
+                with destination_errors(target), commit_lock(target.parent):
+                    staged.commit()  # under the lock with the removal: one version wins
+                    remove_stale(target)
             return
         stem, n = target.name.removesuffix(".safetensors"), len(shards)
         weight_map: dict[str, str] = {}
@@ -196,10 +199,12 @@ def save(
                 weight_map.update((it.name, name) for it in shard)
             # every shard is written; only now does the previous checkpoint change
             files = {p.name: Path(tmp) for p, tmp in staged.temps.items()}
-            staged.temps.clear()  # the commit owns them now
-        index_text = _index_text(weight_map, sum(it.nbytes for it in items))
-        with destination_errors(target.parent):
-            commit_files(target.parent, files, index_path.name, index_text, stale_files(target))
+            staged.temps.clear()  # the commit owns them now (the claim stays held)
+            index_text = _index_text(weight_map, sum(it.nbytes for it in items))
+            with destination_errors(target.parent):
+                commit_files(
+                    target.parent, files, index_path.name, index_text, lambda: stale_files(target)
+                )
     finally:
         bar.close()
 

@@ -11,6 +11,11 @@ safetensors shards reads too), and ``[name]`` / ``get`` go to the shard that hol
 name: nothing is read until asked, and a shard's tensors keep their reader's rules
 (memory-mapped, read-only NumPy views, copy-on-write torch tensors).
 
+Every shard is opened when the index is, and the index is checked to be the same
+file afterwards (else opened again): a save that commits a new version later (a new
+index first, then new files under the shards' names) changes nothing this handle
+reads.
+
 >>> import os, tempfile, torch, tensorbridge as tb
 >>> d = tempfile.mkdtemp()
 >>> tb.save({"a": torch.zeros(4), "b": torch.ones(4)}, d, max_shard_size=16)
@@ -31,11 +36,13 @@ import numpy as np
 
 from ..dtypes import DTypeRow
 from ..errors import FormatError
-from ._common import TensorFile
+from ._common import TensorFile, check_same_version, identity
 from ._files import Links
 from ._safetensors_header import read_index, short
 
 __all__ = ["ShardedFile"]
+
+_ATTEMPTS = 3  # opens of an index that saves keep replacing, before giving up
 
 
 # Shards held open at once. A shard holds a descriptor (and one per map it has made), so
@@ -67,8 +74,27 @@ class ShardedFile(TensorFile):
         links = links or Links.of(self.path)
         self.follow_links = links.follow
         self._links = links
-        weight_map = read_index(self.path)
         self._opener = opener
+        for attempt in range(_ATTEMPTS):
+            opened = identity(os.stat(self.path))
+            self._scan()
+            try:  # the shards are the index's: no save committed while they were opened
+                check_same_version(self.path, opened, self.path)
+                break
+            except FormatError:
+                self.close()
+                if attempt == _ATTEMPTS - 1:
+                    raise
+        self._restore_ties(self._where)  # ties whose kept name is in another shard
+        for name, kept in self.aliases.items():
+            if name not in self._info and kept in self._info:
+                self._info[name] = self._info[kept]
+
+    def _scan(self) -> None:
+        """Read the index and every shard's entries; each shard is opened once here, and
+        the identity of its file kept (a shard opened again later must be that file)."""
+        links = self._links
+        weight_map = read_index(self.path)
         self._open: OrderedDict[str, TensorFile] = OrderedDict()  # file -> shard, LRU first
         self._identity: dict[str, tuple[int, ...]] = {}
         self._files: list[str] = []
@@ -113,10 +139,6 @@ class ShardedFile(TensorFile):
         except BaseException:
             self.close()
             raise
-        self._restore_ties(self._where)  # ties whose kept name is in another shard
-        for name, kept in self.aliases.items():
-            if name not in self._info and kept in self._info:
-                self._info[name] = self._info[kept]
 
     def _shard_file(self, file: str) -> TensorFile:
         """The open shard ``file``: opened (again) when it is not, the oldest closed."""

@@ -84,7 +84,9 @@ from ._common import (
     DEFAULT_CHUNK,
     TensorFile,
     cast_target,
+    check_same_version,
     destination_errors,
+    identity,
     progress_bar,
     row_of,
 )
@@ -518,7 +520,7 @@ class StoreWriter:
         attributes(self.metadata, [], repr(str(self.path)))  # refuse bad metadata up front
         self.stale = existing_arrays(self.path)
         with destination_errors(self.path, only_destination=True):  # a file in the way
-            self.staging = begin_store(self.path, new_save_id())
+            self.staging = begin_store(self.path, new_save_id(), owner=self)
 
     def create(
         self,
@@ -635,6 +637,10 @@ class ZarrFile(TensorFile):
         self.follow_links = follow_links
         where = repr(str(p))
         links = Links.of(p, follow=follow_links)
+        try:  # the version opened: a save replaces the store's zarr.json with the store
+            self._version = identity(os.stat(p / GROUP_FILE))
+        except OSError:
+            self._version = (0, 0, 0, 0)
         kind = store_kind(p)
         if kind is None:
             if os.path.lexists(p / GROUP_FILE):  # a FIFO, a device, a link out: say which
@@ -680,6 +686,7 @@ class ZarrFile(TensorFile):
             raise FormatError(f"{where}: not a readable Zarr v3 store: {err}") from None
         self._values = attrs
         self._saved = saved if isinstance(saved, dict) else {}
+        self._check_version()  # the documents read are all of the version opened
         self.metadata = {k: v if isinstance(v, str) else json.dumps(v) for k, v in attrs.items()}
 
     def keys(self) -> list[str]:
@@ -711,9 +718,22 @@ class ZarrFile(TensorFile):
         return row, tuple(int(n) for n in array.shape)
 
     def array(self, name: str) -> zarr_module.Array[Any]:
-        """The zarr array itself, for reading regions (``f.array(name)[0:10]``)."""
+        """The zarr array itself, for reading regions (``f.array(name)[0:10]``).
+
+        It reads the store's chunk files as they are when read: unlike ``f[name]``, it
+        cannot tell whether another save replaced the store since it was opened.
+        """
         array: zarr_module.Array[Any] = self._get(name)
         return array
+
+    def _check_version(self) -> None:
+        """Refuse to read on once the store was replaced since it was opened.
+
+        A store is a directory of chunk files, read when asked for: they cannot all be
+        held open. A save replaces the group's ``zarr.json`` (with the whole store, or
+        last), so a read followed by this check that passes read the version opened.
+        """
+        check_same_version(self.path / GROUP_FILE, self._version, repr(str(self.path)))
 
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
         a = self._owned(name)
@@ -733,16 +753,19 @@ class ZarrFile(TensorFile):
                 "with f.array(name)[...])"
             )
         self._check_fill(name, nbytes)
+        self._check_version()
         try:
             out: np.ndarray = np.asarray(self._get(name)[...])
         except FormatError:  # a chunk that is a FIFO, a device, a link out of the store
             raise
         except (ValueError, TypeError, KeyError, IndexError, ArithmeticError) as err:
+            self._check_version()  # a store replaced while read is no corrupt one
             # zarr's codecs and indexers say so (a chunk of 0 elements divides by zero)
             raise FormatError(
                 f"{str(self.path)!r}: array {name!r}: its chunks do not match its zarr.json "
                 f"({err}); the store is corrupt"
             ) from None
+        self._check_version()  # chunks of a store replaced meanwhile may be in ``out``
         if not out.dtype.isnative:
             out = out.astype(out.dtype.newbyteorder("="))
         return out
