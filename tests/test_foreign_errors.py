@@ -25,7 +25,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import tensorbridge as tb
-from tensorbridge.io.dcp import read_metadata
 
 # --- the inputs ---------------------------------------------------------------------------------
 
@@ -72,7 +71,7 @@ def _dcp(tmp_path: Path) -> Path:
 def _relative_path(name: str) -> Case:
     def case(tmp_path: Path) -> tuple[Callable[[], object], Path]:
         d = _dcp(tmp_path)
-        meta = read_metadata(d)
+        meta = dcp.FileSystemReader(d).read_metadata()  # torch's own classes, to edit
         for info in meta.storage_data.values():
             info.relative_path = name
         with open(d / ".metadata", "wb") as f:
@@ -87,7 +86,7 @@ def _chunk_zip(patch: Callable[[bytearray, int, int], None]) -> Case:
 
     def case(tmp_path: Path) -> tuple[Callable[[], object], Path]:
         d = _dcp(tmp_path)
-        meta = read_metadata(d)
+        meta = dcp.FileSystemReader(d).read_metadata()  # torch's own classes, to edit
         info = next(v for k, v in meta.storage_data.items() if k.fqn == "w")
         path = d / info.relative_path
         data = bytearray(path.read_bytes())

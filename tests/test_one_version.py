@@ -104,15 +104,15 @@ def test_an_index_replaced_while_its_shards_open_is_opened_again(
 
     tb.save(version(1), tmp_path, max_shard_size=64)
     opens = [0]
-    real = sharded.ShardedFile._open
+    real = sharded.ShardedFile._scan
 
-    def racing(self: Any, opener: Any) -> None:
+    def racing(self: Any) -> None:
         opens[0] += 1
-        real(self, opener)
+        real(self)
         if opens[0] == 1:  # a save commits between reading the index and the check
             tb.save(version(2), tmp_path, max_shard_size=64, overwrite=True)
 
-    monkeypatch.setattr(sharded.ShardedFile, "_open", racing)
+    monkeypatch.setattr(sharded.ShardedFile, "_scan", racing)
     with tb.open(tmp_path) as f:
         assert opens[0] == 2
         assert_version(f, 2)

@@ -874,9 +874,10 @@ def _quantization(
 
 
 def _convertible(
-    src: TensorFile, names: list[str], args: argparse.Namespace
+    src: TensorFile, names: list[str], args: argparse.Namespace, carried: int = 0
 ) -> tuple[list[str], dict[str, str]]:
-    """The selected names convert can write, and the entries it skips (with --skip-unsupported)."""
+    """The selected names convert can write, and the entries it skips (with --skip-unsupported);
+    ``carried``: how many more entries are copied as they are (NumPy to NumPy)."""
     unsupported = {n: why for n, why in src.unsupported().items() if n in names}
     if unsupported and not args.skip_unsupported:
         first = next(iter(unsupported))
@@ -888,7 +889,7 @@ def _convertible(
     for name, why in unsupported.items():
         print(f"skipped {name}: {_cli_words(why)}", file=sys.stderr)
     kept = [n for n in names if n not in unsupported]
-    if not kept:  # one rule for every convert path: nothing to write is an error naming why
+    if not kept and not carried:  # one rule for every convert path: nothing to write is an error
         raise TensorBridgeError(
             f"every selected entry of {args.src} is unsupported ({_plural(len(names), 'entry')} "
             "skipped); nothing to convert, so nothing was written"
@@ -1066,7 +1067,9 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 f"{e}; pass --exclude NAME or --skip-unsupported to convert the rest"
             ) from None
         selected = names
-        names, unsupported = _convertible(src, [n for n in names if n not in carried], args)
+        names, unsupported = _convertible(
+            src, [n for n in names if n not in carried], args, len(carried)
+        )
         names = [n for n in selected if n in carried or n in names]
         if carried and not args.quiet:
             kinds = ", ".join(f"{n} ({c.stored})" for n, c in list(carried.items())[:5])

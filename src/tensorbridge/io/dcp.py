@@ -824,12 +824,12 @@ class DcpFile(TensorFile):
         self._order.append(key)
 
 
-def _versions(path: Path, meta: Any) -> dict[str, tuple[int, ...]]:
+def _versions(path: Path, meta: CheckpointMetadata) -> dict[str, tuple[int, ...]]:
     """Each data file's :func:`identity` when the checkpoint is opened (see ``_file``)."""
     out: dict[str, tuple[int, ...]] = {}
-    for info in meta.storage_data.values():
-        rel = getattr(info, "relative_path", None)
-        if type(rel) is str and rel not in out:
+    for info in meta.storage.values():
+        rel = info.relative_path  # a plain str, checked to name one file of the directory
+        if rel not in out:
             with contextlib.suppress(OSError, ValueError):
                 out[rel] = identity(os.stat(path / rel))
     return out
