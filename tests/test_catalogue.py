@@ -774,8 +774,16 @@ ROWS: list[Row] = [
         "a plain pickle (`x.pkl`)",
         lambda e: tb.open(e.text("x.pkl", pickle.dumps({"w": [1.0]}))),
         tb.FormatError,
-        r"never unpickles arbitrary data \(if you trust it, pickle\.load it",
-        "never unpickled; if you trust it, `pickle.load` it and `tb.save` the arrays",
+        r"a plain pickle, not a torch\.save archive; tensorbridge never runs a pickle",
+        "never run: only `torch.save` archives are read, by tensorbridge's own pickle machine",
+    ),
+    Row(
+        "open:not-torch-save",
+        "random bytes named `model.pt` (or `.pth`, `.bin`, `.ckpt`)",
+        lambda e: tb.open(e.text("model.ckpt", b"\x00\x01hello, world")),
+        tb.FormatError,
+        r"is not a torch\.save archive: it starts with 00 01 68 65 6c 6c 6f 2c",
+        "shows the first bytes, and what they look like when known (text, ONNX, TFLite, Core ML)",
     ),
     Row(
         "open:truncated",

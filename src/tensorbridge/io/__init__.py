@@ -164,7 +164,11 @@ def _reader(
     """Open ``path`` with the reader its first bytes call for (the suffix's when unrecognised)."""
     kind = detect(path)
     where = repr(str(path))
-    if kind == "unknown":  # let the suffix's reader say precisely what is wrong
+    torch_save = by_kind("pt")
+    torch_named = torch_save is not None and path.suffix.lower() in (*torch_save.suffixes, ".ckpt")
+    if kind in ("unknown", "pickle") and torch_named:
+        kind = "pt"  # its reader says what the first bytes look like instead
+    elif kind == "unknown":  # let the suffix's reader say precisely what is wrong
         kind = kind_by_suffix(path)
     fmt = by_kind(kind)
     if fmt is None and kind != "index":
@@ -201,8 +205,7 @@ def _refusal(kind: str, where: str) -> str:
     return {
         "torchscript": pt.TORCHSCRIPT_MESSAGE.format(where=where),
         "pickle": f"{where} is a plain pickle, not a torch.save archive; tensorbridge never "
-        "unpickles arbitrary data (if you trust it, pickle.load it and pass the arrays to "
-        "tb.save)",
+        "runs a pickle (torch.save archives are read by its own pickle machine)",
         "zip": f"{where} is a zip archive that is neither a .npz (only .npy members) nor a "
         "torch.save archive (a data.pkl member)",
     }.get(

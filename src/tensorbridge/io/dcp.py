@@ -54,14 +54,11 @@ import copy
 import io
 import mmap
 import os
-import pickle
 import struct
-import warnings
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,6 +66,8 @@ import torch
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError
 from ._common import TensorFile, check_unchanged, read_small
+from .pickle_machine import Opaque, StorageRef, StorageType, TensorRef, unpickle
+from .torch_archive import read_value
 
 __all__ = ["METADATA_FILE", "Chunk", "DcpFile", "load", "open", "read_metadata"]
 
@@ -100,50 +99,55 @@ _ALLOWED = {
 }
 
 
-class _Unpickler(pickle._Unpickler):
-    """The pure-Python unpickler, as torch's weights_only one, reading only what is there.
+_PLACEHOLDERS = frozenset(
+    f"{module}.{name}"
+    for module, name in _ALLOWED
+    if module not in ("torch", "torch.serialization", "collections")
+)  # DCP's classes: inert records of the pickle machine, read below field by field
 
-    The C unpickler allocates what a hostile stream claims before checking it (a memo
-    index of 2**27 resizes its memo table to 2 GB; a byte string's length is allocated
-    before it is read). The pure-Python one reads byte strings from the in-memory
-    stream, which yields what it holds, except ``BYTEARRAY8``: it allocates the claimed
-    length first (a 1 KB file claimed 4 GB), so that opcode reads before it allocates.
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """A ``TensorStorageMetadata``, as plain data: dtype, global shape, stored boxes."""
+
+    dtype: torch.dtype
+    size: tuple[int, ...]
+    chunks: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # (offsets, sizes) each
+
+
+@dataclass(frozen=True)
+class StoredItem:
+    """A ``_StorageInfo``, as plain data: where an item's bytes lie."""
+
+    relative_path: str
+    offset: int
+    length: int
+    transforms: tuple[str, ...]  # stream transforms (compression): only DCP's reader undoes them
+
+    @property
+    def transformed(self) -> bool:
+        return bool(self.transforms)
+
+
+@dataclass(frozen=True)
+class CheckpointMetadata:
+    """A DCP ``Metadata``, as plain data, checked: what :class:`DcpFile` reads from.
+
+    ``entries`` maps each state-dict key to its :class:`TensorEntry`, or ``None`` for a
+    value stored as bytes; ``storage`` maps ``(key, chunk offsets or None)`` to its
+    :class:`StoredItem`.
     """
 
-    def _load_bytearray8(self) -> None:
-        me: Any = self  # load() binds read and append on the instance
-        (n,) = struct.unpack("<Q", me.read(8))
-        data = me.read(n)
-        if len(data) != n:
-            raise pickle.UnpicklingError(
-                f"a bytearray claims {n:,} bytes where {len(data):,} remain"
-            )
-        me.append(bytearray(data))
-
-    dispatch: ClassVar[dict[int, Callable[[Any], None]]] = {
-        **pickle._Unpickler.dispatch,
-        pickle.BYTEARRAY8[0]: _load_bytearray8,
-    }
+    entries: dict[str, TensorEntry | None]
+    storage: dict[tuple[str, tuple[int, ...] | None], StoredItem]
 
 
-class _MetadataUnpickler(_Unpickler):
-    """Builds the DCP metadata classes and refuses every other global, uncalled."""
+def read_metadata(path: str | os.PathLike[str]) -> CheckpointMetadata:
+    """A DCP ``.metadata`` file, through the pickle machine, checked field by field.
 
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        if (module, name) in _ALLOWED:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"the global {module}.{name} is not DCP metadata")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("a persistent id is not DCP metadata")
-
-
-def read_metadata(path: str | os.PathLike[str]) -> Any:
-    """A DCP ``.metadata`` file's ``Metadata``, through the restricted unpickler, checked.
-
-    ``path`` is the checkpoint directory or its ``.metadata`` file.
+    ``path`` is the checkpoint directory or its ``.metadata`` file. DCP's classes become
+    inert records of the machine (nothing of torch's is built or called), read into a
+    :class:`CheckpointMetadata` of plain values.
 
     Raises:
         FormatError: a global that is not DCP metadata (nothing of it is called), a
@@ -154,50 +158,71 @@ def read_metadata(path: str | os.PathLike[str]) -> Any:
         p = p / METADATA_FILE
     raw = read_small(p, MAX_METADATA, "DCP .metadata file")
     try:
-        meta = _MetadataUnpickler(io.BytesIO(raw)).load()
-    except pickle.UnpicklingError as err:
+        meta = unpickle(raw, placeholders=_PLACEHOLDERS)
+    except FormatError as err:
         raise FormatError(
             f"{p}: refused to unpickle: {err}; tensorbridge reads only the classes "
             "torch.distributed.checkpoint writes (if you trust the file, load it with "
             "torch.distributed.checkpoint itself)"
         ) from None
-    except Exception as err:  # a malformed stream raises anything from EOFError to TypeError
-        raise FormatError(
-            f"{p}: not a valid DCP .metadata pickle ({type(err).__name__}: {err})"
-        ) from None
-    _check_metadata(p, meta)
-    return meta
+    return _check_metadata(p, meta)
 
 
-def _check_metadata(p: Path, meta: Any) -> None:
-    from torch.distributed.checkpoint import metadata as md
+def _fields(obj: Any) -> dict[str, Any]:
+    """A record's fields: its ``BUILD`` state (a dict, or ``(dict, slots)``)."""
+    state = obj.state if isinstance(obj, Opaque) else None
+    if type(state) is tuple and len(state) == 2:
+        out = dict(state[0]) if type(state[0]) is dict else {}
+        if type(state[1]) is dict:
+            out.update(state[1])
+        return out
+    return dict(state) if type(state) is dict else {}
 
+
+def _is(obj: Any, name: str) -> bool:
+    return isinstance(obj, Opaque) and obj.args is not None and obj.name.rsplit(".", 1)[1] == name
+
+
+def _check_metadata(p: Path, meta: Any) -> CheckpointMetadata:
     def bad(what: str) -> FormatError:
         return FormatError(f"{p}: {what}; the checkpoint's metadata is corrupt")
 
-    if not isinstance(meta, md.Metadata):
-        raise bad(f"it holds a {type(meta).__qualname__}, not a DCP Metadata")
-    sdm = getattr(meta, "state_dict_metadata", None)
-    if not isinstance(sdm, dict):
+    if not _is(meta, "Metadata"):
+        held = meta.name if isinstance(meta, Opaque) else type(meta).__qualname__
+        raise bad(f"it holds a {held}, not a DCP Metadata")
+    fields = _fields(meta)
+    sdm = fields.get("state_dict_metadata")
+    if type(sdm) is not dict:
         raise bad("state_dict_metadata is not a dict")
+    entries: dict[str, TensorEntry | None] = {}
     for key, item in sdm.items():
-        if not isinstance(key, str):
-            raise bad(f"the state-dict key {key!r} is not a string")
-        if isinstance(item, md.BytesStorageMetadata):
+        if type(key) is not str:
+            raise bad(f"the state-dict key {key!r:.80} is not a string")
+        if _is(item, "BytesStorageMetadata"):
+            entries[key] = None
             continue
-        if not isinstance(item, md.TensorStorageMetadata):
-            raise bad(f"{key!r} is described by a {type(item).__qualname__}")
-        props = getattr(item, "properties", None)
-        if not isinstance(getattr(props, "dtype", None), torch.dtype):
+        if not _is(item, "TensorStorageMetadata"):
+            held = item.name if isinstance(item, Opaque) else type(item).__qualname__
+            raise bad(f"{key!r} is described by a {held}")
+        tsm = _fields(item)
+        props = tsm.get("properties")
+        state = (
+            props.state if isinstance(props, Opaque) and _is(props, "TensorProperties") else None
+        )
+        # torch >= 2.3 pickles (dtype, layout, requires_grad, memory_format, pin_memory)
+        dtype = state[0] if type(state) is tuple and state else _fields(props).get("dtype")
+        if not isinstance(dtype, torch.dtype):
             raise bad(f"{key!r} has no dtype")
-        shape = _ints(getattr(item, "size", None))
-        chunks = getattr(item, "chunks", None)
-        if shape is None or not isinstance(chunks, list):
+        shape = _ints(tsm.get("size"))
+        chunks = tsm.get("chunks")
+        if shape is None or type(chunks) is not list:
             raise bad(f"{key!r} has no shape or chunk list")
+        boxes = []
         for c in chunks:
-            off, size = _ints(getattr(c, "offsets", None)), _ints(getattr(c, "sizes", None))
+            box = _fields(c)
+            off, size = _ints(box.get("offsets")), _ints(box.get("sizes"))
             if (
-                not isinstance(c, md.ChunkStorageMetadata)
+                not _is(c, "ChunkStorageMetadata")
                 or off is None
                 or size is None
                 or len(off) != len(shape)
@@ -205,35 +230,50 @@ def _check_metadata(p: Path, meta: Any) -> None:
                 or any(o + s > n for o, s, n in zip(off, size, shape, strict=True))
             ):
                 raise bad(f"a chunk of {key!r} lies outside its shape {list(shape)}")
-    storage = getattr(meta, "storage_data", None)
-    if not isinstance(storage, dict):
+            boxes.append((off, size))
+        entries[key] = TensorEntry(dtype, shape, tuple(boxes))
+    storage_data = fields.get("storage_data")
+    if type(storage_data) is not dict:
         raise bad("storage_data is not a dict (not written by FileSystemWriter)")
-    for index, info in storage.items():
-        # the unpickler built only allow-listed classes: the storage record is known by name
+    storage: dict[tuple[str, tuple[int, ...] | None], StoredItem] = {}
+    for index, info in storage_data.items():
+        where, stored = _fields(index), _fields(info)
+        fqn, offset = where.get("fqn"), where.get("offset")
+        offsets = None if offset is None else _ints(offset)
         if (
-            not isinstance(index, md.MetadataIndex)
-            or not isinstance(getattr(index, "fqn", None), str)
-            or type(info).__name__ != "_StorageInfo"
+            not _is(index, "MetadataIndex")
+            or type(fqn) is not str
+            or (offset is not None and offsets is None)
+            or not _is(info, "_StorageInfo")
         ):
             raise bad("storage_data maps something other than MetadataIndex -> _StorageInfo")
-        rel = getattr(info, "relative_path", None)
-        if (
-            not isinstance(rel, str)
-            or Path(rel).name != rel
-            or rel in ("", ".", "..")
-            or "\x00" in rel
-            or len(os.fsencode(rel)) > 255  # longer than any file name can be
-        ):
-            shown = repr(rel[:80]) if isinstance(rel, str) else f"a {type(rel).__qualname__}"
-            raise bad(f"the item of {index.fqn!r} names the file {shown}, not one in the directory")
-        if not all(type(getattr(info, a, None)) is int for a in ("offset", "length")) or (
-            info.offset < 0 or info.length < 0
-        ):
-            raise bad(f"the item of {index.fqn!r} has no valid offset and length")
+        rel = stored.get("relative_path")
+        if not _file_name(rel):
+            shown = repr(rel[:80]) if type(rel) is str else f"a {type(rel).__qualname__}"
+            raise bad(f"the item of {fqn!r} names the file {shown}, not one in the directory")
+        start, length = stored.get("offset"), stored.get("length")
+        if type(start) is not int or type(length) is not int or start < 0 or length < 0:
+            raise bad(f"the item of {fqn!r} has no valid offset and length")
+        transforms = stored.get("transform_descriptors") or []
+        if type(transforms) not in (list, tuple) or not all(type(t) is str for t in transforms):
+            raise bad(f"the item of {fqn!r} has transforms that are not names")
+        storage[(fqn, offsets)] = StoredItem(str(rel), start, length, tuple(transforms))
+    return CheckpointMetadata(entries, storage)
+
+
+def _file_name(rel: Any) -> bool:
+    """Whether ``rel`` (a plain ``str``) names a file in the checkpoint directory itself."""
+    if type(rel) is not str or rel in ("", ".", "..") or "\x00" in rel or "/" in rel:
+        return False
+    try:
+        encoded = rel.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate names no file
+        return False
+    return len(encoded) <= 255 and Path(rel).name == rel  # no longer than a file name can be
 
 
 def _ints(x: Any) -> tuple[int, ...] | None:
-    if not isinstance(x, (tuple, list)) or not all(type(v) is int and v >= 0 for v in x):
+    if type(x) not in (tuple, list, torch.Size) or not all(type(v) is int and v >= 0 for v in x):
         return None
     return tuple(x)
 
@@ -253,96 +293,26 @@ class _Rebuild:
     stride: tuple[int, ...]
 
 
-class _Storage:
-    def __init__(self, key: str, dtype: torch.dtype | None, numel: int) -> None:
-        self.key, self.dtype, self.numel = key, dtype, numel
+def _chunk_tensor(data: bytes) -> _Rebuild:
+    """What a chunk's ``data.pkl`` rebuilds: one plain tensor, through the pickle machine."""
 
-
-def _rebuild_v2(storage: Any, offset: Any, size: Any, stride: Any, *rest: Any) -> _Rebuild:
-    if not isinstance(storage, _Storage) or storage.dtype is None:
-        raise pickle.UnpicklingError("_rebuild_tensor_v2 without a typed storage")
-    return _record(storage, storage.dtype, offset, size, stride)
-
-
-def _rebuild_v3(
-    storage: Any, offset: Any, size: Any, stride: Any, grad: Any, hooks: Any, dtype: Any, *r: Any
-) -> _Rebuild:
-    if not isinstance(storage, _Storage) or not isinstance(dtype, torch.dtype):
-        raise pickle.UnpicklingError("_rebuild_tensor_v3 without a storage and dtype")
-    return _record(storage, dtype, offset, size, stride)
-
-
-def _record(storage: _Storage, dtype: torch.dtype, offset: Any, size: Any, stride: Any) -> _Rebuild:
-    shape, strides = _ints(size), _ints(stride)
-    if type(offset) is not int or offset < 0 or shape is None or strides is None:
-        raise pickle.UnpicklingError("a tensor rebuilt with invalid offset, size or stride")
-    if len(shape) != len(strides):
-        raise pickle.UnpicklingError("a tensor's size and stride differ in length")
-    numel = storage.numel
-    if storage.dtype is None:  # an UntypedStorage counts bytes
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        if numel % itemsize:
-            raise pickle.UnpicklingError("an untyped storage of a partial element")
-        numel //= itemsize
-    return _Rebuild(storage.key, dtype, numel, offset, shape, strides)
-
-
-class _StorageType:
-    """Stands for ``torch.<X>Storage`` / ``UntypedStorage`` in a persistent id."""
-
-    def __init__(self, dtype: torch.dtype | None) -> None:
-        self.dtype = dtype
-
-
-def _storage_types() -> dict[str, torch.dtype]:
-    out = {}
-    for name in dir(torch):
-        cls = getattr(torch, name, None)
-        if name.endswith("Storage") and isinstance(cls, type) and hasattr(cls, "_dtype"):
-            with contextlib.suppress(Exception), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                dtype = cls._dtype
-                if isinstance(dtype, torch.dtype):
-                    out[name] = dtype
-    return out
-
-
-_TYPED_STORAGES: dict[str, torch.dtype] = {}
-
-
-class _ItemUnpickler(_Unpickler):
-    """Reads a chunk's ``data.pkl`` into a :class:`_Rebuild`; any other global is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "torch._utils" and name == "_rebuild_tensor_v2":
-            return _rebuild_v2
-        if module == "torch._utils" and name == "_rebuild_tensor_v3":
-            return _rebuild_v3
-        if (module, name) == ("collections", "OrderedDict"):
-            return dict
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        if (module, name) in (("torch", "UntypedStorage"), ("torch.storage", "UntypedStorage")):
-            return _StorageType(None)
-        if module == "torch":
-            if not _TYPED_STORAGES:
-                _TYPED_STORAGES.update(_storage_types())
-            if name in _TYPED_STORAGES:
-                return _StorageType(_TYPED_STORAGES[name])
-        raise pickle.UnpicklingError(f"{module}.{name} does not rebuild a plain tensor")
-
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(pid: Any) -> StorageRef:
         if (
-            isinstance(pid, tuple)
+            type(pid) is tuple
             and len(pid) == 5
             and pid[0] == "storage"
-            and isinstance(pid[1], _StorageType)
-            and isinstance(pid[2], str)
+            and isinstance(pid[1], StorageType)
+            and type(pid[2]) is str
             and type(pid[4]) is int
-            and pid[4] >= 0
+            and 0 <= pid[4] < 1 << 62
         ):
-            return _Storage(pid[2], pid[1].dtype, pid[4])
-        raise pickle.UnpicklingError("an unrecognised persistent id")
+            return StorageRef(pid[2], pid[1].dtype, pid[4])
+        raise FormatError("a persistent id that names no storage")
+
+    t = unpickle(data, persistent_load=persistent_load, placeholders=False)
+    if not isinstance(t, TensorRef):
+        raise FormatError(f"the item's data.pkl holds a {type(t).__name__}, not one tensor")
+    return _Rebuild(t.storage.key, t.dtype, t.storage_numel, t.offset, t.shape, t.stride)
 
 
 class _Slice(io.RawIOBase):
@@ -396,15 +366,13 @@ def _locate(buf: Any, start: int, length: int, where: str) -> tuple[_Rebuild, in
                 raise _Unrecognised("big-endian storage")
             if infos[pkl[0]].file_size > MAX_VALUE:
                 raise _Unrecognised("a data.pkl too large for one tensor")
-            rebuilt = _ItemUnpickler(io.BytesIO(zf.read(pkl[0]))).load()
+            rebuilt = _chunk_tensor(zf.read(pkl[0]))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as err:
         raise FormatError(
             f"{where}: the stored tensor is not a valid torch.save zip ({err})"
         ) from None
-    except pickle.UnpicklingError as err:
-        raise _Unrecognised(str(err)) from None
-    if not isinstance(rebuilt, _Rebuild):
-        raise _Unrecognised("data.pkl holds no plain tensor")
+    except FormatError as err:
+        raise FormatError(f"{where}: the stored tensor's pickle is refused: {err}") from None
     info = infos.get(f"{prefix}data/{rebuilt.key}")
     if info is None:
         raise FormatError(f"{where}: the storage member data/{rebuilt.key} is missing")
@@ -497,11 +465,9 @@ class DcpFile(TensorFile):
         self._layout: dict[tuple[str, tuple[int, ...]], tuple[_Rebuild, int] | None] = {}
         self._order: list[str] = []
         self._owner = True
-        from torch.distributed.checkpoint import metadata as md
-
         try:
-            for key, item in self._meta.state_dict_metadata.items():
-                if isinstance(item, md.TensorStorageMetadata):
+            for key, item in self._meta.entries.items():
+                if item is not None:
                     self._tensors[key] = item
                     self._order.append(key)
                 else:
@@ -530,10 +496,10 @@ class DcpFile(TensorFile):
             raise UnsupportedDtypeError(self._skipped[name])
         item = self._item(name)
         try:
-            row = resolve_dtype(item.properties.dtype)
+            row = resolve_dtype(item.dtype)
         except TensorBridgeError as err:
             raise UnsupportedDtypeError(f"{name!r}: {err}") from None
-        return row, tuple(item.size)
+        return row, item.size
 
     def plain_values(self) -> dict[str, Any]:
         return dict(self._values)
@@ -565,15 +531,11 @@ class DcpFile(TensorFile):
                 or one has no stored item.
         """
         item = self._item(name)
-        shape = tuple(item.size)
+        shape = item.size
         out = []
-        for c in item.chunks:
-            info = self._storage(name, tuple(c.offsets))
-            out.append(
-                Chunk(
-                    tuple(c.offsets), tuple(c.sizes), info.relative_path, info.offset, info.length
-                )
-            )
+        for offsets, sizes in item.chunks:
+            info = self._storage(name, offsets)
+            out.append(Chunk(offsets, sizes, info.relative_path, info.offset, info.length))
         covered = sum(int(np.prod(c.shape, dtype=np.int64)) for c in out)
         total = int(np.prod(shape, dtype=np.int64))
         if covered != total or not _disjoint(out):
@@ -628,7 +590,7 @@ class DcpFile(TensorFile):
 
     def _fallback(self, name: str, chunk: Chunk, row: DTypeRow) -> np.ndarray:
         from torch.distributed.checkpoint.filesystem import FileSystemReader
-        from torch.distributed.checkpoint.metadata import MetadataIndex
+        from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
         from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
         target = torch.empty(chunk.shape, dtype=row.torch)
@@ -645,8 +607,15 @@ class DcpFile(TensorFile):
             def commit_tensor(self, req: Any, tensor: torch.Tensor) -> None:
                 pass
 
+        # DCP's own records, built here from the checked plain values (nothing unpickled)
+        from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+        stored = self._storage(name, chunk.offsets)
+        info = _StorageInfo(stored.relative_path, stored.offset, stored.length)
+        if stored.transforms:  # a field of torch >= 2.6 only, where transforms exist
+            info.transform_descriptors = list(stored.transforms)
         reader = FileSystemReader(self.path)
-        reader.set_up_storage_reader(self._meta, True)
+        reader.set_up_storage_reader(Metadata({}, storage_data={index: info}), True)
         try:
             reader.read_data(plan, _Into()).wait()  # type: ignore[arg-type]
         except Exception as err:
@@ -695,14 +664,11 @@ class DcpFile(TensorFile):
                 f"{name!r} is not a tensor of {self.path}; its keys are {self.keys()[:10]}"
             ) from None
 
-    def _storage(self, name: str, offsets: tuple[int, ...] | None) -> Any:
-        from torch.distributed.checkpoint.metadata import MetadataIndex
-
-        index = MetadataIndex(name, None if offsets is None else torch.Size(offsets))
-        info = self._meta.storage_data.get(index)
+    def _storage(self, name: str, offsets: tuple[int, ...] | None) -> StoredItem:
+        info = self._meta.storage.get((name, offsets))
         if info is None:
             raise FormatError(f"{self.path}: no stored item for {name!r} at {offsets}; corrupt")
-        if getattr(info, "transform_descriptors", None):
+        if info.transformed:
             # stream transforms (compression): only DCP's reader can undo them
             self._layout[(name, offsets or ())] = None
         return info
@@ -729,25 +695,26 @@ class DcpFile(TensorFile):
                 f"{info.offset + info.length} runs past the file's {mapped.size} bytes;"
                 " the file is truncated or corrupt"
             )
-        if getattr(info, "transform_descriptors", None) or info.length > MAX_VALUE:
+        if info.transformed or info.length > MAX_VALUE:
             self._skip(key, "stored transformed or too large to read as a plain value")
             return
         raw = bytes(mapped.map[info.offset : info.offset + info.length])
         try:
-            value = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
-        except Exception as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            self._skip(key, f"torch.load(weights_only=True) refuses it ({first[:160]})")
+            value = read_value(raw, f"the value {key!r}")
+        except FormatError as err:
+            self._skip(key, f"refused by the pickle machine ({str(err)[:160]})")
             return
         if _plain(value):
             self._values[key] = value
         else:
-            self._skip(key, f"a {type(value).__qualname__}, neither a tensor nor a plain value")
+            kind = value.name if isinstance(value, Opaque) else type(value).__qualname__
+            kind = "tensor pickled as bytes" if isinstance(value, TensorRef) else kind
+            self._skip(key, f"a {kind}, neither a tensor nor a plain value")
 
     def _skip(self, key: str, why: str) -> None:
         self._skipped[key] = (
-            f"the checkpoint's value {key!r} is {why} (never unpickled freely; load it "
-            "with torch.distributed.checkpoint if you trust it)"
+            f"the checkpoint's value {key!r} is {why} (never unpickled freely; "
+            "torch.distributed.checkpoint reads it where its code is available)"
         )
         self._order.append(key)
 

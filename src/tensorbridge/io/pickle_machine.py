@@ -36,6 +36,7 @@ module, and no call of anything a file names. Its promises:
 from __future__ import annotations
 
 import codecs
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -221,7 +222,7 @@ def _rebuild_from_type(args: tuple[Any, ...]) -> Any:
         raise _fail(f"_rebuild_from_type_v2 of {args[0].name}, which builds no tensor")
     tensor = build(args[2])
     kind = args[1]
-    if isinstance(kind, _Global) and kind.name in _PLAIN_TENSOR_TYPES:
+    if isinstance(kind, (_Global, Opaque)) and kind.name in _PLAIN_TENSOR_TYPES:
         return tensor
     name = kind.name if isinstance(kind, (_Global, Opaque)) else type(kind).__name__
     return Opaque(name, (tensor,), args[3])
@@ -247,13 +248,15 @@ def _size(args: tuple[Any, ...]) -> torch.Size:
 
 
 def _device(args: tuple[Any, ...]) -> str:
-    if not 1 <= len(args) <= 2 or type(args[0]) is not str or len(args[0]) > 64:
-        raise _fail("torch.device given arguments it never takes")
-    if len(args) == 2:
-        if type(args[1]) is not int:
-            raise _fail("torch.device given arguments it never takes")
-        return f"{args[0]}:{args[1]}"
-    return args[0]
+    # torch.device("cuda:0") or torch.device("cuda", 0): kept as its name, "cuda:0"
+    name = args[0] if args and type(args[0]) is str else None
+    if len(args) == 2 and type(args[1]) is int and 0 <= args[1] < 1 << 16:
+        name = f"{name}:{args[1]}"
+    elif len(args) != 1:
+        name = None
+    if name is None or not re.fullmatch(r"[a-z_]{1,32}(:[0-9]{1,5})?", name):
+        raise _fail("torch.device given arguments other than a device's name")
+    return name
 
 
 def _layout(args: tuple[Any, ...]) -> str:
@@ -311,7 +314,12 @@ def _encode(args: tuple[Any, ...]) -> bytes:
 
 def _reconstructor(args: tuple[Any, ...]) -> Opaque:
     # protocols 0 and 1 pickle an object as copyreg._reconstructor(cls, object, None)
-    if len(args) != 3 or not isinstance(args[0], Opaque) or args[0].args is not None:
+    if (
+        len(args) != 3
+        or not isinstance(args[0], Opaque)
+        or args[0].args is not None
+        or refused(args[0].name)
+    ):
         raise _fail("copyreg._reconstructor given arguments it never takes")
     return Opaque(args[0].name, ())
 
@@ -386,7 +394,13 @@ REFUSED = (
     "torch", "pathlib", "posixpath", "ntpath", "tempfile", "glob", "zipimport", "pkgutil",
 )  # fmt: skip
 # torch classes a pickled module or optimizer is made of: placeholders, like user classes
-_TORCH_DATA = ("torch.nn.modules.", "torch.optim.", "torch.nn.utils.", "torch.distributed.")
+_TORCH_DATA = (
+    "torch.nn.modules.",
+    "torch.optim.",
+    "torch.nn.utils.",
+    "torch.distributed.",
+    "torch._utils._rebuild_",  # sparse, quantized, nested tensors: reported, never built
+)
 
 _RENAMED = {"__builtin__": "builtins", "copy_reg": "copyreg"}  # Python 2's module names
 
@@ -452,7 +466,7 @@ def unpickle_at(
         RecursionError, AttributeError,
     ) as err:  # fmt: skip
         raise FormatError(f"the pickle is malformed ({type(err).__name__}: {err})") from None
-    _check_result(value)
+    _check_result(value, 16 * (end - start) + 4096)
     return value, end
 
 
@@ -515,13 +529,13 @@ def _run(
         dotted = f"{module}.{name}"
         if dotted in CONSTANTS:
             return CONSTANTS[dotted]
-        if dotted in TABLE or dotted in _PLAIN_TENSOR_TYPES:
+        if dotted in TABLE:
             return _Global(dotted)
-        if placeholders is True and not refused(dotted):
+        if placeholders is True:  # a refused one is refused when called, not when named
             return Opaque(dotted)
         if isinstance(placeholders, frozenset) and dotted in placeholders:
             return Opaque(dotted)
-        if placeholders is True or refused(dotted):
+        if refused(dotted) or dotted in _PLAIN_TENSOR_TYPES:
             return _Global(dotted)  # refused when called or left in the result
         raise FormatError(f"the global {dotted} is not one this file may hold")
 
@@ -534,10 +548,14 @@ def _run(
                 raise FormatError(f"the file calls {fn.name}, which tensorbridge never calls")
             return build(args)
         if isinstance(fn, Opaque):
+            if refused(fn.name):
+                raise FormatError(f"the file calls {fn.name}, which tensorbridge never calls")
             return Opaque(fn.name, args)
         raise FormatError(f"{how} of a {type(fn).__name__}, which is not a global")
 
     def build(obj: Any, state: Any) -> None:
+        if isinstance(obj, Opaque) and obj.args is None:
+            raise FormatError(f"BUILD aimed at {obj.name} itself, a class the file names")
         if isinstance(obj, Opaque):
             object.__setattr__(obj, "state", state)
         elif type(obj) is dict or isinstance(obj, TensorRef):
@@ -555,7 +573,7 @@ def _run(
         if type(target) is dict:
             for i in range(0, len(items), 2):
                 target[items[i]] = items[i + 1]
-        elif isinstance(target, Opaque):
+        elif isinstance(target, Opaque) and target.args is not None:
             target.items.extend(zip(items[::2], items[1::2], strict=True))
         else:
             raise FormatError(f"SETITEM aimed at a {type(target).__name__}")
@@ -563,7 +581,7 @@ def _run(
     def appends(target: Any, items: list[Any]) -> None:
         if type(target) is list:
             target.extend(items)
-        elif isinstance(target, Opaque):
+        elif isinstance(target, Opaque) and target.args is not None:
             target.listitems.extend(items)
         else:
             raise FormatError(f"APPEND aimed at a {type(target).__name__}")
@@ -617,7 +635,7 @@ def _run(
             kwargs = stack.pop()
             args = stack.pop()
             cls = stack[-1]
-            if not isinstance(cls, Opaque) or type(kwargs) is not dict:
+            if not isinstance(cls, Opaque) or type(kwargs) is not dict or refused(cls.name):
                 raise FormatError("NEWOBJ_EX of something that is no placeholder class")
             stack[-1] = Opaque(cls.name, args if type(args) is tuple else (args,), kwargs=kwargs)
         elif op == 0x88:  # NEWTRUE
@@ -758,7 +776,8 @@ def _run(
             setitems(d, items)
             stack.append(d)
         elif op == 0x6C:  # LIST
-            stack.append(pop_mark())
+            items = pop_mark()
+            stack.append(items)
         elif op == 0x69:  # INST
             module = line().decode("utf-8")
             name = line().decode("utf-8")
@@ -790,32 +809,48 @@ def _children(obj: Any) -> Any:
     return ()
 
 
-def _check_result(root: Any) -> None:
-    """Walk the result once, iteratively: no token left, no cycle, at most MAX_DEPTH deep."""
-    done: set[int] = set()
+def _check_result(root: Any, budget: int) -> None:
+    """Walk the result once, iteratively: no token left, no cycle, at most MAX_DEPTH deep,
+    and at most ``budget`` values when shared references are counted each time (a walk
+    of the result as a tree, as flattening does, must stay linear in the input)."""
+    if isinstance(root, _Global):
+        raise FormatError(f"the file holds the global {root.name} itself; no checkpoint does")
+    size: dict[int, int] = {}  # id -> values beneath, counted as a tree
     active: set[int] = set()
-    stack: list[tuple[Any, Any]] = [(root, iter(_children(root)))]
+    stack: list[tuple[Any, Any, int]] = [(root, iter(_children(root)), 1)]
     active.add(id(root))
     while stack:
-        obj, it = stack[-1]
+        obj, it, total = stack[-1]
         for child in it:
             if isinstance(child, _Global):
                 raise FormatError(
-                    f"the file holds the global {child.name} itself, which no checkpoint does"
+                    f"the file holds the global {child.name} itself; no checkpoint does"
                 )
             kids = _children(child)
-            if not kids or id(child) in done:
+            if not kids:
+                total += 1
+                continue
+            done = size.get(id(child))
+            if done is not None:
+                total += done
+                if total > budget:
+                    raise FormatError(
+                        f"the pickle's shared references expand to over {budget:,} values; "
+                        "no checkpoint's do"
+                    )
                 continue
             if id(child) in active:
                 raise FormatError("a container holds itself; no checkpoint does")
             if len(stack) >= MAX_DEPTH:
                 raise FormatError(f"containers nested over {MAX_DEPTH} deep; no checkpoint is")
+            stack[-1] = (obj, it, total)
             active.add(id(child))
-            stack.append((child, iter(kids)))
+            stack.append((child, iter(kids), 1))
             break
         else:
             stack.pop()
             active.discard(id(obj))
-            done.add(id(obj))
-    if isinstance(root, _Global):
-        raise FormatError(f"the file holds the global {root.name} itself, which no checkpoint does")
+            size[id(obj)] = total
+            if stack:
+                parent, pit, ptotal = stack[-1]
+                stack[-1] = (parent, pit, ptotal + total)

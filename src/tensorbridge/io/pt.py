@@ -130,12 +130,14 @@ class _Entries:
             why = f"a tensor of the subclass {obj.name}, whose values need its code"
             self.add(key, self.skipped, why)
             return
-        self.add(
-            key,
-            self.skipped,
-            f"a {obj.name} object: a placeholder, never imported or called; its tensors and "
-            "plain fields are entries under its name",
-        )
+        if obj.args is None:
+            why = f"the global {obj.name} itself (a class or function, never imported)"
+        else:
+            why = (
+                f"a {obj.name} object: a placeholder, never imported or called; its tensors "
+                "and plain fields are entries under its name"
+            )
+        self.add(key, self.skipped, why)
         if type(state) is dict:
             for k, v in state.items():
                 self.walk(v, f"{key}.{k}", plain=plain)
