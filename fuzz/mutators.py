@@ -576,7 +576,7 @@ def _op_value(rng: random.Random, depth: int = 0) -> bytes:
             + b"tR"
         )
     # a shared container referenced many times (a DAG)
-    return b"]q\x07" + b"](h\x07h\x07eq\x07" * rng.choice((2, 20, 40))
+    return b"]q\x07" + b"0](h\x07h\x07eq\x07" * rng.choice((2, 20, 40))
 
 
 def _pickle_spans(data: bytes) -> list[tuple[int, int]]:
