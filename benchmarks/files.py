@@ -13,6 +13,11 @@ built in each saving child before its step, so every save starts with it in memo
    mapped), owned memory (``mmap=False``) vs ``safetensors.numpy.load_file`` (also owned).
 
 Issue 3's fourth target, the 2 GiB streaming export, is section 5's 2 GiB row.
+
+Issue 26 adds ``torch.save`` reads through tensorbridge's own pickle machine: a 1 GiB
+zip-era ``.pt`` of 500 float32 tensors (``--quick``: 64 MiB), every page touched, at >=
+1.0x ``torch.load(weights_only=True, mmap=True)``; the same state dict in the legacy
+(pre-1.6) format at >= 1.0x ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -102,6 +107,60 @@ def st_numpy_load(path: str) -> dict[str, int]:
     return {"touched": touch(load_file(path).values())}
 
 
+PT_TENSORS = 500
+
+
+def tb_load_pt(path: str) -> dict[str, int]:
+    return {"touched": touch(tb.load(path).values())}
+
+
+def torch_load_mapped(path: str) -> dict[str, int]:
+    return {"touched": touch(torch.load(path, weights_only=True, mmap=True).values())}
+
+
+def torch_load(path: str) -> dict[str, int]:
+    return {"touched": touch(torch.load(path, weights_only=True).values())}
+
+
+def _pt_rows(ctx: Context, sec: Section, total: int, repeats: int) -> list[tuple[str, ...]]:
+    """Reading torch.save files of both eras: tb.load (the pickle machine) vs torch.load."""
+    per = max(1, total // PT_TENSORS // 4)
+    base = np.random.default_rng(1).standard_normal(per, dtype=np.float32)
+    sd = {f"layers.{i}.weight": torch.from_numpy(base.copy()) for i in range(PT_TENSORS)}
+    zipped, legacy = str(ctx.scratch / "zip.pt"), str(ctx.scratch / "legacy.pt")
+    torch.save(sd, zipped)
+    torch.save(sd, legacy, _use_new_zipfile_serialization=False)
+    del sd
+    loads = ctx.rounds(
+        {
+            "tb.load (zip)": Task(same, tb_load_pt, (zipped,)),
+            "torch.load(weights_only=True, mmap=True)": Task(same, torch_load_mapped, (zipped,)),
+            "tb.load (legacy)": Task(same, tb_load_pt, (legacy,)),
+            "torch.load(weights_only=True)": Task(same, torch_load, (legacy,)),
+        },
+        repeats,
+    )
+    took = {k: _best(v).seconds for k, v in loads.items()}
+    gb = total / 1e9
+    rows = []
+    for ours_k, theirs_k in (
+        ("tb.load (zip)", "torch.load(weights_only=True, mmap=True)"),
+        ("tb.load (legacy)", "torch.load(weights_only=True)"),
+    ):
+        ratio = took[theirs_k] / took[ours_k]
+        rows.append(
+            (
+                f"{fmt_mib(total)} .pt of {PT_TENSORS} tensors, full read: {ours_k} vs {theirs_k}",
+                f"{gb / took[ours_k]:.2f} vs {gb / took[theirs_k]:.2f} GB/s = {ratio:.2f}x",
+                ">= 1.0x",
+                ctx.check(sec, f".pt full read: {ours_k} >= 1.0x {theirs_k}", ratio >= 1.0),
+            )
+        )
+    for path in (zipped, legacy):
+        Path(path).unlink(missing_ok=True)
+    return rows
+
+
 def run(ctx: Context, sec: Section) -> None:
     total = ctx.pick(1 << 30, 64 * MIB, 16 * MIB)
     repeats = ctx.pick(3, 1, 1)
@@ -117,7 +176,7 @@ def run(ctx: Context, sec: Section) -> None:
     ours = str(ctx.scratch / "ours.safetensors")
     theirs = str(ctx.scratch / "theirs.safetensors")
     gb = total / 1e9
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[tuple[str, ...]] = []
     saves = ctx.rounds(
         {
             "tb": Task(state_dict, tb_save, (per, ours)),
@@ -193,4 +252,5 @@ def run(ctx: Context, sec: Section) -> None:
         )
     for path in (ours, theirs):
         Path(path).unlink(missing_ok=True)
+    rows += _pt_rows(ctx, sec, total, repeats)
     sec.table(["measurement", "result", "target", "result"], rows)

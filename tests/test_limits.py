@@ -18,7 +18,15 @@ import pytest
 import torch
 
 import tensorbridge as tb
-from tensorbridge.io import _gguf_header, _safetensors_header, dcp, npy, zarr
+from tensorbridge.io import (
+    _gguf_header,
+    _safetensors_header,
+    dcp,
+    npy,
+    pickle_machine,
+    torch_archive,
+    zarr,
+)
 from tensorbridge.quant import detect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +49,8 @@ def _bytes(n: int) -> str:
         ("MAX_HEADER_SIZE", f"{npy.MAX_HEADER_SIZE:,} characters"),
         ("_MAX_NDIM", f"{npy._MAX_NDIM} dimensions"),
         ("MAX_DIMS", f"{_gguf_header.MAX_DIMS} dimensions"),
+        ("MAX_DEPTH", f"{pickle_machine.MAX_DEPTH} levels"),
+        ("MAX_PICKLE", _bytes(torch_archive.MAX_PICKLE)),
         ("MAX_METADATA", _bytes(dcp.MAX_METADATA)),
         ("MAX_VALUE", _bytes(dcp.MAX_VALUE)),
         ("MAX_NODE_JSON", _bytes(zarr.MAX_NODE_JSON)),
@@ -114,13 +124,13 @@ class _Oversized:
 @pytest.mark.filterwarnings("ignore:TypedStorage is deprecated:UserWarning")
 @pytest.mark.parametrize("zipped", [True, False], ids=["zip", "legacy"])
 def test_a_pt_tensor_larger_than_its_storage_is_refused(tmp_path: Path, zipped: bool) -> None:
-    """torch never grows a storage read from a file, so no byte past it is ever read."""
+    """The pickle machine checks every view against its storage: no byte past it is read."""
     p = tmp_path / "evil.pt"
     storage = torch.ones(4).storage()
     obj = {"w": _Oversized(storage, 1 << 20)}
     torch.save(obj, p, _use_new_zipfile_serialization=zipped)
     with (
-        pytest.raises(tb.FormatError, match=r"is not a readable torch\.save archive"),
+        pytest.raises(tb.FormatError, match=r"evil\.pt.*reaches element 1048575 of a storage of 4"),
         tb.open(p) as f,
     ):
         f["w"]

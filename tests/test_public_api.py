@@ -141,7 +141,9 @@ DOCUMENTED = [
     "tensorbridge.io._common",
     "tensorbridge.io._safetensors_header",
     "tensorbridge.io.npy",
+    "tensorbridge.io.pickle_machine",
     "tensorbridge.io.safetensors",
+    "tensorbridge.io.torch_archive",
     "tensorbridge.tree",
 ]
 

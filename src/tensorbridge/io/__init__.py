@@ -6,9 +6,9 @@ what                                   module
 safetensors                            :mod:`tensorbridge.io.safetensors`
 ``.npy``                               :mod:`tensorbridge.io.npy`
 ``.npz``                               :mod:`tensorbridge.io.npz`
-``torch.save`` archives (``.pt``,      :mod:`tensorbridge.io.pt` (read with
-``.pth``, ``.bin``; zip and legacy)    ``weights_only=True``: never unpickles
-                                       arbitrary objects)
+``torch.save`` archives (``.pt``,      :mod:`tensorbridge.io.pt` (read by the
+``.pth``, ``.bin``; zip and legacy)    pickle machine, :mod:`tensorbridge.io.
+                                       pickle_machine`: never runs a pickle)
 ``torch.distributed.checkpoint``       :mod:`tensorbridge.io.dcp` (read only; saved
 directories (``.metadata`` +           elsewhere in flat memory by
 ``*.distcp``)                          :mod:`tensorbridge.io.assemble`)
@@ -67,9 +67,10 @@ from ._common import Deferred, TensorFile
 from ._detect import describe, detect, kind_by_suffix, mismatch_note, resolve
 from ._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, listing
 from ._keys import flatten
+from .pickle_machine import Opaque
 from .sharded import ShardedFile
 
-__all__ = ["Destination", "carried_metadata", "destination", "load", "open", "save"]
+__all__ = ["Destination", "Opaque", "carried_metadata", "destination", "load", "open", "save"]
 
 
 @dataclass(frozen=True)

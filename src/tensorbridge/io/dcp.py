@@ -12,13 +12,14 @@ A DCP checkpoint (``dcp.save`` with the default ``FileSystemWriter``) is a direc
   archive (a zip whose ``data.pkl`` rebuilds the tensor from the stored member
   ``data/<key>``); a non-tensor value is one ``torch.save`` of the value.
 
-**Nothing is unpickled freely.** ``.metadata`` goes through an unpickler that knows
-exactly the classes DCP writes (the metadata dataclasses of torch 2.0 to 2.13,
-``torch.Size``, dtypes, ``pathlib`` paths) and refuses any other global with a
-:class:`~tensorbridge.errors.FormatError` before anything is called; the result is then
-checked field by field. A chunk's ``data.pkl`` goes through a second unpickler that
-only records what ``torch._utils._rebuild_tensor_v2`` / ``_v3`` would be given. Values
-stored as bytes go through ``torch.load(weights_only=True)``.
+**Nothing is unpickled freely.** ``.metadata`` goes through tensorbridge's pickle
+machine (:mod:`tensorbridge.io.pickle_machine`) with exactly the classes DCP writes
+(the metadata dataclasses of torch 2.0 to 2.13, ``pathlib`` paths) admitted as inert
+records, ``torch.Size`` and dtypes from its table, and any other global refused with
+a :class:`~tensorbridge.errors.FormatError` before anything is called; the records
+are then read field by field into a :class:`CheckpointMetadata` of plain values
+(names are plain ``str``). A chunk's ``data.pkl`` and a value stored as bytes go
+through the same machine: a tensor only from the storage its item holds.
 
 **Tensor bytes are mapped, never loaded whole.** torch stores the storage member
 uncompressed; its place is found from the zip's central directory and local header,
@@ -34,8 +35,8 @@ several is assembled into new memory by ``[name]`` (``tb.save`` and ``tensorbrid
 convert`` instead assemble it window by window into the output: see
 :mod:`tensorbridge.io.assemble`). Plain values (``step``, learning rates, tuples of
 numbers) become ``metadata`` (strings; typed in :meth:`DcpFile.plain_values`) and are
-not keys; any other value (an object ``weights_only`` refuses, a tensor pickled as
-bytes) is a key that :meth:`~DcpFile.unsupported` names with the reason.
+not keys; any other value (an object of a class, a tensor pickled as bytes) is a key
+that :meth:`~DcpFile.unsupported` names with the reason.
 
 >>> import os, tempfile, torch, tensorbridge as tb
 >>> import torch.distributed.checkpoint as dcp
