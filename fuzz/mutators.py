@@ -488,8 +488,9 @@ def _op_global(rng: random.Random) -> bytes:
 def _op_value(rng: random.Random, depth: int = 0) -> bytes:
     """Instructions that push exactly one value: plain, hostile, or built by a global."""
     kind = rng.randrange(16 if depth < 3 else 6)
-    if kind == 0:
-        return _op_int(_interesting(rng))
+    if kind == 0:  # an int of 4,300 digits or more is one Python will not print
+        huge = 7 << rng.choice((14_400, 20_000))
+        return _op_int(_interesting(rng) if rng.random() < 0.9 else huge)
     if kind == 1:
         return _op_str(
             rng.choice(("", "0", "storage", "cpu", "x" * 300, "\udcff", "a.b", "_metadata"))

@@ -41,9 +41,24 @@ def _seeds(name: str) -> list[bytes]:
     return _SEEDS[name]
 
 
+# inputs of holes found and not fixed yet: replayed all the same, expected to fail until fixed
+_OPEN = {
+    "pt/zip-bomb-data-pkl-claims-228-bytes": "a deflated data.pkl whose headers claim 228 bytes "
+    "is inflated whole by zipfile before its size is checked: 220 MB for a 100 KB file "
+    "(tests/test_pickle_attacks.py, deflated-data-pkl-claims-228-bytes)",
+}
+
+
 def _corpus() -> list[Any]:
     return [
-        pytest.param(p.parent.name, p, id=f"{p.parent.name}/{p.name}")
+        pytest.param(
+            p.parent.name,
+            p,
+            id=f"{p.parent.name}/{p.name}",
+            marks=[pytest.mark.xfail(strict=True, reason=why)]
+            if (why := _OPEN.get(f"{p.parent.name}/{p.name}"))
+            else [],
+        )
         for p in sorted(CORPUS.glob("*/*"))
         if p.is_file()
     ]

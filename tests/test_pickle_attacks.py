@@ -557,7 +557,7 @@ attack(
 attack(
     "torch-tensor-class-left-in-result",
     lambda: one(g("torch", "Tensor")),
-    refused=r"holds the global torch\.Tensor",
+    accepted=_placeholder("torch.Tensor"),
 )
 _SET_HOLE = (
     "a set or frozenset is a plain value to pt.py, so what the machine put in it reaches "
@@ -1340,10 +1340,11 @@ attack(
 # --- holes of cost and amplification (each runs under the watchdog)
 
 
-def _memo_reused(fn: bytes, arg: bytes, calls: int) -> bytes:
-    """``arg`` pushed once and memoized; then ``fn(arg)`` ``calls`` times, each result dropped."""
+def _memo_reused(fn: bytes, arg: bytes, calls: int, *, args: bool = False) -> bytes:
+    """``arg`` pushed once and memoized; then ``fn(arg)`` (``fn(*arg)`` when ``args``)
+    ``calls`` times, each result dropped."""
     body = arg + b"r\x00\x00\x00\x00" + b"0" + fn + b"r\x01\x00\x00\x00" + b"0"
-    body += b"j\x01\x00\x00\x00j\x00\x00\x00\x00\x85R0" * calls
+    body += (b"j\x01\x00\x00\x00j\x00\x00\x00\x00" + (b"" if args else b"\x85") + b"R0") * calls
     return one(body + i(1))
 
 
@@ -1363,10 +1364,10 @@ attack(
 )  # fmt: skip
 attack(
     "memo-reused-str-to-encode", lambda: _memo_reused(
-        g("_codecs", "encode"), tup(s("a" * (1 << 20)), s("latin1")), 50_000),
+        g("_codecs", "encode"), tup(s("a" * (1 << 20)), s("latin1")), 200_000, args=True),
     accepted=_values({"x": 1}),
-    hole="_codecs.encode(str, 'latin1') of one memoized 1 MiB string, 50,000 times: 50 GB "
-    "copied from a 1.3 MB file (bytearray(str, 'latin1') the same)",
+    hole="_codecs.encode(str, 'latin1') of one memoized 1 MiB string, 200,000 times: 200 GB "
+    "copied from a 2.7 MB file (10 s) (bytearray(str, 'latin1') the same)",
 )  # fmt: skip
 
 
