@@ -142,7 +142,7 @@ def _pt_rows(ctx: Context, sec: Section, total: int, repeats: int) -> list[tuple
     )
     took = {k: _best(v).seconds for k, v in loads.items()}
     gb = total / 1e9
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for ours_k, theirs_k in (
         ("tb.load (zip)", "torch.load(weights_only=True, mmap=True)"),
         ("tb.load (legacy)", "torch.load(weights_only=True)"),

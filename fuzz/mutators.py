@@ -496,7 +496,8 @@ def _op_value(rng: random.Random, depth: int = 0) -> bytes:
             rng.choice(("", "0", "storage", "cpu", "x" * 300, "\udcff", "a.b", "_metadata"))
         )
     if kind == 2:
-        return rng.choice((b"N", b"\x88", b"\x89", b")", b"}", b"]", b"\x8f"))
+        # EXT1: the extension registry, which no checkpoint uses
+        return rng.choice((b"N", b"\x88", b"\x89", b")", b"}", b"]", b"\x8f", b"\x82\x01"))
     if kind == 3:  # a memo entry that may hold anything, or nothing
         return rng.choice(
             (

@@ -110,7 +110,7 @@ def test_directory_prefers_safetensors_like_transformers(tmp_path: Path) -> None
 # --- legacy torch.save, sniffing, refusals ------------------------------------------------------
 
 
-def test_legacy_torch_save_is_read_with_weights_only(
+def test_legacy_torch_save_is_read_by_the_pickle_machine(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # torch's legacy format cannot hold float8 (torch.load itself fails on it): no fp8 here
@@ -122,8 +122,8 @@ def test_legacy_torch_save_is_read_with_weights_only(
     same({k.removeprefix("model."): v for k, v in got.items()}, sd)
     with tb.open(path) as f:
         assert f.metadata == {"epoch": "7"} and f.plain_values() == {"epoch": 7}
-        assert f.notes == ["old.pt: legacy torch.save format (before torch 1.6): read into "
-                           "memory with weights_only=True, not memory-mapped"]  # fmt: skip
+        assert f.notes == ["old.pt: legacy torch.save format (before torch 1.6): its "
+                           "storages were read into memory, not memory-mapped"]  # fmt: skip
         assert not f["model.steps"].flags.writeable  # the same read-only rule as mapped files
         t = f.get("model.steps", framework="torch")
         t += 1  # torch results are private: writable, and other reads do not see the write
@@ -169,7 +169,7 @@ def test_files_are_read_by_content_with_a_note(
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.(script|save)` is deprecated:DeprecationWarning")
 @pytest.mark.filterwarnings("ignore:`torch.jit.(script|save)` is deprecated:FutureWarning")  # 2.15
-def test_torchscript_and_pickled_modules_are_refused_by_name(tmp_path: Path) -> None:
+def test_torchscript_is_refused_and_pickled_modules_give_their_state_dict(tmp_path: Path) -> None:
     model = torch.nn.Linear(3, 2)
     torch.jit.save(torch.jit.script(model), tmp_path / "scripted.pt")
     with pytest.raises(tb.FormatError) as e:
@@ -182,14 +182,10 @@ def test_torchscript_and_pickled_modules_are_refused_by_name(tmp_path: Path) -> 
     for legacy in (False, True):
         path = tmp_path / f"whole{legacy}.pt"
         torch.save(model, path, _use_new_zipfile_serialization=not legacy)
-        with pytest.raises(tb.FormatError) as e:
-            tb.open(path)
-        assert str(e.value) == (
-            f"'{path}' holds a pickled torch.nn.modules.linear.Linear (a whole nn.Module), not a "
-            "state dict; where its code is available, re-save it with "
-            "torch.save(model.state_dict(), path)"
-        )
-        assert len(str(e.value)) < 250  # not torch's 600-character add_safe_globals advice
+        with tb.open(path) as f:  # the module is never built: its pickled state is read
+            assert f.keys() == ["weight", "bias"] and f.unsupported() == {}
+            assert f["weight"].tolist() == model.weight.tolist()
+            assert any("torch.nn.modules.linear.Linear" in n for n in f.notes)
 
 
 def test_an_empty_gguf_is_read_and_plain_pickles_are_refused(tmp_path: Path) -> None:
@@ -197,7 +193,7 @@ def test_an_empty_gguf_is_read_and_plain_pickles_are_refused(tmp_path: Path) -> 
     with tb.open(tmp_path / "m.gguf") as f:  # no tensors, no metadata: nothing wrong
         assert f.keys() == [] and f.metadata == {}
     (tmp_path / "p.pt").write_bytes(pickle.dumps({"w": [1, 2]}, protocol=4))
-    with pytest.raises(tb.FormatError, match=r"is a plain pickle, not a torch.save archive"):
+    with pytest.raises(tb.FormatError, match=r"not a torch\.save archive: it starts with 80 04"):
         tb.open(tmp_path / "p.pt")
 
 

@@ -22,8 +22,8 @@ GGUF (llama.cpp's ``.gguf``)           :mod:`tensorbridge.io.gguf`
 **Reading** looks at a file's first bytes (:mod:`tensorbridge.io._detect`), not its
 name: a torch archive named ``.safetensors`` or an ``.npy`` named ``.npz`` is read as
 what it is, with a note in the reader's ``notes`` (the command line prints it). A
-TorchScript archive, a pickled ``nn.Module`` and a plain pickle are refused, each
-with its own message. A directory opens its checkpoint: a safetensors index, one
+TorchScript archive and a plain pickle are refused, each with its own message (a
+pickled ``nn.Module`` gives its state dict). A directory opens its checkpoint: a safetensors index, one
 ``.safetensors`` file, a ``.bin`` index, one ``.bin`` / ``.pt`` / ``.pth`` file, one
 ``.gguf`` file, in that order of preference (as ``transformers`` prefers safetensors).
 

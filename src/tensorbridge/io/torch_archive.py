@@ -38,7 +38,7 @@ import torch
 
 from ..errors import FormatError
 from ._detect import ZIP_ERRORS
-from .pickle_machine import StorageRef, StorageType, itemsize, unpickle_at
+from .pickle_machine import Opaque, StorageRef, StorageType, itemsize, unpickle_at
 
 __all__ = ["DEFLATE_MAX_RATIO", "TORCHSCRIPT_MESSAGE", "Archive", "open_archive", "read_value"]
 
@@ -235,7 +235,13 @@ def _read_legacy(buf: Any, size: int, where: str) -> Archive:
         )
     refs: dict[str, StorageRef] = {}
 
-    def persistent_load(pid: Any) -> StorageRef:
+    def persistent_load(pid: Any) -> Any:
+        # ("module", class, source file, source): a pickled module's class, with its code
+        # kept for torch's source check; the class stays a placeholder, the code unread
+        if type(pid) is tuple and len(pid) == 4 and pid[0] == "module":
+            if not isinstance(pid[1], Opaque) or pid[1].args is not None:
+                raise FormatError(f"{where}: a module's persistent id names no class")
+            return pid[1]
         _, dtype, key, numel = _storage_pid(pid, 6, where)
         if pid[5] is not None:
             raise FormatError(
