@@ -335,6 +335,13 @@ def _tensor_w(out: Outcome) -> None:
     assert out.arrays["w"].tobytes() == floats(4)
 
 
+def _set_listed(out: Outcome) -> None:
+    """A set holding a tensor or placeholder: "x" is listed as unsupported, not a value."""
+    _tensor_w(out)
+    assert "x" in out.unsupported and "x" not in out.values, (out.unsupported, out.values)
+    assert "set" in out.unsupported["x"]
+
+
 def _keys_are_str(out: Outcome) -> None:
     assert all(type(k) is str for k in [*out.keys, *out.values, *out.unsupported])
 
@@ -559,26 +566,17 @@ attack(
     lambda: one(g("torch", "Tensor")),
     accepted=_placeholder("torch.Tensor"),
 )
-_SET_HOLE = (
-    "a set or frozenset is a plain value to pt.py, so what the machine put in it reaches "
-    "plain_values() and metadata as is: a placeholder (an Opaque of builtins.eval) or a "
-    "tensor (a TensorRef, never listed as an entry); results must carry only plain values"
-)
 attack(
     "refused-global-in-set",
     lambda: one(b"\x8f(" + g("builtins", "eval") + b"\x90"),
-    accepted=_tensor_w,
-    hole=_SET_HOLE,
+    accepted=_set_listed,
 )
 attack(
     "placeholder-in-frozenset",
     lambda: one(b"(" + call(g("m", "C")) + b"\x91"),
-    accepted=_tensor_w,
-    hole=_SET_HOLE,
+    accepted=_set_listed,
 )
-attack(
-    "tensor-in-a-set", lambda: one(b"\x8f(" + f32(4) + b"\x90"), accepted=_tensor_w, hole=_SET_HOLE
-)
+attack("tensor-in-a-set", lambda: one(b"\x8f(" + f32(4) + b"\x90"), accepted=_set_listed)
 # torch._utils._rebuild_* outside the table (v1, sparse, quantized ...): placeholders, listed
 attack("rebuild-tensor-v1-is-a-placeholder",
        lambda: one(call(g("torch._utils", "_rebuild_tensor"), pid("0", 4), i(0), ints(4), ints(1))),
@@ -714,15 +712,11 @@ attack(
 )
 attack(
     "huge-int-as-value", lambda: one(b"\x8b" + struct.pack("<i", 2000) + b"\x01" * 2000),
-    accepted=_tensor_w,
-    hole="a plain int of over 4,300 digits (LONG4 of 2,000 bytes) reaches pt.py's metadata "
-    "str(v): a raw ValueError (int max str digits) escapes tb.open",
+    refused=r"an integer of 2,000 bytes",
 )  # fmt: skip
 attack(
     "huge-int-as-key", lambda: zip_pt(p2(b"}" + b"\x8b" + struct.pack("<i", 2000) + b"\x01" * 2000 + f32(4) + b"s"), {"0": floats(4)}),
-    accepted=_keys_are_str,
-    hole="a dict key that is an int of over 4,300 digits: pt.py's walk formats it "
-    "(f'{key}.{k}') and a raw ValueError escapes tb.open",
+    refused=r"an integer of 2,000 bytes",
 )  # fmt: skip
 
 # --- dtype confusion
@@ -851,10 +845,7 @@ attack(
 )
 attack(
     "zero-size-beside-2-to-the-61", lambda: one_tensor(v2(pid("0", 4), i(0), ints(0, 2**61), ints(1, 1))),
-    accepted=lambda out: None,
-    hole="size [0, 2**61]: the machine skips the extent check for an empty tensor, then "
-    "np.empty([0, 2**61], float32) in PtFile._array raises a raw ValueError ('array is too "
-    "big'); a dimension's bytes must be checked even when another is 0",
+    refused=r"over 2\*\*62 bytes, more than NumPy",
 )  # fmt: skip
 attack(
     "storage-numel-lies-high",
@@ -964,9 +955,6 @@ attack("string-protocol-0-unquoted", lambda: one(b"Sabc\n"), refused=r"without q
 attack(
     "string-protocol-0-invalid-escape", lambda: one(b"S'\\q'\n"),
     accepted=_values({"x": "\\q"}),
-    hole="STRING with an invalid escape ('\\q'): codecs.escape_decode warns "
-    "(DeprecationWarning) from inside the machine; a file makes the process warn, a raw "
-    "exception under -W error",
 )  # fmt: skip
 attack("string-protocol-0-non-utf8", lambda: one(b"S'\\xff'\n"), refused=r"malformed")
 attack("text-line-without-newline", lambda: one(b"Ixyz"), refused=r"ends inside a text")
@@ -1037,7 +1025,7 @@ attack(
 attack(
     "mark-stack-unclosed",
     lambda: one(b"(" * _N + b"N"),
-    refused=r"stops with other than one|malformed",
+    refused=r"stops with other than one|malformed|units of work",
 )
 
 # --- the legacy era
@@ -1350,24 +1338,18 @@ def _memo_reused(fn: bytes, arg: bytes, calls: int, *, args: bool = False) -> by
 
 attack(
     "memo-reused-list-to-ordereddict", lambda: _memo_reused(
-        g("collections", "OrderedDict"), b"](" + b"".join(tup(i(n), b"N") for n in range(30_000)) + b"e", 30_000),
-    accepted=_values({"x": 1}),
-    hole="OrderedDict(list) iterates its argument on every call: one 30,000-pair list "
-    "memoized once and given to OrderedDict 30,000 times (6 bytes a call) is quadratic, "
-    "minutes for 400 KB; a constructor's cost must be bounded by the bytes it consumes",
+        g("collections", "OrderedDict"), b"](" + b"".join(tup(i(n), b"N") for n in range(5_000)) + b"e", 5_000),
+    refused=r"units of work",
 )  # fmt: skip
 attack(
     "memo-reused-list-to-set", lambda: _memo_reused(
-        g("builtins", "set"), b"(" + b"".join(i(256 + n) for n in range(30_000)) + b"l", 30_000),
-    accepted=_values({"x": 1}),
-    hole="set(list) / frozenset(list) of one memoized 30,000-item list, 30,000 times: quadratic",
+        g("builtins", "set"), b"(" + b"".join(i(256 + n) for n in range(5_000)) + b"l", 5_000),
+    refused=r"units of work",
 )  # fmt: skip
 attack(
     "memo-reused-str-to-encode", lambda: _memo_reused(
-        g("_codecs", "encode"), tup(s("a" * (1 << 20)), s("latin1")), 200_000, args=True),
-    accepted=_values({"x": 1}),
-    hole="_codecs.encode(str, 'latin1') of one memoized 1 MiB string, 200,000 times: 200 GB "
-    "copied from a 2.7 MB file (10 s) (bytearray(str, 'latin1') the same)",
+        g("_codecs", "encode"), tup(s("a" * (1 << 16)), s("latin1")), 20_000, args=True),
+    refused=r"units of work",
 )  # fmt: skip
 
 
@@ -1383,25 +1365,17 @@ attack(
     "shared-bytes-rendered-per-key", lambda: one(
         b"B" + struct.pack("<I", 1 << 18) + bytes(1 << 18) + b"q\x00" + b"0" + b"}("
         + b"".join(s(f"k{n}") + b"h\x00" for n in range(256)) + b"u"),
-    accepted=lambda out: None,
-    hole="pt.py renders metadata as str(v) per key: one 256 KiB bytes value memoized under "
-    "256 keys becomes 256 MiB of text (1 MiB under 1,000 keys: 4 GB)",
+    refused=r"shared references expand",
 )  # fmt: skip
 attack(
     "shared-repeating-tensor-under-many-keys",
     lambda: zip_pt(p2(d(("a", v2(pid("0", 4), i(0), ints(10_000_000), ints(0)) + b"q\x00"),
                         ("b", b"h\x00"), ("c", b"h\x00"))), {"0": floats(4)}),
-    accepted=lambda out: None, allowance=COPY_MARGIN,
-    hole="COPY_MARGIN bounds one entry (64 MiB beyond the file), not a file: one zero-stride "
-    "tensor of 40 MB memoized under 3 keys reads as 120 MB from a 1 KB file (100,000 keys: "
-    "4 TB); a bound over all entries of a file is missing",
+    refused=r"repeats its storage", allowance=COPY_MARGIN,
 )  # fmt: skip
 attack(
     "deflated-data-pkl-48-mib", lambda: zip_pt(b"\xff" + bytes(48 << 20), deflate=("data.pkl",)),
     refused=r"which no checkpoint does",
-    hole="a deflated data.pkl is inflated whole (up to 1,032x, MAX_PICKLE 1 GiB) before the "
-    "machine reads a byte: 48 MiB from a 48 KB file; torch.save stores it, so a deflated "
-    "data.pkl needs a cap tied to the file (the fuzz bound for pt is 1x + 16 MiB)",
 )  # fmt: skip
 
 
@@ -1418,17 +1392,10 @@ attack(
     "deflated-data-pkl-claims-228-bytes",
     lambda: _lying_deflate(48 << 20),
     refused=r"corrupt|CRC|claims",
-    hole="a deflated data.pkl whose headers claim 228 bytes passes the size check, then "
-    "zipfile inflates the whole stream (its read() asks the decompressor for up to 2 GiB) "
-    "before cutting it to 228: 48 MiB from a 48 KB file, 100 MB from the fuzzers' 100 KB "
-    "(tests/fuzz_corpus/pt/zip-bomb-data-pkl-*); _member must inflate in bounded steps",
 )
 attack(
     "empty-set-flood", lambda: one(b"\x8f" * (1 << 19)),
-    refused=r"stops with other than one",
-    hole="EMPTY_SET builds 216 bytes of objects per pickle byte (EMPTY_DICT 64, MARK 64): "
-    "512 KiB of data.pkl costs 110 MB before the stream is refused, a 1 GiB one (MAX_PICKLE) "
-    "216 GiB; no expansion bound is stated or enforced",
+    refused=r"units of work",
 )  # fmt: skip
 
 # --- every tensor of a real file, whatever else it holds
@@ -1438,6 +1405,12 @@ def _torch_save(obj: Any, **kw: Any) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf, **kw)
     return buf.getvalue()
+
+
+def _quantized() -> torch.Tensor:
+    with warnings.catch_warnings():  # torch deprecates making one; files still hold them
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)
 
 
 def _w_readable(out: Outcome) -> None:
@@ -1451,16 +1424,12 @@ attack(
 )  # fmt: skip
 attack(
     "quantized-tensor-beside-a-dense-one",
-    lambda: _torch_save({"w": torch.arange(4.0), "q": torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)}),
+    lambda: _torch_save({"w": torch.arange(4.0), "q": _quantized()}),
     accepted=_w_readable,
-    hole="a file holding one quantized tensor is refused whole with 'a persistent id that names "
-    "no storage' (torch.QInt8Storage is not in _STORAGE_DTYPES)",
 )  # fmt: skip
 attack(
     "legacy-pickle-protocol-4", lambda: _torch_save({"w": torch.arange(4.0)}, _use_new_zipfile_serialization=False, pickle_protocol=4),
     accepted=_tensor_w,
-    hole="torch.save(..., _use_new_zipfile_serialization=False, pickle_protocol=4) is refused "
-    "as 'a plain pickle, not a torch.save archive' (open_archive knows only '\\x80\\x02\\x8a')",
 )  # fmt: skip
 attack(
     "zip-pickle-protocol-5",
@@ -1546,13 +1515,6 @@ def test_the_attacks_cover_every_table_entry() -> None:
     assert missing == [], missing
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pickle_machine.itemsize sizes a dtype by torch.empty((), dtype=...): for a "
-    "qint8 / quint4x2 / complex32 tensor on an untyped storage torch warns (quantized creation "
-    "deprecated, ComplexHalf experimental), so a file makes the process warn; under -W error "
-    "a raw UserWarning escapes tb.open",
-)
 @pytest.mark.parametrize("dtype", ["qint8", "complex32"])
 def test_a_dtype_name_makes_torch_warn(dtype: str, tmp_path: Path) -> None:
     """In a fresh process (torch warns once a process), under -W error: only our errors."""
@@ -1722,7 +1684,7 @@ DCP_ATTACKS = [
     DcpAttack(
         "empty-set-flood",
         _prefix(b"\x8f" * (1 << 19) + b"0" * (1 << 19) + b"N"),
-        hole="EMPTY_SET flood in a .metadata: 216 bytes of objects per byte, as in a data.pkl",
+        r"units of work",
     ),
 ]
 
