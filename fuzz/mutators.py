@@ -9,8 +9,10 @@ whose product overflows, ranks in the thousands, dtype names that do not exist,
 duplicate JSON keys, deeply nested or huge JSON, non-UTF-8 text, zip members that
 lie about their sizes, zip bombs, zip records of any archive inside a file (a
 ``.distcp``) with methods zipfile lacks, encryption, bad CRCs and UTF-8 flags on
-names that are not, and names (JSON keys, pickled strings) with a NUL, a lone
-surrogate, a path separator or ``..``.
+names that are not, names (JSON keys, pickled strings) with a NUL, a lone surrogate,
+a path separator or ``..``, and opcode-level pickle damage (``_pickle_opcodes``: every
+global of the pickle machine's table and unknown ones called, built on and filled,
+placeholders where keys, sizes and storage keys were, nesting past the limits).
 
 >>> import random
 >>> len(mutate(b"0123456789", random.Random(0))) >= 0
@@ -523,71 +525,239 @@ def _pickle_ints(data: bytes, rng: random.Random) -> bytes:
     return data[:pos] + repl + data[pos + 1 + width :]
 
 
-def _global(name: str) -> bytes:
-    module, _, attr = name.rpartition(".")
-    return b"c" + module.encode() + b"\n" + attr.encode() + b"\n"
+# ------------------------------------------------------------------- pickle opcodes
 
-
-# globals a hostile pickle aims at: the machine's table, its refusals, and placeholders
+# globals a hostile pickle names: the pickle machine's table (read from it when it can be
+# imported), tensor classes, refused modules, values that are not constructors, unknown ones
 _GLOBALS = (
+    "collections.OrderedDict", "torch.Size", "torch.device", "torch.serialization._get_layout",
+    "builtins.set", "builtins.frozenset", "builtins.complex", "builtins.bytearray",
+    "builtins.bytes", "_codecs.encode", "copyreg._reconstructor",
     "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3",
-    "torch._utils._rebuild_parameter", "torch._tensor._rebuild_from_type_v2",
-    "collections.OrderedDict", "torch.Size", "torch.device", "builtins.set",
-    "builtins.frozenset", "builtins.complex", "builtins.bytearray", "_codecs.encode",
-    "copyreg._reconstructor", "torch.serialization._get_layout", "torch.float32",
-    "torch.FloatStorage", "torch.UntypedStorage", "torch.Tensor", "pathlib.PosixPath",
-    "builtins.eval", "builtins.getattr", "os.system", "argparse.Namespace",
-    "torch.nn.modules.linear.Linear", "torch._utils._rebuild_sparse_tensor",
+    "torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state",
+    "torch._tensor._rebuild_from_type_v2", "torch._utils._rebuild_tensor",
+    "torch._utils._rebuild_sparse_tensor", "torch.Tensor", "torch.nn.parameter.Parameter",
+    "torch.float32", "torch.qint8", "torch.complex32", "torch.strided", "torch.FloatStorage",
+    "torch.UntypedStorage", "torch.QInt8Storage", "builtins.eval", "builtins.getattr",
+    "builtins.object", "os.system", "pathlib.PosixPath", "pathlib.PurePath", "os.environ",
+    "argparse.Namespace", "omegaconf.listconfig.ListConfig", "m.C", "__main__.Config",
+    "torch.nn.modules.linear.Linear", "numpy.core.multiarray._reconstruct",
 )  # fmt: skip
+_VALUE_OPS = frozenset((
+    "BININT", "BININT1", "BININT2", "LONG1", "LONG4", "BINUNICODE", "SHORT_BINUNICODE", "NONE",
+    "NEWTRUE", "NEWFALSE", "BINGET", "LONG_BINGET", "EMPTY_TUPLE", "EMPTY_DICT", "EMPTY_LIST",
+    "BINFLOAT", "INT", "LONG", "STRING",
+))  # fmt: skip
+# instructions without an argument that a stream may have instead of another
+_BARE_OPS = b"bR\x81suae\x90\x85\x86\x8702(.ld\x91\x941t\x92oQ"
 
 
-def _snippet(rng: random.Random) -> bytes:
-    """A few opcodes a hostile pickle would insert: a call, a BUILD, a size, nesting, memo."""
-    arg = rng.choice(
-        (b"K\x01", b"\x8a\x05\x00\x00\x00\x00\x01", b"X\x04\x00\x00\x00name", b")", b"N",
-         b"(K\x02K\x03t", b"}X\x04\x00\x00\x00nameX\x01\x00\x00\x00/s")
-    )  # fmt: skip
-    g = _global(rng.choice(_GLOBALS))
-    n = rng.choice((2, 300, 5000))
-    return rng.choice(
-        (
-            g + arg + b"\x85R",  # REDUCE of a global with one argument
-            g + arg + b"\x85\x81",  # NEWOBJ
-            g + b"N" + arg + b"\x86b",  # BUILD on the global itself
-            g + arg + arg + b"s",  # SETITEM on it
-            g + arg + b"a",  # APPEND to it
-            b"(" + arg + b"i" + g[1:],  # INST
-            b"b",  # BUILD on whatever is below
-            b"(" * n + b"l" * n,  # nesting
-            b"(" * n + b"t" * n,
-            b"\x8d" + struct.pack("<Q", 1 << rng.choice((20, 40, 62))),  # lengths past the end
-            b"\x96" + struct.pack("<Q", 1 << 40),
-            b"r" + struct.pack("<I", rng.getrandbits(32)),  # memo far away
-            b"j" + struct.pack("<I", rng.getrandbits(32)),
-            b"\x82\x01",  # the extension registry
+def _globals() -> list[str]:
+    try:
+        from tensorbridge.io import pickle_machine
+    except ImportError:  # the machine moved: the static list alone
+        return list(_GLOBALS)
+    return sorted({*_GLOBALS, *pickle_machine.TABLE})
+
+
+def _op_str(text: str) -> bytes:
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) < 256:
+        return b"\x8c" + bytes([len(raw)]) + raw
+    return b"X" + struct.pack("<I", len(raw)) + raw
+
+
+def _op_int(n: int) -> bytes:
+    if 0 <= n < 256:
+        return b"K" + bytes([n])
+    if -(2**31) <= n < 2**31:
+        return b"J" + struct.pack("<i", n)
+    body = n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True)
+    if len(body) < 256:
+        return b"\x8a" + bytes([len(body)]) + body
+    return b"\x8b" + struct.pack("<i", len(body)) + body
+
+
+def _op_global(rng: random.Random) -> bytes:
+    module, _, name = rng.choice(_globals()).rpartition(".")
+    if rng.random() < 0.5:
+        return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+    return _op_str(module) + _op_str(name) + b"\x93"  # STACK_GLOBAL
+
+
+def _op_value(rng: random.Random, depth: int = 0) -> bytes:
+    """Instructions that push exactly one value: plain, hostile, or built by a global."""
+    kind = rng.randrange(16 if depth < 3 else 6)
+    if kind == 0:  # an int of 4,300 digits or more is one Python will not print
+        huge = 7 << rng.choice((14_400, 20_000))
+        return _op_int(_interesting(rng) if rng.random() < 0.9 else huge)
+    if kind == 1:
+        return _op_str(
+            rng.choice(("", "0", "storage", "cpu", "x" * 300, "\udcff", "a.b", "_metadata"))
         )
-    )
+    if kind == 2:
+        # EXT1: the extension registry, which no checkpoint uses
+        return rng.choice((b"N", b"\x88", b"\x89", b")", b"}", b"]", b"\x8f", b"\x82\x01"))
+    if kind == 3:  # a memo entry that may hold anything, or nothing
+        return rng.choice(
+            (
+                b"h" + bytes([rng.randrange(8)]),
+                b"j" + struct.pack("<I", _interesting(rng) % (1 << 32)),
+            )
+        )
+    if kind == 4:  # a size, a stride
+        return b"(" + b"".join(_op_int(_interesting(rng)) for _ in range(rng.randint(0, 4))) + b"t"
+    if kind == 5:  # a length field that lies
+        op = rng.choice((b"X", b"\x8d", b"\x8e", b"\x96", b"B", b"T", b"\x8b"))
+        width = 8 if op in (b"\x8d", b"\x8e", b"\x96") else 4
+        return op + (_interesting(rng) % (1 << (8 * width))).to_bytes(width, "little") + b"ab"
+    if kind == 6:
+        return _op_global(rng)
+    args = b"(" + b"".join(_op_value(rng, depth + 1) for _ in range(rng.randint(0, 3)))
+    if kind == 7:  # REDUCE
+        return _op_global(rng) + args + b"tR"
+    if kind == 8:  # NEWOBJ / NEWOBJ_EX
+        ex = (
+            b"}" + _op_str("k") + _op_value(rng, depth + 1) + b"s\x92"
+            if rng.random() < 0.5
+            else b"\x81"
+        )
+        return _op_global(rng) + args + b"t" + ex
+    if kind == 9:  # INST
+        module, _, name = rng.choice(_globals()).rpartition(".")
+        return args + b"i" + module.encode() + b"\n" + name.encode() + b"\n"
+    if kind == 10:  # OBJ
+        return b"(" + _op_global(rng) + args[1:] + b"o"
+    if kind == 11:  # BUILD on a global or on what a global built
+        target = _op_global(rng) + (b")R" if rng.random() < 0.5 else b"")
+        return (
+            target
+            + rng.choice((b"}", b"N}\x86"))
+            + _op_str("name")
+            + _op_value(rng, depth + 1)
+            + b"sb"
+        )
+    if kind == 12:  # SETITEM(S) / APPEND(S) / ADDITEMS on a global or a value
+        target = rng.choice((_op_global(rng), _op_value(rng, depth + 1)))
+        item = _op_value(rng, depth + 1)
+        return target + rng.choice(
+            (
+                item + item + b"s",
+                b"(" + item + item + b"u",
+                item + b"a",
+                b"(" + item + b"e",
+                b"(" + item + b"\x90",
+            )
+        )
+    if kind == 13:  # nesting around a boundary or far past it
+        n = rng.choice((10, 199, 200, 201, 1000, 20_000))
+        return rng.choice(
+            (b"]" * n + b"a" * (n - 1), b"N" + b"\x85" * n, b"(" * n + b"N" + b"t" * n)
+        )
+    if kind == 14:  # a storage's persistent id, then a tensor rebuilt on it
+        key = rng.choice(("0", "1", "../data.pkl", ""))
+        stype = rng.choice(("FloatStorage", "UntypedStorage", "DoubleStorage", "QInt8Storage"))
+        pid = b"(" + _op_str("storage") + b"ctorch\n" + stype.encode() + b"\n" + _op_str(key)
+        pid += _op_str("cpu") + _op_int(rng.choice((4, 16, 0, _interesting(rng)))) + b"tQ"
+        fn = rng.choice((b"_rebuild_tensor_v2", b"_rebuild_tensor_v3"))
+        size = (
+            _op_value(rng, 3)
+            if rng.random() < 0.3
+            else b"(" + _op_int(rng.choice((4, 2, 0, 1 << 62))) + b"t"
+        )
+        tail = b"\x89N" + (b"ctorch\nfloat32\n" if fn.endswith(b"v3") else b"")
+        return (
+            b"ctorch._utils\n"
+            + fn
+            + b"\n("
+            + pid
+            + _op_int(rng.choice((0, 1, 3)))
+            + size
+            + size
+            + tail
+            + b"tR"
+        )
+    # a shared container referenced many times (a DAG)
+    return b"]q\x07" + b"0](h\x07h\x07eq\x07" * rng.choice((2, 20, 40))
+
+
+def _pickle_spans(data: bytes) -> list[tuple[int, int]]:
+    """Where each pickle of a stream lies: one for data.pkl, five in a legacy file."""
+    import pickletools
+
+    spans: list[tuple[int, int]] = []
+    start = 0
+    while start < len(data) and len(spans) < 6:
+        end = None
+        try:
+            for op, _, pos in pickletools.genops(data[start:]):
+                if op.name == "STOP" and pos is not None:
+                    end = start + pos + 1
+        except Exception:
+            break
+        if end is None:
+            break
+        spans.append((start, end))
+        start = end
+    return spans
+
+
+def _mutate_pickle(pkl: bytes, rng: random.Random) -> bytes:
+    import pickletools
+
+    try:
+        ops = [(op, pos) for op, _, pos in pickletools.genops(pkl) if pos is not None]
+    except Exception:
+        return _flip(pkl, rng)
+    if len(ops) < 2:
+        return pkl
+    ends = [pos for _, pos in ops[1:]] + [len(pkl)]
+    mode = rng.randrange(4)
+    if mode == 0:  # a value that goes on and off the stack (balanced)
+        at = ops[rng.randrange(1, len(ops))][1]
+        return pkl[:at] + _op_value(rng) + b"0" + pkl[at:]
+    if mode == 1:  # a value in place of one the stream had (a key, a size, a storage key)
+        slots = [k for k, (op, _) in enumerate(ops) if op.name in _VALUE_OPS]
+        if slots:
+            k = rng.choice(slots)
+            return pkl[: ops[k][1]] + _op_value(rng) + pkl[ends[k] :]
+    if mode == 2:  # one instruction turned into another
+        k = rng.randrange(1, len(ops))
+        if ends[k] - ops[k][1] == 1:
+            new = bytes([rng.choice(_BARE_OPS)])
+            return pkl[: ops[k][1]] + new + pkl[ends[k] :]
+    # the object wrapped: handed to a global, built on, or nested
+    body = pkl[ops[1][1] : ops[-1][1]] if ops[0][0].name == "PROTO" else pkl[: ops[-1][1]]
+    head = pkl[: ops[1][1]] if ops[0][0].name == "PROTO" else b""
+    wrap = rng.randrange(3)
+    if wrap == 0:
+        return head + _op_global(rng) + b"(" + body + b"tR."
+    if wrap == 1:
+        return head + body + rng.choice((b"}", b"N}\x86")) + _op_str("x") + _op_value(rng) + b"sb."
+    return head + b"(" + body + _op_value(rng) + b"l."  # a list of it and another value
 
 
 def _pickle_opcodes(data: bytes, rng: random.Random) -> bytes:
-    """Hostile opcodes inserted at an opcode boundary, or a call's opcode swapped."""
-    import pickletools
-
-    starts = [m.start() for m in re.finditer(rb"\x80[\x02-\x05]", data[: 1 << 16])] or [0]
-    start = rng.choice(starts)
-    try:
-        ops = [
-            (op, start + pos) for op, _, pos in pickletools.genops(data[start:]) if pos is not None
-        ]
-    except Exception:
-        ops = []
-    if not ops:
-        return _flip(data, rng)
-    op, pos = rng.choice(ops)
-    if op.name in ("REDUCE", "NEWOBJ", "BUILD") and rng.random() < 0.3:
-        swap = rng.choice((b"R", b"\x81", b"b", b"\x92"))
-        return data[:pos] + swap + data[pos + 1 :]
-    return data[:pos] + _snippet(rng) + data[pos:]
+    """Opcode-level damage to a torch.save file's pickle (zip era: data.pkl; legacy: any of
+    its five pickles, mostly the object): hostile globals called (REDUCE, NEWOBJ(_EX), INST,
+    OBJ), built on (BUILD) or filled (SETITEM(S), APPEND(S), ADDITEMS), placeholders and
+    lying lengths where keys, sizes and storage keys were, nesting past the limits, shared
+    containers, memo indices that hold anything."""
+    if _is_zip(data):
+        members = _zip_members(data)
+        if members is None:
+            return _splice_int(data, rng)
+        pkls = [k for k, (info, _) in enumerate(members) if info.filename.endswith("data.pkl")]
+        if not pkls:
+            return _splice_int(data, rng)
+        k = rng.choice(pkls)
+        members[k] = (members[k][0], _mutate_pickle(members[k][1], rng))
+        return _zip_rebuild(members, compress=False)
+    spans = _pickle_spans(data)
+    if not spans:
+        return _mutate_pickle(data, rng)
+    start, end = spans[3] if len(spans) >= 4 and rng.random() < 0.7 else rng.choice(spans)
+    return data[:start] + _mutate_pickle(data[start:end], rng) + data[end:]
 
 
 # ------------------------------------------------------------------- entry point
@@ -609,7 +779,9 @@ def mutate(data: bytes, rng: random.Random, depth: int = 0) -> bytes:
     if data.find(b"\x80\x02") >= 0 or data[:1] == b"\x80":
         choices += [_pickle_names] * 2
     if data[:1] == b"\x80" or (depth and data.find(b"\x80\x02") >= 0):
-        choices += [_pickle_ints] * 4 + [_pickle_opcodes] * 4
+        choices += [_pickle_ints] * 4 + [_pickle_opcodes] * 6
+    elif _is_zip(data) and depth == 0 and b"data.pkl" in data:
+        choices += [_pickle_opcodes] * 8
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # zipfile warns about the duplicates it is asked for
         try:

@@ -157,6 +157,19 @@ def _seeds_pt(scratch: Path) -> list[bytes]:
         buf = io.BytesIO()
         torch.save(torch.arange(3), buf, _use_new_zipfile_serialization=new_zip)
         out.append(buf.getvalue())
+    # what the pickle machine makes placeholders of: a pickled module, a config object, a
+    # parameter; and a newer pickle protocol (frames, MEMOIZE, STACK_GLOBAL)
+    import argparse
+
+    torch.manual_seed(0)
+    extra: list[tuple[Any, dict[str, Any]]] = [
+        ({"model": torch.nn.Linear(2, 2), "args": argparse.Namespace(lr=0.1)}, {}),
+        ({"p": torch.nn.Parameter(torch.ones(2)), "size": torch.Size([2])}, {"pickle_protocol": 4}),
+    ]
+    for obj, kwargs in extra:
+        buf = io.BytesIO()
+        torch.save(obj, buf, **kwargs)
+        out.append(buf.getvalue())
     return out
 
 

@@ -41,9 +41,20 @@ def _seeds(name: str) -> list[bytes]:
     return _SEEDS[name]
 
 
+# inputs of holes found and not fixed yet: replayed all the same, expected to fail until fixed
+_OPEN: dict[str, str] = {}  # corpus inputs of open holes: none now
+
+
 def _corpus() -> list[Any]:
     return [
-        pytest.param(p.parent.name, p, id=f"{p.parent.name}/{p.name}")
+        pytest.param(
+            p.parent.name,
+            p,
+            id=f"{p.parent.name}/{p.name}",
+            marks=[pytest.mark.xfail(strict=True, reason=why)]
+            if (why := _OPEN.get(f"{p.parent.name}/{p.name}"))
+            else [],
+        )
         for p in sorted(CORPUS.glob("*/*"))
         if p.is_file()
     ]

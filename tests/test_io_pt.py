@@ -322,3 +322,56 @@ def test_structure_is_the_readers_skeleton(tmp_path: Path) -> None:
     for name in ("one.pt", "flat.safetensors"):  # nothing nested to keep
         with tb.open(tmp_path / name) as f:
             assert f.structure() is None
+
+
+# --- state dicts keep what torch's load_state_dict uses; legacy files of every protocol ---
+
+
+def test_state_dict_metadata_survives(tmp_path: Path) -> None:
+    """A real state dict: an OrderedDict whose ``_metadata`` (module versions) is kept."""
+    from collections import OrderedDict
+
+    from tensorbridge.io.torch_archive import open_archive
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+    sd = model.state_dict()
+    p = tmp_path / "m.pt"
+    torch.save(sd, p)
+    archive = open_archive(p, repr(str(p)))
+    try:
+        obj = archive.obj
+        assert type(obj) is OrderedDict
+        assert obj._metadata == sd._metadata  # type: ignore[attr-defined]
+        assert list(obj) == list(sd)
+    finally:
+        archive.close()
+    with tb.open(p) as f:
+        assert f.keys() == list(sd)
+
+
+def test_ordered_dict_attributes_must_be_plain(tmp_path: Path) -> None:
+    """BUILD on an OrderedDict sets only plain, non-dunder attributes; anything else is dropped."""
+    from collections import OrderedDict
+
+    from tensorbridge.io.pickle_machine import unpickle
+
+    head = b"\x80\x02ccollections\nOrderedDict\n)R"
+    kept = unpickle(head + b"}X\x09\x00\x00\x00_metadata}X\x01\x00\x00\x00aK\x01ssb.")
+    assert type(kept) is OrderedDict and kept._metadata == {"a": 1}  # type: ignore[attr-defined]
+    for state in (b"}X\x09\x00\x00\x00__class__K\x01sb.", b"}X\x01\x00\x00\x00acm\nC\n)Rsb."):
+        got = unpickle(head + state)
+        assert type(got) is OrderedDict and vars(got) == {}
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_legacy_file_of_every_pickle_protocol(tmp_path: Path, protocol: int) -> None:
+    from tensorbridge.io._detect import detect
+
+    p = tmp_path / "m.pt"
+    want = {"w": torch.arange(6.0).reshape(2, 3), "n": 7}
+    torch.save(want, p, _use_new_zipfile_serialization=False, pickle_protocol=protocol)
+    assert detect(p) == "pt-legacy"
+    with tb.open(p) as f:
+        assert f.keys() == ["w"]
+        assert f.plain_values() == {"n": 7}
+        assert bits(f.read(["w"])["w"]) == bits(want["w"])

@@ -69,6 +69,7 @@ __all__ = [
     "ZIP_ERRORS",
     "describe",
     "detect",
+    "is_legacy_pt",
     "kind_by_suffix",
     "mismatch_note",
     "resolve",
@@ -81,6 +82,16 @@ _LEGACY_MAGIC = (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
 ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OverflowError,
               struct.error, NotImplementedError)  # fmt: skip
 _PROTO = 0x80  # pickle's PROTO opcode: every pickle of protocol 2 or later starts with it
+
+
+def is_legacy_pt(head: bytes) -> bool:
+    """Whether ``head`` (a file's first 23 bytes or more) starts a legacy torch.save file:
+    PROTO 2-5, a FRAME (protocol 4 and later), then LONG1 of torch's magic number."""
+    if len(head) < 2 or head[0] != _PROTO or not 2 <= head[1] <= 5:
+        return False
+    at = 11 if head[2:3] == b"\x95" else 2
+    return head[at : at + 2] == b"\x8a\x0a" and head[at + 2 : at + 12] == _LEGACY_MAGIC
+
 
 # kinds no format's description covers: refused, or read by the shard-index reader
 # model files of other toolkits: recognised so that a refusal names them, never read
@@ -123,7 +134,7 @@ def detect(path: str | os.PathLike[str]) -> str:
     if os.path.isdir(path):
         return _directory_kind(Path(path)) or "unknown"
     with open_regular(path) as f:  # a FIFO or device is refused, never waited on
-        head = f.read(16)
+        head = f.read(24)
         size = os.fstat(f.fileno()).st_size
     for fmt in FORMATS:
         if fmt.magic and head.startswith(fmt.magic):
@@ -134,7 +145,7 @@ def detect(path: str | os.PathLike[str]) -> str:
     if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") <= size - 8:
         return "safetensors"
     if len(head) >= 2 and head[0] == _PROTO and 2 <= head[1] <= 5:
-        if head[2:4] == b"\x8a\x0a" and head[4:14] == _LEGACY_MAGIC:
+        if is_legacy_pt(head):
             return "pt-legacy"
         return "dcp" if _is_dcp_metadata(path) else "pickle"
     if head.lstrip()[:1] == b"{":

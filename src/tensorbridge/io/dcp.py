@@ -72,7 +72,7 @@ from ._common import TensorFile, check_same_version, identity, read_small
 from ._detect import ZIP_ERRORS
 from ._files import Links
 from ._keys import broken, no_nul, not_empty, one_file_name, valid_unicode
-from .pickle_machine import Opaque, StorageRef, StorageType, TensorRef, unpickle
+from .pickle_machine import DICTS, Opaque, StorageRef, StorageType, TensorRef, unpickle
 from .torch_archive import read_value
 
 __all__ = ["METADATA_FILE", "Chunk", "DcpFile", "load", "open", "read_metadata"]
@@ -183,11 +183,11 @@ def _fields(obj: Any) -> dict[str, Any]:
     """A record's fields: its ``BUILD`` state (a dict, or ``(dict, slots)``)."""
     state = obj.state if isinstance(obj, Opaque) else None
     if type(state) is tuple and len(state) == 2:
-        out = dict(state[0]) if type(state[0]) is dict else {}
-        if type(state[1]) is dict:
+        out = dict(state[0]) if type(state[0]) in DICTS else {}
+        if type(state[1]) in DICTS:
             out.update(state[1])
         return out
-    return dict(state) if type(state) is dict else {}
+    return dict(state) if isinstance(state, dict) else {}  # a dict or an OrderedDict
 
 
 def _is(obj: Any, name: str) -> bool:
@@ -203,7 +203,7 @@ def _check_metadata(p: Path, meta: Any) -> CheckpointMetadata:
         raise bad(f"it holds a {held}, not a DCP Metadata")
     fields = _fields(meta)
     sdm = fields.get("state_dict_metadata")
-    if type(sdm) is not dict:
+    if not isinstance(sdm, dict):  # a dict or an OrderedDict
         raise bad("state_dict_metadata is not a dict")
     entries: dict[str, TensorEntry | None] = {}
     for key, item in sdm.items():
@@ -244,7 +244,7 @@ def _check_metadata(p: Path, meta: Any) -> CheckpointMetadata:
             boxes.append((off, size))
         entries[key] = TensorEntry(dtype, shape, tuple(boxes))
     storage_data = fields.get("storage_data")
-    if type(storage_data) is not dict:
+    if not isinstance(storage_data, dict):  # a dict or an OrderedDict
         raise bad("storage_data is not a dict (not written by FileSystemWriter)")
     storage: dict[tuple[str, tuple[int, ...] | None], StoredItem] = {}
     for index, info in storage_data.items():
@@ -840,7 +840,7 @@ def _plain(v: Any) -> bool:
         return True
     if type(v) in (list, tuple):
         return all(_plain(x) for x in v)
-    if type(v) is dict:
+    if type(v) in DICTS:
         return all(isinstance(k, str) and _plain(x) for k, x in v.items())
     return False
 

@@ -35,9 +35,9 @@ module, and no call of anything a file names. Its promises:
 
 from __future__ import annotations
 
-import codecs
 import re
 import struct
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +47,7 @@ import torch
 from ..errors import FormatError
 
 __all__ = [
+    "DICTS",
     "MAX_DEPTH",
     "REFUSED",
     "TABLE",
@@ -57,8 +58,12 @@ __all__ = [
     "unpickle",
 ]
 
+DICTS = (dict, OrderedDict)  # the mappings the machine builds: test with type(x) in DICTS
 MAX_DEPTH = 200  # containers nested deeper than this are no checkpoint's
 MAX_RANK = 64  # NumPy's limit on dimensions
+WORK_PER_BYTE = 16  # the work budget: units (about a byte of memory each) per pickle byte ...
+WORK_BASE = 1 << 20  # ... plus this, for any pickle
+MAX_LONG_BYTES = 1024  # a LONG4 integer wider than this (2,466 digits) is no checkpoint's
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,15 +152,12 @@ def _ints(x: Any, what: str) -> tuple[int, ...]:
     return tuple(x)
 
 
-_ITEMSIZE: dict[torch.dtype, int] = {}
-
-
 def itemsize(dtype: torch.dtype) -> int:
-    """Bytes per element of ``dtype`` (sub-byte packed dtypes count their carrier byte)."""
-    size = _ITEMSIZE.get(dtype)
-    if size is None:
-        size = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
-    return size
+    """Bytes per element of ``dtype`` (sub-byte packed dtypes count their carrier byte).
+
+    ``torch.dtype.itemsize``: nothing is allocated, so no dtype makes torch warn.
+    """
+    return int(dtype.itemsize)
 
 
 def _tensor(storage: Any, offset: Any, size: Any, stride: Any, dtype: Any) -> TensorRef:
@@ -176,6 +178,13 @@ def _tensor(storage: Any, offset: Any, size: Any, stride: Any, dtype: Any) -> Te
         numel //= width
     elif storage.dtype != dtype:
         raise _fail(f"a {dtype} tensor is rebuilt on a {storage.dtype} storage")
+    count = 1
+    for n in shape:  # an empty tensor's other dimensions still count (NumPy's limit)
+        count *= max(n, 1)
+    if 0 in shape and count * itemsize(dtype) >= 1 << 62:
+        raise _fail(
+            f"a tensor of size {list(shape)} would take over 2**62 bytes, more than NumPy can index"
+        )
     if 0 not in shape:
         last = offset + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
         if last >= numel:
@@ -228,17 +237,39 @@ def _rebuild_from_type(args: tuple[Any, ...]) -> Any:
     return Opaque(name, (tensor,), args[3])
 
 
-def _ordered_dict(args: tuple[Any, ...]) -> dict[Any, Any]:
+def _ordered_dict(args: tuple[Any, ...]) -> OrderedDict[Any, Any]:
     if args == ():
-        return {}
+        return OrderedDict()
     if len(args) == 1 and type(args[0]) is list:
-        out = {}
+        out: OrderedDict[Any, Any] = OrderedDict()
         for pair in args[0]:
             if type(pair) not in (tuple, list) or len(pair) != 2:
                 raise _fail("OrderedDict given something other than key-value pairs")
             out[pair[0]] = pair[1]
         return out
     raise _fail("OrderedDict given arguments it never takes")
+
+
+def _attributes(state: dict[Any, Any]) -> bool:
+    """Whether ``state`` may become an OrderedDict's attributes: plain names (no dunder),
+    plain values (text, numbers, None, and dicts, lists and tuples of them)."""
+    if not all(type(k) is str and k.isidentifier() and not k.startswith("__") for k in state):
+        return False
+    todo, seen = list(state.values()), 0
+    while todo:
+        x = todo.pop()
+        seen += 1
+        if seen > 1 << 20:
+            return False
+        t = type(x)
+        if t is dict or t is OrderedDict:
+            todo.extend(x.keys())
+            todo.extend(x.values())
+        elif t is list or t is tuple:
+            todo.extend(x)
+        elif t not in (str, int, float, bool, type(None)):
+            return False
+    return True
 
 
 def _size(args: tuple[Any, ...]) -> torch.Size:
@@ -363,6 +394,13 @@ _STORAGE_DTYPES = {
     "BoolStorage": torch.bool,
     "ComplexDoubleStorage": torch.complex128,
     "ComplexFloatStorage": torch.complex64,
+    # quantized tensors' storages: known, so the file reads; their tensors (rebuilt by
+    # torch._utils._rebuild_qtensor, a placeholder) are listed as unsupported
+    "QInt8Storage": torch.qint8,
+    "QUInt8Storage": torch.quint8,
+    "QInt32Storage": torch.qint32,
+    "QUInt4x2Storage": torch.quint4x2,
+    "QUInt2x4Storage": torch.quint2x4,
 }
 
 
@@ -410,6 +448,30 @@ def refused(name: str) -> bool:
     if name.startswith(_TORCH_DATA):
         return False
     return any(name == m or name.startswith(m + ".") for m in REFUSED)
+
+
+_ESCAPES = {b"\\": b"\\", b"'": b"'", b'"': b'"', b"a": b"\a", b"b": b"\b", b"f": b"\f",
+            b"n": b"\n", b"r": b"\r", b"t": b"\t", b"v": b"\v", b"\n": b""}  # fmt: skip
+_ESCAPE = re.compile(rb"\\(x[0-9a-fA-F]{2}|[0-7]{1,3}|[\s\S]?)")
+
+
+def _unescape(text: bytes) -> bytes:
+    """A protocol-0 STRING's escapes, as Python 2 wrote them (``codecs.escape_decode``
+    without its warning: an unknown escape such as ``\\q`` stays as it is)."""
+
+    def one(m: re.Match[bytes]) -> bytes:
+        e = m.group(1)
+        if e in (b"", b"x"):
+            raise FormatError("a STRING instruction with an unfinished escape")
+        if len(e) == 3 and e[:1] == b"x":
+            return bytes([int(e[1:], 16)])
+        if e[:1] in b"01234567" and e[:1]:
+            return bytes([int(e, 8) & 0xFF])
+        if e not in _ESCAPES:
+            return b"\\" + e
+        return _ESCAPES[e]
+
+    return _ESCAPE.sub(one, text)
 
 
 # --- the interpreter ---------------------------------------------------------------------------
@@ -472,17 +534,31 @@ def unpickle_at(
 
 def _run(
     data: bytes,
-    pos: int,
+    start: int,
     persistent_load: Callable[[Any], Any] | None,
     placeholders: bool | frozenset[str],
 ) -> tuple[Any, int]:
-    end = len(data)
+    end, pos = len(data), start
     stack: list[Any] = []
     metastack: list[list[Any]] = []
     memo: dict[int, Any] = {}
     depth: dict[int, int] = {}  # id(tuple or frozenset) -> nesting, for hashing's sake
     keep: list[Any] = []  # keeps those ids alive for the run
     unpack = struct.unpack_from
+    budget = WORK_PER_BYTE * (end - pos) + WORK_BASE
+    work = 0
+
+    def charge(n: int) -> None:
+        """Count work the stream's bytes do not pay for one by one: a container made (its
+        size in bytes), a constructor's argument read (8 a value, 1 a character)."""
+        nonlocal work
+        work += n
+        if work > budget:
+            raise FormatError(
+                f"the pickle asks for over {budget:,} units of work ({WORK_PER_BYTE} per byte "
+                f"of its {end - start:,} plus {WORK_BASE:,}; a unit is about a byte of memory "
+                "made or read): no checkpoint does"
+            )
 
     def take(n: int) -> int:
         nonlocal pos
@@ -546,6 +622,8 @@ def _run(
             build = TABLE.get(fn.name)
             if build is None:
                 raise FormatError(f"the file calls {fn.name}, which tensorbridge never calls")
+            charge(64 + sum(8 * len(a) if type(a) in (list, tuple) else len(a) if type(a) in
+                            (str, bytes) else 8 for a in args))  # fmt: skip
             return build(args)
         if isinstance(fn, Opaque):
             listed = isinstance(placeholders, frozenset) and fn.name in placeholders
@@ -559,8 +637,10 @@ def _run(
             raise FormatError(f"BUILD aimed at {obj.name} itself, a class the file names")
         if isinstance(obj, Opaque):
             object.__setattr__(obj, "state", state)
-        elif type(obj) is dict or isinstance(obj, TensorRef):
-            # an OrderedDict's attributes (a state dict's _metadata), a tensor's: not data
+        elif type(obj) is OrderedDict and type(state) is dict and _attributes(state):
+            obj.__dict__.update(state)  # a state dict's _metadata: module versions
+        elif type(obj) in DICTS or isinstance(obj, TensorRef):
+            # a dict's or a tensor's attributes: not data, dropped
             if state is not None and type(state) not in (dict, tuple):
                 raise FormatError(f"BUILD of a {type(obj).__name__} with a {type(state).__name__}")
         else:
@@ -571,7 +651,7 @@ def _run(
     def setitems(target: Any, items: list[Any]) -> None:
         if len(items) % 2:
             raise FormatError("SETITEMS given an odd number of items")
-        if type(target) is dict:
+        if type(target) in DICTS:
             for i in range(0, len(items), 2):
                 target[items[i]] = items[i + 1]
         elif isinstance(target, Opaque) and target.args is not None:
@@ -607,6 +687,7 @@ def _run(
         elif op == 0x94:  # MEMOIZE
             memo[len(memo)] = stack[-1]
         elif op == 0x28:  # MARK
+            charge(64)
             metastack.append(stack)
             stack = []
         elif op == 0x4B:  # BININT1
@@ -663,8 +744,10 @@ def _run(
             key = stack.pop()
             setitems(stack[-1], [key, value])
         elif op == 0x7D:  # EMPTY_DICT
+            charge(64)
             stack.append({})
         elif op == 0x5D:  # EMPTY_LIST
+            charge(56)
             stack.append([])
         elif op == 0x61:  # APPEND
             value = stack.pop()
@@ -701,7 +784,12 @@ def _run(
             stack.append(int.from_bytes(data[at : at + n], "little", signed=True))
         elif op == 0x8B:  # LONG4
             (n,) = unpack("<i", data, take(4))
-            at = take(n)
+            at = take(n)  # the bytes must be there; then their width is checked
+            if n > MAX_LONG_BYTES:
+                raise FormatError(
+                    f"an integer of {n:,} bytes (LONG4); tensorbridge reads integers of at most "
+                    f"{MAX_LONG_BYTES:,} bytes, and no checkpoint holds a wider one"
+                )
             stack.append(int.from_bytes(data[at : at + n], "little", signed=True))
         elif op == 0x47:  # BINFLOAT
             (x,) = unpack(">d", data, take(8))
@@ -728,6 +816,7 @@ def _run(
             if data[take(1)] > 5:
                 raise FormatError(f"pickle protocol {data[pos - 1]} is newer than any known")
         elif op == 0x8F:  # EMPTY_SET
+            charge(216)
             stack.append(set())
         elif op == 0x90:  # ADDITEMS
             items = pop_mark()
@@ -761,7 +850,7 @@ def _run(
             text = line().rstrip()
             if len(text) < 2 or text[0] != text[-1] or text[:1] not in (b"'", b'"'):
                 raise FormatError("a STRING instruction without quotes")
-            stack.append(str(codecs.escape_decode(text[1:-1])[0], "utf-8"))
+            stack.append(str(_unescape(text[1:-1]), "utf-8"))
         elif op == 0x56:  # UNICODE (protocol 0)
             stack.append(str(line(), "raw-unicode-escape"))
         elif op == 0x67:  # GET
@@ -803,8 +892,9 @@ def _children(obj: Any) -> Any:
     t = type(obj)
     if t is list or t is tuple or t is set or t is frozenset:
         return obj
-    if t is dict:
-        return [x for kv in obj.items() for x in kv]
+    if t is dict or t is OrderedDict:
+        kids = [x for kv in obj.items() for x in kv]
+        return [*kids, obj.__dict__] if t is OrderedDict and obj.__dict__ else kids
     if t is Opaque:
         return [obj.args, obj.state, obj.kwargs, obj.items, obj.listitems]
     return ()
@@ -812,8 +902,9 @@ def _children(obj: Any) -> Any:
 
 def _check_result(root: Any, budget: int) -> None:
     """Walk the result once, iteratively: no token left, no cycle, at most MAX_DEPTH deep,
-    and at most ``budget`` values when shared references are counted each time (a walk
-    of the result as a tree, as flattening does, must stay linear in the input)."""
+    and at most ``budget`` values when shared references are counted each time and text,
+    bytes and integers by their length (a walk of the result as a tree, as flattening and
+    rendering metadata do, must stay linear in the input)."""
     if isinstance(root, _Global):
         raise FormatError(f"the file holds the global {root.name} itself; no checkpoint does")
     size: dict[int, int] = {}  # id -> values beneath, counted as a tree
@@ -829,7 +920,16 @@ def _check_result(root: Any, budget: int) -> None:
                 )
             kids = _children(child)
             if not kids:
-                total += 1
+                t = type(child)  # text and bytes by length: a reader renders each reference
+                total += (
+                    1 + len(child) if t is str or t is bytes
+                    else 1 + child.bit_length() // 8 if t is int else 1
+                )  # fmt: skip
+                if total > budget:
+                    raise FormatError(
+                        f"the pickle's shared references expand to over {budget:,} values "
+                        "(text and bytes counted by length); no checkpoint's do"
+                    )
                 continue
             done = size.get(id(child))
             if done is not None:

@@ -20,7 +20,8 @@ read from that state alone. Any other placeholder (an ``argparse.Namespace``, a
 dataclass config, a tensor subclass, a sparse or quantized tensor) is a key that
 :meth:`~PtFile.unsupported` names with its global; its plain fields and tensors are
 flattened beneath it. Plain leaves (an epoch number, a learning rate, a
-``torch.Size``) go to ``.metadata`` under the same dotted key as ``str(value)``. A
+``torch.Size``) go to ``.metadata`` under the same dotted key as ``str(value)``; a set
+holding a tensor or a placeholder is listed as unsupported. A
 file holding a single tensor has one key, the file's stem, and ``load`` returns that
 tensor/array itself (like ``.npy``).
 
@@ -29,7 +30,11 @@ map, torch results writable copy-on-write views of a second, private map of the 
 opened file (the entries of one opened file share it, so tied weights stay tied and a
 write never reaches the file). A legacy file's storages are read into memory (that
 format cannot be mapped), and the reader's ``notes`` say so. The file is opened once:
-replacing it under the same name later changes nothing an opened reader gives.
+replacing it under the same name later changes nothing an opened reader gives. A
+tensor whose strides repeat its storage's values (a zero stride) is read as long as the
+bytes it takes beyond its storage, summed over every such entry of the file (each once),
+stay within the file's size plus ``COPY_MARGIN`` (64 MiB); past that the file is
+refused when opened, before anything is read.
 
 **Writing** keeps the nesting it is given (``tb.save`` passes a tree as it is, and a
 ``.pt`` source converted to ``.pt`` is rebuilt from the reader's :meth:`structure`, so
@@ -63,7 +68,7 @@ from ..errors import (
 )
 from ._common import TensorFile, atomic_write, cast_target, check_unchanged, progress_bar, row_of
 from ._keys import NameRules, flatten, is_container, no_nul, skeleton, valid_unicode
-from .pickle_machine import Opaque, TensorRef
+from .pickle_machine import DICTS, Opaque, TensorRef, itemsize
 from .torch_archive import TORCHSCRIPT_MESSAGE, Archive, open_archive
 
 __all__ = ["Opaque", "PtFile", "load", "open", "save"]
@@ -75,9 +80,24 @@ _LEGACY_NOTE = (
     "not memory-mapped"
 )
 
-# How far a copy may exceed the file (a tensor's values may repeat, by zero strides, but a
-# hostile file must not make a reader allocate gigabytes from a few bytes).
+# How far copies may exceed the file (a tensor's values may repeat, by zero strides, but a
+# hostile file must not make a reader allocate gigabytes from a few bytes): one entry's
+# values, and the bytes all of a file's entries repeat beyond their storages (each entry
+# counted once), may take at most the file's size plus this.
 COPY_MARGIN = 64 << 20
+
+
+def _plain(obj: Any) -> bool:
+    """Whether a set's elements are plain values all the way down (no tensor, placeholder)."""
+    todo = [obj]
+    while todo:
+        x = todo.pop()
+        t = type(x)
+        if t is tuple or t is frozenset or t is set:
+            todo.extend(x)
+        elif t is TensorRef or t is Opaque:
+            return False
+    return True
 
 
 class _Entries:
@@ -104,21 +124,27 @@ class _Entries:
         t = type(obj)
         if t is TensorRef:
             self.add(key, self.tensors, obj)
-        elif t is dict or t is list or t is tuple:
-            items = obj.items() if t is dict else enumerate(obj)
+        elif t in DICTS or t is list or t is tuple:
+            items = obj.items() if t in DICTS else enumerate(obj)
             for k, v in items:
                 self.walk(v, f"{key}.{k}" if key else str(k), plain=plain)
         elif t is Opaque:
             self.opaque(obj, key, plain)
+        elif (t is set or t is frozenset) and not _plain(obj):
+            why = (
+                f"a {t.__name__} holding a tensor or a placeholder; a {t.__name__} has no "
+                "keys to name them by, so it is neither entries nor a plain value"
+            )
+            self.add(key or self.stem, self.skipped, why)
         elif plain:
             self.add(key, self.values, obj)
 
     def opaque(self, obj: Opaque, key: str, plain: bool) -> None:
         state = obj.state
-        if type(state) is tuple and len(state) == 2 and type(state[0]) is dict:
+        if type(state) is tuple and len(state) == 2 and type(state[0]) in DICTS:
             state = state[0]  # (__dict__, __slots__ values)
-        if type(state) is dict and all(
-            type(state.get(k)) is dict for k in ("_parameters", "_buffers", "_modules")
+        if type(state) in DICTS and all(
+            type(state.get(k)) in DICTS for k in ("_parameters", "_buffers", "_modules")
         ):
             self.module(obj.name, state, key)
             return
@@ -143,7 +169,7 @@ class _Entries:
                 "and plain fields are entries under its name"
             )
         self.add(key, self.skipped, why)
-        if type(state) is dict:
+        if type(state) in DICTS:
             for k, v in state.items():
                 self.walk(v, f"{key}.{k}", plain=plain)
         elif state is not None:
@@ -175,6 +201,30 @@ class _Entries:
         self.inside -= 1
 
 
+def _check_repeats(where: str, tensors: dict[str, TensorRef], size: int) -> None:
+    """Refuse a file whose entries repeat their storages' values (overlapping strides) by
+    more than its size plus COPY_MARGIN in all: each entry's bytes beyond its storage,
+    counted once per entry, summed over the file (checked on opening, before any read;
+    an entry over the bound by itself is left to be refused when it is read)."""
+    total = 0
+    for name, t in tensors.items():
+        count = 1
+        for n in t.shape:
+            count *= n
+        width = itemsize(t.dtype)
+        if count * width > size + COPY_MARGIN:
+            continue  # refused by itself when read (_check_copy_size); the others read
+        total += max(0, (count - t.storage_numel) * width)
+        if total > size + COPY_MARGIN:
+            raise FormatError(
+                f"{where}: {name!r} repeats its storage's values (shape {list(t.shape)}, "
+                f"strides {list(t.stride)}); with the file's other such entries they take "
+                f"{total:,} bytes beyond their storages, over the file's {size:,} plus "
+                f"{COPY_MARGIN:,} a file may repeat in all; no checkpoint does (torch.load(path, "
+                "weights_only=True, mmap=True) reads it as views)"
+            )
+
+
 class PtFile(TensorFile):
     """A torch.save archive: its tensors by dotted key, its other values in ``metadata``.
 
@@ -190,13 +240,15 @@ class PtFile(TensorFile):
         try:
             obj = self._archive.obj
             entries = _Entries(self._where, self._path.stem)
-            entries.walk(obj, "" if type(obj) in (dict, list, tuple, Opaque) else self._path.stem)
+            top = type(obj) in DICTS or type(obj) in (list, tuple, Opaque)
+            entries.walk(obj, "" if top else self._path.stem)
         except BaseException:
             self._archive.close()
             raise
         self._size = self._archive.size
         self._order, self._tensors = entries.order, entries.tensors
         self._values, self._skipped = entries.values, entries.skipped
+        _check_repeats(self._where, self._tensors, self._size)
         self.single = type(obj) is TensorRef
         self._structure = skeleton(obj) if is_container(obj) else None
         self.metadata = {k: str(v) for k, v in self._values.items()}

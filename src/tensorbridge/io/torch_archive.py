@@ -30,6 +30,7 @@ import mmap
 import os
 import struct
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,13 +38,22 @@ import numpy as np
 import torch
 
 from ..errors import FormatError
-from ._detect import ZIP_ERRORS
+from ._detect import ZIP_ERRORS, is_legacy_pt
 from .pickle_machine import Opaque, StorageRef, StorageType, itemsize, unpickle_at
 
-__all__ = ["DEFLATE_MAX_RATIO", "TORCHSCRIPT_MESSAGE", "Archive", "open_archive", "read_value"]
+__all__ = [
+    "DEFLATE_MAX_RATIO",
+    "INFLATE_MARGIN",
+    "MAX_PICKLE",
+    "TORCHSCRIPT_MESSAGE",
+    "Archive",
+    "open_archive",
+    "read_value",
+]
 
 DEFLATE_MAX_RATIO = 1032  # deflate cannot expand data more than this
-MAX_PICKLE = 1 << 30  # a data.pkl larger than this is no checkpoint's
+MAX_PICKLE = 256 << 20  # a data.pkl larger than this is no checkpoint's
+INFLATE_MARGIN = 16 << 20  # a deflated data.pkl may exceed the file by at most this
 _LOCAL = struct.Struct("<4s22xHH")  # a zip local header: signature ... name and extra lengths
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch/serialization.py MAGIC_NUMBER
 _LEGACY_PROTOCOL = 1001  # PROTOCOL_VERSION
@@ -113,7 +123,7 @@ def open_archive(path: str | os.PathLike[str], where: str) -> Archive:
                 raise
             kept = True
             return archive
-        if head[:2] == b"\x80\x02" and head[2:3] == b"\x8a":
+        if is_legacy_pt(head):
             with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
                 return _read_legacy(m, size, where)
         raise FormatError(not_an_archive(where, head))
@@ -192,6 +202,12 @@ def _read_zip(archive: Archive, where: str) -> None:
     pkl = members[pickles[0]]
     if pkl.file_size > MAX_PICKLE:
         raise FormatError(f"{where}: its data.pkl of {pkl.file_size:,} bytes is no checkpoint's")
+    if pkl.compress_type != zipfile.ZIP_STORED and pkl.file_size > archive.size + INFLATE_MARGIN:
+        raise FormatError(
+            f"{where}: its deflated data.pkl claims {pkl.file_size:,} bytes, more than "
+            f"{INFLATE_MARGIN:,} beyond the {archive.size:,}-byte file, which no checkpoint "
+            "does (torch.save stores data.pkl as it is; re-save the file with torch.save)"
+        )
     data = _member(buf, pkl, where, archive.size)
     refs: dict[str, StorageRef] = {}
 
@@ -350,15 +366,45 @@ def _data_offset(buf: Any, info: zipfile.ZipInfo, where: str, size: int) -> int:
 
 
 def _member(buf: Any, info: zipfile.ZipInfo, where: str, size: int) -> bytes:
-    """A small member's bytes (stored or deflated, bounded by its checked sizes)."""
+    """A small member's bytes (stored or deflated), never more than its declared size:
+    a deflated one is inflated in steps and refused as soon as it runs past that size."""
     if info.compress_type == zipfile.ZIP_STORED:
         start = _data_offset(buf, info, where, size)
         return bytes(buf[start : start + info.file_size])
+    if info.compress_type != zipfile.ZIP_DEFLATED or info.flag_bits & 0x1:
+        raise FormatError(
+            f"{where}: the member {info.filename!r} is encrypted or compressed other than "
+            "by deflate; torch.save stores or deflates its members (the archive was rewritten)"
+        )
+    at = info.header_offset
+    if at < 0 or at + _LOCAL.size > size:
+        raise FormatError(f"{where}: the member {info.filename!r} lies outside the file")
+    sig, name_len, extra_len = _LOCAL.unpack_from(buf, at)
+    start = int(at + _LOCAL.size + name_len + extra_len)
+    if sig != b"PK\x03\x04" or start + info.compress_size > size:
+        raise FormatError(
+            f"{where}: the member {info.filename!r} runs past the file's {size:,} bytes or its "
+            "header is corrupt; the file is truncated"
+        )
+    inflate = zlib.decompressobj(-zlib.MAX_WBITS)
+    out = bytearray()
+    pending = buf[start : start + info.compress_size]
     try:
-        with zipfile.ZipFile(_Reader(buf)) as zf:
-            return zf.read(info)
-    except (*ZIP_ERRORS, RuntimeError) as err:
+        while len(out) <= info.file_size:
+            step = inflate.decompress(pending, min(1 << 20, info.file_size + 1 - len(out)))
+            pending = inflate.unconsumed_tail
+            out += step
+            if not step and (inflate.eof or not pending):
+                break
+    except zlib.error as err:
         raise FormatError(f"{where}: the member {info.filename!r} is corrupt ({err})") from None
+    if len(out) != info.file_size or zlib.crc32(out) != info.CRC:
+        raise FormatError(
+            f"{where}: the member {info.filename!r} inflates to other than the "
+            f"{info.file_size:,} bytes its header claims (or fails its CRC); the archive is "
+            "corrupt"
+        )
+    return bytes(out)
 
 
 class _Reader:
