@@ -81,27 +81,28 @@ def source(x: Any) -> _Source:
     )
 
 
-def _blocks(x: Any) -> Iterator[Any]:
-    """C-order flat pieces of ``x`` (tensor or array), each at most ``_CHUNK`` values."""
+def _blocks(x: Any, most: int) -> Iterator[Any]:
+    """C-order flat pieces of ``x`` (tensor or array), each at most ``most`` values."""
     n = math.prod(x.shape)
     if n == 0:
         return
-    if x.ndim == 0 or n <= _CHUNK:
+    if x.ndim == 0 or n <= most:
         yield x.reshape(-1)
         return
     inner = n // x.shape[0]
-    if inner > _CHUNK:
+    if inner > most:
         for i in range(x.shape[0]):
-            yield from _blocks(x[i])
+            yield from _blocks(x[i], most)
         return
-    step = _CHUNK // inner
+    step = most // inner
     for i in range(0, x.shape[0], step):
         yield x[i : i + step].reshape(-1)
 
 
-def chunks(src: _Source) -> Iterator[torch.Tensor]:
-    """Plain contiguous CPU tensors of ``src.row.torch``, in C order."""
-    for block in _blocks(src.data):
+def chunks(src: _Source, most: int | None = None) -> Iterator[torch.Tensor]:
+    """Plain contiguous CPU tensors of ``src.row.torch``, in C order, of at most ``most``
+    values (and never more than ``_CHUNK``)."""
+    for block in _blocks(src.data, _CHUNK if most is None else min(most, _CHUNK)):
         if isinstance(block, torch.Tensor):
             yield block.resolve_conj().resolve_neg().cpu()
         else:  # read-only, byte-swapped or reversed blocks are copied, one chunk at a time
