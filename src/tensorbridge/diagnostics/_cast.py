@@ -317,7 +317,7 @@ def _quick_chunk(
         return None
     small = _small_counts(s, res, ex, tops.emin, fmt) if ex_lo < tops.emin else (0, 0, 0)
     # |r - s| / 2^max(e, emin) <= 2^-(nmant+1): at most half a ULP (so nothing saturated)
-    scale = ex.clamp_min_(tops.emin).view(f32)
+    scale = (ex.clamp_min_(tops.emin) if ex_lo < tops.emin else ex).view(f32)
     w = torch.div(err, scale, out=scale)
     lo, hi = torch.aminmax(w)
     if max(-float(lo), float(hi)) > 2.0 ** -(fmt.nmant + 1):
@@ -338,7 +338,7 @@ def _quick_chunk(
     return _Quick(n - inexact, flushed, subnormal, max_abs, max_rel, rel_sum, n - zeros)
 
 
-_ROW = 1024  # values per row when the rows holding small values are picked out
+_ROW = 256  # values per row when the rows holding small values are picked out
 
 
 def _small_counts(
@@ -346,8 +346,8 @@ def _small_counts(
 ) -> tuple[int, int, int]:
     """(zeros, flushed to zero, subnormal results) of a chunk that holds values below the
     target's smallest normal (``ex``: the exponent bits of each value, ``emin``: those of
-    the smallest normal); counted on the rows of ``_ROW`` values that hold such values,
-    from a histogram of the result's bit patterns."""
+    the smallest normal); counted on the rows of ``_ROW`` values that hold such values
+    (8-bit results: from a histogram of their bit patterns)."""
     n = s.numel()
     full = n - n % _ROW
     s_rows = s[:full].view(-1, _ROW)
@@ -360,29 +360,20 @@ def _small_counts(
             bits = torch.cat((b_rows, bits[full:]))
             s = s_sub
     zeros = s.numel() - int(torch.count_nonzero(s))
-    zero_results, small_results = _pattern_classes(bits, fmt)
-    return zeros, zero_results - zeros, small_results - zero_results
-
-
-def _pattern_classes(bits: torch.Tensor, fmt: Format) -> tuple[int, int]:
-    """(zero results, zero or subnormal results) among the target bit patterns ``bits``:
-    one histogram of the patterns, then the 256 or 65,536 patterns classified once
-    (float32 results are classified one by one)."""
-    if bits.dtype is torch.int32:
-        v = bits.view(torch.float32)
-        zero_results = v.numel() - int(torch.count_nonzero(v))
-        return zero_results, int(torch.count_nonzero(v.abs() < fmt.smallest_normal))
-    if bits.dtype is torch.uint8:
+    if bits.dtype is torch.uint8:  # one histogram of the 256 patterns, classified once
         counts = torch.bincount(bits, minlength=256)
-    else:
-        counts = torch.bincount(bits.to(torch.int32).bitwise_and_(0xFFFF), minlength=1 << 16)
-    zero, small = _classes(fmt.row)
-    return int(counts[zero].sum()), int(counts[small].sum())
+        zero, small = _classes(fmt.row)
+        zero_results, small_results = int(counts[zero].sum()), int(counts[small].sum())
+    else:  # a few rows of wider results: their values
+        v = bits.view(res.dtype).to(torch.float32)
+        zero_results = v.numel() - int(torch.count_nonzero(v))
+        small_results = int(torch.count_nonzero(v.abs_() < fmt.smallest_normal))
+    return zeros, zero_results - zeros, small_results - zero_results
 
 
 @cache
 def _classes(row: DTypeRow) -> tuple[torch.Tensor, torch.Tensor]:
-    """The bit patterns of ``row`` (8 or 16 bits) that are ±0, and those that are ±0 or
+    """The bit patterns of ``row`` (8 bits) that are ±0, and those that are ±0 or
     subnormal, as index tensors."""
     width = row.itemsize * 8
     raw = torch.arange(1 << width, dtype=torch.int32)
