@@ -17,7 +17,6 @@ Shared by compare, stats and cast_report:
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -122,25 +121,6 @@ class Scratch:
         if t is None or t.numel() < n:
             t = self._buffers[name, dtype] = torch.empty(n, dtype=dtype)
         return t[:n]
-
-
-# What a leaf costs on one core, roughly (the per-call overhead of a few dozen torch kernels)
-# and what a value costs (a few dozen passes over it): enough to tell a second from less.
-_SECONDS_PER_LEAF = 3e-4
-_SECONDS_PER_VALUE = 5e-9
-
-
-def expected_seconds(leaves: int, values: int) -> float:
-    """About how long compare or cast_report takes over ``leaves`` holding ``values``."""
-    return leaves * _SECONDS_PER_LEAF + values * _SECONDS_PER_VALUE
-
-
-def show_progress(progress: bool | None, leaves: int, values: int) -> bool:
-    """Whether to draw a progress bar: as asked, or (``None``) on a terminal when the work
-    is expected to take over a second (many small tensors take long for their size)."""
-    if progress is not None:
-        return progress
-    return sys.stderr.isatty() and expected_seconds(leaves, values) >= 1.0
 
 
 def to_float32(t: torch.Tensor, scratch: Scratch, name: str) -> torch.Tensor:
