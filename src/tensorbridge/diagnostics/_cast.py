@@ -355,10 +355,11 @@ def _small_counts(
     if full:
         rows = torch.nonzero(ex[:full].view(-1, _ROW).amin(dim=1) < emin).reshape(-1)
         if len(rows) * 4 < len(s_rows):  # a few rows: gather them (and the ragged tail)
-            s_sub = torch.cat((s_rows.index_select(0, rows).reshape(-1), s[full:]))
-            b_rows = bits[:full].view(-1, _ROW).index_select(0, rows).reshape(-1)
-            bits = torch.cat((b_rows, bits[full:]))
-            s = s_sub
+            s_sub = s_rows.index_select(0, rows).reshape(-1)
+            b_sub = bits[:full].view(-1, _ROW).index_select(0, rows).reshape(-1)
+            if full < n:
+                s_sub, b_sub = torch.cat((s_sub, s[full:])), torch.cat((b_sub, bits[full:]))
+            s, bits = s_sub, b_sub
     zeros = s.numel() - int(torch.count_nonzero(s))
     if bits.dtype is torch.uint8:  # one histogram of the 256 patterns, classified once
         counts = torch.bincount(bits, minlength=256)
