@@ -41,7 +41,7 @@ from ._values import (
 )
 
 ULP_BINS = ("0", "<=0.5", "<=1", "<=2", ">2")
-_CHUNK = 1 << 18  # values per chunk: a few float32 buffers of it stay in a core's cache
+_CHUNK = 1 << 18  # values per chunk: its few float32 buffers stay cached between passes
 
 
 @dataclass(frozen=True)
