@@ -822,17 +822,17 @@ def test_progress_follows_the_work_not_the_bytes(
 ) -> None:
     """A checkpoint of 12,000 small tensors (a few MiB) is seconds of work: a bar on a
     terminal; a few small tensors are not."""
-    from tensorbridge.diagnostics import _values
+    from tensorbridge import _progress
 
-    assert _values.expected_seconds(12_000, 12_000 * 256) >= 1.0
-    assert _values.expected_seconds(20, 20 * 4096) < 1.0
+    assert _progress.expected_seconds(12_000 * 1024, 12_000, work="check") >= 1.0
+    assert _progress.expected_seconds(20 * 4 << 12, 20, work="check") < 1.0
     path = tmp_path / "m.safetensors"
     tbio.save({f"t{i}": np.ones(4, np.float32) for i in range(20)}, path)
     argv = [path, path] if command == "compare" else [path, "--dtype", "bf16"]
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     rc, _, err = run(capsys, command, *argv)
     assert (rc, err) == (0, "")
-    monkeypatch.setattr(_values, "_SECONDS_PER_LEAF", 0.1)  # 20 leaves: 2 s
+    monkeypatch.setitem(_progress.WORK_RATES, "check", (32 << 20, 0.1))  # 20 tensors: 2 s
     rc, _, err = run(capsys, command, *argv)
     assert rc == 0 and ("comparing" if command == "compare" else "cast-report") in err
     rc, _, err = run(capsys, command, *argv, "--quiet")
@@ -1162,7 +1162,10 @@ def test_nothing_to_write_is_an_error(
 
 
 def test_progress_is_estimated_from_the_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tensorbridge.io._common import SHOW_AFTER, expected_seconds, progress_bar
+    from tensorbridge._progress import SHOW_AFTER, expected_seconds, progress_bar
+    from tensorbridge.io import _common
+
+    assert _common.progress_bar is progress_bar  # the formats' bar is the one estimate's
 
     assert expected_seconds(12_000 * 64, 12_000) >= SHOW_AFTER  # many small tensors: a bar
     assert expected_seconds(41 << 20, 8, work="check") >= SHOW_AFTER  # 41 MiB compared

@@ -777,3 +777,30 @@ def test_quick_cast_report_matches_the_general_path(
     rounded = {"max_rel_err": None, "mean_rel_err": None}
     assert replace(quick, **rounded) == replace(general, **rounded)
     assert quick.flushed_to_zero + quick.subnormal + quick.exact > 0
+
+
+@pytest.mark.parametrize("dst", ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_quick_cast_report_counts_sparse_small_values_by_row(
+    dst: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A few zeros, float32 subnormals, flushes and subnormal results among ordinary values:
+    the quick path counts them on the rows holding them (and the ragged tail), and agrees
+    with the general path; a chunk of values beyond the range falls back to it."""
+    from tensorbridge.diagnostics import _cast
+
+    rng = np.random.default_rng(7)
+    x = torch.from_numpy(rng.standard_normal(4000).astype(np.float32) + 1.5)
+    tiny = [0.0, -0.0, 1e-45, -3e-40, 1e-30, 2e-8, -3e-6, 6e-5, 1e-3, -5e-3, 0.0155]
+    x[[5, 700, 1300, 2047, 2048, 2999, 3990, 3995, 3999, 1, 1000]] = torch.tensor(tiny)
+    x[3001] = 3e-5  # subnormal in float16 and float8_e5m2
+    x[2500] = 470.0  # e4m3fn saturates it (more than half a ULP): that chunk is general
+    monkeypatch.setattr(_values, "_CHUNK", 1000)
+    monkeypatch.setattr(_cast, "_ROW", 16)
+    quick = dg.cast_report(x, dst)
+    monkeypatch.setattr(_cast, "_quick_plan", lambda s, d: None)
+    general = dg.cast_report(x, dst)
+    assert quick.max_rel_err == pytest.approx(general.max_rel_err, rel=1e-7)
+    assert quick.mean_rel_err == pytest.approx(general.mean_rel_err, rel=1e-6)
+    rounded = {"max_rel_err": None, "mean_rel_err": None}
+    assert replace(quick, **rounded) == replace(general, **rounded)
+    assert quick.flushed_to_zero > 0 and quick.subnormal > 0

@@ -1943,11 +1943,8 @@ def _quant_verdict(report: Any, ok: bool, too_far: Set[str], rtol: float | None)
 
 
 def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
-    import math
-
     from . import diagnostics
-    from .diagnostics._values import show_progress
-    from .io._common import progress_bar
+    from ._progress import progress_bar
 
     if args.dtype is not None and (args.scheme or args.block_size) is not None:
         raise _UsageError("pass --dtype (a cast) or --scheme (a quantization), not both")
@@ -1963,9 +1960,8 @@ def _cast_report(args: argparse.Namespace, out: TextIO) -> int:
         names = [
             n for n in f if n not in unsupported and f.info(n)[0].category in ("float", "complex")
         ]
-        values = sum(math.prod(f.info(n)[1]) for n in names)  # counted, not read
-        show = show_progress(_progress(args), len(names), values)
-        bar = progress_bar(sum(f.nbytes(n) for n in names), "cast-report", show)
+        nbytes = sum(f.nbytes(n) for n in names)  # counted, not read
+        bar = progress_bar(nbytes, "cast-report", _progress(args), tensors=len(names), work="check")
         try:
             for name in names:
                 reports[name] = diagnostics.cast_report(f[name], target, rtol=args.rtol)

@@ -41,6 +41,7 @@ from ._values import (
 )
 
 ULP_BINS = ("0", "<=0.5", "<=1", "<=2", ">2")
+_CHUNK = 1 << 18  # values per chunk: its few float32 buffers stay cached between passes
 
 
 @dataclass(frozen=True)
@@ -167,31 +168,31 @@ def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastR
     astype_ok = True
     quick_plan = _quick_plan(src.row, dst)
     scratch = Scratch()
-    for chunk in chunks(src):
+    for chunk in chunks(src, _CHUNK):
         c["numel"] += chunk.numel()
         if chunk.is_complex() and not dst.torch.is_complex:
             c["imag"] += int(torch.count_nonzero(chunk.imag != 0))
             chunk_in = chunk.real
         else:
             chunk_in = chunk
-        res = chunk_in.to(dst.torch)
+        res = scratch.get("res", dst.torch, chunk_in.numel()).copy_(chunk_in)
         quick = _quick_chunk(chunk_in, res, fmt, scratch) if quick_plan is not None else None
         if quick is not None:
-            exact, flushed, subnormal, q_abs, q_rel, q_sum, q_n, q_hist = quick
-            c["exact"] += exact
-            c["inexact"] += chunk_in.numel() - exact
-            c["flushed"] += flushed
-            c["subnormal"] += subnormal
+            n = chunk_in.numel()
+            c["exact"] += quick.exact
+            c["inexact"] += n - quick.exact
+            c["flushed"] += quick.flushed
+            c["subnormal"] += quick.subnormal
             seen_finite = True
-            max_abs = max(max_abs, q_abs)
-            if q_n:
+            max_abs = max(max_abs, quick.max_abs)
+            if quick.nonzero:
                 seen_rel = True
-                max_rel, rel_sum = max(max_rel, q_rel), rel_sum + q_sum
-                c["rel_n"] += q_n
-            for name, n in zip(ULP_BINS, q_hist, strict=True):
-                hist[name] += n
+                max_rel, rel_sum = max(max_rel, quick.max_rel), rel_sum + quick.rel_sum
+                c["rel_n"] += quick.nonzero
+            hist["0"] += quick.exact  # at most half a ULP off: every inexact value there
+            hist["<=0.5"] += n - quick.exact
             if astype_ok and not quick_plan:  # the kernels may part ways on these values
-                s_nan = torch.zeros(chunk_in.numel(), dtype=torch.bool)
+                s_nan = torch.zeros(n, dtype=torch.bool)
                 astype_ok = _astype_check(chunk_in, res, s_nan, dst, c)
             continue
         s, r = _cast_parts(chunk_in, res)
@@ -274,57 +275,129 @@ def _quick_plan(src: DTypeRow, dst: DTypeRow) -> bool | None:
     return _kernels_agree(src, dst)
 
 
+@dataclass(frozen=True)
+class _Quick:
+    """What :func:`_quick_chunk` counts of one chunk."""
+
+    exact: int
+    flushed: int
+    subnormal: int
+    max_abs: float
+    max_rel: float
+    rel_sum: float
+    nonzero: int
+
+
 def _quick_chunk(
-    s: torch.Tensor, res: torch.Tensor, fmt: Format, scratch: Scratch
-) -> tuple[int, int, int, float, float, float, int, list[int]] | None:
-    """The counts of one real chunk whose values are all finite and within the target's
-    range, in float32, in about twenty passes; ``None`` when the chunk is not such a one.
+    s_in: torch.Tensor, res: torch.Tensor, fmt: Format, scratch: Scratch
+) -> _Quick | None:
+    """The counts of one real chunk whose values are all finite, within the target's range
+    and rounded to nearest, in float32, in about a dozen passes; ``None`` when the chunk
+    is not such a one (the general path then counts it).
 
     Such values cannot overflow, saturate, become NaN or lose their zero or sign (the
-    target is signed), so what is left to count is rounding: the error ``|r - s|`` is
-    exact in float32 (``r`` is within a factor of two of ``s``, or zero), and the target's
-    ULP at ``|s|`` is a power of two read off the exponent bits of ``|s|``.
-
-    Returns (exact, flushed to zero, subnormal, max abs err, max rel err, sum of rel
-    errs, nonzero values, ULP histogram).
+    target is signed), and each is at most half a ULP off, so what is left to count is
+    rounding: the error ``r - s`` is exact in float32 (``r`` is within a factor of two of
+    ``s``, or zero), and the target's ULP at ``|s|`` is ``2^(max(e, emin) - nmant)``, where
+    ``2^e`` is ``|s|`` with its mantissa bits cleared.
     """
-    n = s.numel()
+    n = s_in.numel()
     f32 = torch.float32
-    sv = to_float32(s, scratch, "s")
-    ref = torch.abs(sv, out=scratch.get("ref", f32, n))
-    top = float(ref.max())
-    if not top <= fmt.max or top >= 2.0**127:  # NaN, inf, beyond the range, or 2^127 up
+    s = to_float32(s_in, scratch, "s")
+    tops = _exponent_bits(fmt)
+    ex = torch.bitwise_and(s.view(torch.int32), 0x7F800000, out=scratch.get("e", torch.int32, n))
+    ex_lo, ex_hi = (int(v) for v in torch.aminmax(ex))
+    if ex_hi > tops.top:  # NaN, inf, or a binade above the largest finite value
         return None
     rv = to_float32(res, scratch, "r")
-    err = torch.sub(rv, sv, out=scratch.get("err", f32, n)).abs_()
-    exact = n - int(torch.count_nonzero(err))
-    mag = torch.abs(rv, out=scratch.get("mag", f32, n))
-    zeros = flushed = subnormal = 0
-    if float(mag.min()) < fmt.smallest_normal:  # zeros or subnormals among the results
-        small = int(torch.count_nonzero(mag < fmt.smallest_normal))
-        zeros = n - int(torch.count_nonzero(sv))
-        zero_results = n - int(torch.count_nonzero(rv))
-        flushed = zero_results - zeros  # a zero casts to a zero
-        subnormal = small - zero_results
-    max_abs = float(err.max())
-    rel = torch.div(err, ref, out=scratch.get("rel", f32, n))
-    if zeros:
-        rel.nan_to_num_(nan=0.0)  # 0 / 0: zeros have no relative error
-    # the float32 quotient of exact operands, correctly rounded: the largest is the float32
+    err = torch.sub(rv, s, out=rv if rv is not res else scratch.get("err", f32, n))
+    lo, hi = torch.aminmax(err)
+    max_abs = max(-float(lo), float(hi))
+    if not math.isfinite(max_abs):  # a value in the top binade beyond the range became ±inf
+        return None
+    small = _small_counts(s, res, ex, tops.emin, fmt) if ex_lo < tops.emin else (0, 0, 0)
+    # |r - s| / 2^max(e, emin) <= 2^-(nmant+1): at most half a ULP (so nothing saturated)
+    scale = (ex.clamp_min_(tops.emin) if ex_lo < tops.emin else ex).view(f32)
+    w = torch.div(err, scale, out=scale)
+    lo, hi = torch.aminmax(w)
+    if max(-float(lo), float(hi)) > 2.0 ** -(fmt.nmant + 1):
+        return None
+    rel = err.div_(s).abs_()
+    if ex_lo == 0:  # zeros among the values (0 / 0): they have no relative error
+        rel.nan_to_num_(nan=0.0)
+    # float32 quotients of exact operands, correctly rounded: the largest is the float32
     # rounding of the exact largest (within 6e-8 of it, relative)
     max_rel = float(rel.max())
+    if not max_rel <= 1:  # at most half a ULP: never more than the value itself
+        return None
     rel_sum = float(rel.sum())
-    # the target's ULP at |s| is 2^(max(e, emin) - nmant), e the exponent of |s|: 2^e is |s|
-    # with its mantissa bits cleared (0 for subnormal |s|, then raised to 2^emin)
-    emin = math.frexp(fmt.smallest_normal)[1] - 1
-    pow2 = torch.bitwise_and(
-        ref.view(torch.int32), 0x7F800000, out=scratch.get("e", torch.int32, n)
-    )
-    scale = pow2.view(f32).clamp_min_(2.0**emin)
-    u = torch.mul(err, 2.0**fmt.nmant, out=scratch.get("u", f32, n)).div_(scale)
-    # at most half a ULP everywhere (the usual case): every inexact value is in that bin
-    hist = [exact, n - exact, 0, 0, 0] if float(u.max()) <= 0.5 else _histogram(u)
-    return exact, flushed, subnormal, max_abs, max_rel, rel_sum, n - zeros, hist
+    # a relative error is 0 or in [2^-24, 1]: its ceiling counts the inexact values (a
+    # float32 sum of at most 2^24 ones and zeros is exact)
+    inexact = int(rel.ceil_().sum())
+    zeros, flushed, subnormal = small
+    return _Quick(n - inexact, flushed, subnormal, max_abs, max_rel, rel_sum, n - zeros)
+
+
+_ROW = 256  # values per row when the rows holding small values are picked out
+
+
+def _small_counts(
+    s: torch.Tensor, res: torch.Tensor, ex: torch.Tensor, emin: int, fmt: Format
+) -> tuple[int, int, int]:
+    """(zeros, flushed to zero, subnormal results) of a chunk that holds values below the
+    target's smallest normal (``ex``: the exponent bits of each value, ``emin``: those of
+    the smallest normal); counted on the rows of ``_ROW`` values that hold such values
+    (8-bit results: from a histogram of their bit patterns)."""
+    n = s.numel()
+    full = n - n % _ROW
+    s_rows = s[:full].view(-1, _ROW)
+    bits = res.view(BITS_BY_SIZE[res.element_size()])
+    if full:
+        rows = torch.nonzero(ex[:full].view(-1, _ROW).amin(dim=1) < emin).reshape(-1)
+        if len(rows) * 4 < len(s_rows):  # a few rows: gather them (and the ragged tail)
+            s_sub = s_rows.index_select(0, rows).reshape(-1)
+            b_sub = bits[:full].view(-1, _ROW).index_select(0, rows).reshape(-1)
+            if full < n:
+                s_sub, b_sub = torch.cat((s_sub, s[full:])), torch.cat((b_sub, bits[full:]))
+            s, bits = s_sub, b_sub
+    zeros = s.numel() - int(torch.count_nonzero(s))
+    if bits.dtype is torch.uint8:  # one histogram of the 256 patterns, classified once
+        counts = torch.bincount(bits, minlength=256)
+        zero, small = _classes(fmt.row)
+        zero_results, small_results = int(counts[zero].sum()), int(counts[small].sum())
+    else:  # a few rows of wider results: their values
+        v = bits.view(res.dtype).to(torch.float32)
+        zero_results = v.numel() - int(torch.count_nonzero(v))
+        small_results = int(torch.count_nonzero(v.abs_() < fmt.smallest_normal))
+    return zeros, zero_results - zeros, small_results - zero_results
+
+
+@cache
+def _classes(row: DTypeRow) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bit patterns of ``row`` (8 bits) that are ±0, and those that are ±0 or
+    subnormal, as index tensors."""
+    width = row.itemsize * 8
+    raw = torch.arange(1 << width, dtype=torch.int32)
+    raw = torch.where(raw >= 1 << (width - 1), raw - (1 << width), raw)
+    v = raw.to(BITS_BY_SIZE[row.itemsize]).view(row.torch).to(torch.float32)
+    smallest = format_of(row).smallest_normal
+    zero = torch.nonzero(v == 0).reshape(-1)
+    small = torch.nonzero(v.isfinite() & (v.abs() < smallest)).reshape(-1)
+    return zero, small
+
+
+@dataclass(frozen=True)
+class _Exponents:
+    top: int  # the float32 exponent bits of the target's largest finite value
+    emin: int  # those of its smallest normal
+
+
+@cache
+def _exponent_bits(fmt: Format) -> _Exponents:
+    def bits(v: float) -> int:
+        return int(np.asarray(v, np.float32).view(np.int32)) & 0x7F800000
+
+    return _Exponents(bits(fmt.max), bits(fmt.smallest_normal))
 
 
 @cache

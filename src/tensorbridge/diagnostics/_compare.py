@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._progress import progress_bar
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import InvalidArgumentError, TensorBridgeError
-from ..io._common import progress_bar
 from ..tree import flatten_with_paths
 from ._record import Record
 from ._values import (
@@ -46,7 +46,6 @@ from ._values import (
     int_distance,
     ordinals,
     real_parts,
-    show_progress,
     source,
     to_float32,
 )
@@ -168,9 +167,8 @@ def compare(
     if _is_tree(a) or _is_tree(b):
         fa, fb = flatten_with_paths(a), flatten_with_paths(b)
         paths = [p for p in fa if p in fb]
-        values = sum(_numel(fa[p]) for p in paths)
-        show = show_progress(progress, len(paths), values)
-        bar = progress_bar(sum(_nbytes(fa[p]) for p in paths), "comparing", show)
+        nbytes = sum(_nbytes(fa[p]) for p in paths)
+        bar = progress_bar(nbytes, "comparing", progress, tensors=len(paths), work="check")
         leaves = {}
         scratch = Scratch()
         try:
@@ -183,10 +181,6 @@ def compare(
         extra = tuple(p for p in fb if p not in fa)
         return _summarise(leaves, missing, extra)
     return _compare_leaf(a, b, "", rtol, atol, Scratch())
-
-
-def _numel(x: Any) -> int:
-    return x.numel() if isinstance(x, torch.Tensor) else int(getattr(x, "size", 1))
 
 
 def _nbytes(x: Any) -> int:

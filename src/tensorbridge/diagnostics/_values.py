@@ -17,7 +17,6 @@ Shared by compare, stats and cast_report:
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -81,27 +80,28 @@ def source(x: Any) -> _Source:
     )
 
 
-def _blocks(x: Any) -> Iterator[Any]:
-    """C-order flat pieces of ``x`` (tensor or array), each at most ``_CHUNK`` values."""
+def _blocks(x: Any, most: int) -> Iterator[Any]:
+    """C-order flat pieces of ``x`` (tensor or array), each at most ``most`` values."""
     n = math.prod(x.shape)
     if n == 0:
         return
-    if x.ndim == 0 or n <= _CHUNK:
+    if x.ndim == 0 or n <= most:
         yield x.reshape(-1)
         return
     inner = n // x.shape[0]
-    if inner > _CHUNK:
+    if inner > most:
         for i in range(x.shape[0]):
-            yield from _blocks(x[i])
+            yield from _blocks(x[i], most)
         return
-    step = _CHUNK // inner
+    step = most // inner
     for i in range(0, x.shape[0], step):
         yield x[i : i + step].reshape(-1)
 
 
-def chunks(src: _Source) -> Iterator[torch.Tensor]:
-    """Plain contiguous CPU tensors of ``src.row.torch``, in C order."""
-    for block in _blocks(src.data):
+def chunks(src: _Source, most: int | None = None) -> Iterator[torch.Tensor]:
+    """Plain contiguous CPU tensors of ``src.row.torch``, in C order, of at most ``most``
+    values (and never more than ``_CHUNK``)."""
+    for block in _blocks(src.data, _CHUNK if most is None else min(most, _CHUNK)):
         if isinstance(block, torch.Tensor):
             yield block.resolve_conj().resolve_neg().cpu()
         else:  # read-only, byte-swapped or reversed blocks are copied, one chunk at a time
@@ -121,25 +121,6 @@ class Scratch:
         if t is None or t.numel() < n:
             t = self._buffers[name, dtype] = torch.empty(n, dtype=dtype)
         return t[:n]
-
-
-# What a leaf costs on one core, roughly (the per-call overhead of a few dozen torch kernels)
-# and what a value costs (a few dozen passes over it): enough to tell a second from less.
-_SECONDS_PER_LEAF = 3e-4
-_SECONDS_PER_VALUE = 5e-9
-
-
-def expected_seconds(leaves: int, values: int) -> float:
-    """About how long compare or cast_report takes over ``leaves`` holding ``values``."""
-    return leaves * _SECONDS_PER_LEAF + values * _SECONDS_PER_VALUE
-
-
-def show_progress(progress: bool | None, leaves: int, values: int) -> bool:
-    """Whether to draw a progress bar: as asked, or (``None``) on a terminal when the work
-    is expected to take over a second (many small tensors take long for their size)."""
-    if progress is not None:
-        return progress
-    return sys.stderr.isatty() and expected_seconds(leaves, values) >= 1.0
 
 
 def to_float32(t: torch.Tensor, scratch: Scratch, name: str) -> torch.Tensor:

@@ -21,7 +21,6 @@ import io
 import mmap
 import os
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -31,6 +30,11 @@ import torch
 
 from .. import _memory as mem
 from .._plan import numpy_row
+from .._progress import SHOW_AFTER as SHOW_AFTER  # the formats' progress, re-exported
+from .._progress import WORK_RATES as WORK_RATES
+from .._progress import _NoBar
+from .._progress import expected_seconds as expected_seconds
+from .._progress import progress_bar as progress_bar
 from .._versions import byte_bounds
 from ..convert import to_numpy, to_torch
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
@@ -573,67 +577,6 @@ def array_at(
         np.frombuffer(buf, dtype=row.carrier_numpy, count=count, offset=offset)
         .view(row.numpy)
         .reshape(shape)
-    )
-
-
-# --- progress ---------------------------------------------------------------------------------
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-# How fast work goes on one busy core (the development machine: 2 cores shared by several
-# processes): bytes a second, and seconds of fixed cost per tensor. A bar is shown on a
-# terminal when the work is expected to take SHOW_AFTER seconds or more, so 12,000 small
-# tensors show one as much as a large file does. Rough on purpose: a bar shown for 0.5 s
-# costs nothing, a silent 5 s looks like a hang.
-WORK_RATES = {
-    "io": (128 << 20, 1e-4),  # reading, writing, verifying: one pass over the bytes
-    "check": (32 << 20, 3e-4),  # stats, compare, cast-report: several passes an element
-}
-SHOW_AFTER = 1.0
-
-
-def expected_seconds(nbytes: int, tensors: int = 0, work: str = "io") -> float:
-    """A rough estimate of the seconds ``work`` over ``nbytes`` in ``tensors`` tensors takes.
-
-    >>> expected_seconds(0, 12_000) >= SHOW_AFTER
-    True
-    >>> expected_seconds(1 << 20, 1) < SHOW_AFTER
-    True
-    """
-    per_second, per_tensor = WORK_RATES[work]
-    return nbytes / per_second + tensors * per_tensor
-
-
-def progress_bar(
-    total: int, desc: str, progress: bool | None, *, tensors: int = 0, work: str = "io"
-) -> Any:
-    """A byte-counting bar on stderr: shown when ``progress`` is True, or None, on a terminal,
-    when the work (``total`` bytes in ``tensors`` tensors) is expected to take a second or more.
-    """
-    show = progress
-    if show is None:
-        show = sys.stderr.isatty() and expected_seconds(total, tensors, work) >= SHOW_AFTER
-    if not show:
-        return _NoBar()
-    try:
-        from tqdm.auto import tqdm  # type: ignore[import-untyped]
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        return _NoBar()
-    return tqdm(
-        total=total,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        desc=desc,
-        file=sys.stderr,
-        leave=False,
     )
 
 
