@@ -39,6 +39,7 @@ import torch
 
 from ..errors import FormatError
 from ._detect import ZIP_ERRORS, is_legacy_pt
+from ._files import open_fd
 from .pickle_machine import Opaque, StorageRef, StorageType, itemsize, unpickle_at
 
 __all__ = [
@@ -107,7 +108,7 @@ def open_archive(path: str | os.PathLike[str], where: str) -> Archive:
         FormatError: not a ``torch.save`` file, a corrupt one, or one whose pickle the
             machine refuses.
     """
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_fd(path)  # a regular file only: a FIFO or device is refused, never waited on
     kept = False
     try:
         size = os.fstat(fd).st_size
