@@ -331,9 +331,9 @@ def _quick_chunk(
     if not max_rel <= 1:  # at most half a ULP: never more than the value itself
         return None
     rel_sum = float(rel.sum())
-    # a relative error is 0 or in [2^-24, 1]: its ceiling counts the inexact values (a
-    # float32 sum of at most 2^24 ones and zeros is exact)
-    inexact = int(rel.ceil_().sum())
+    # a relative error is 0 or positive: its sign counts the inexact values (a float32 sum
+    # of at most 2^24 ones and zeros is exact)
+    inexact = int(rel.sign_().sum())
     zeros, flushed, subnormal = small
     return _Quick(n - inexact, flushed, subnormal, max_abs, max_rel, rel_sum, n - zeros)
 
