@@ -296,6 +296,8 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
     store = by_kind(kind) if kind is not None else None
     if store is not None and set(store.in_directory) <= set(patterns):
         return path  # the directory is the store (or its files are the checkpoint's entries)
+    if kind is not None and store is None:
+        return path  # another toolkit's model directory: opening it says what it is
     if os.path.lexists(path / "zarr.json") and not (path / "zarr.json").is_file():
         return path  # a FIFO, a device, a link out: the Zarr reader says which, unread
     if (path / "zarr.json").is_file():  # a store whose own document is damaged
