@@ -193,7 +193,12 @@ def _reader(
         kind = kind_by_suffix(path)
     fmt = by_kind(kind)
     if fmt is None and kind != "index":
-        raise FormatError(_refusal(kind, where))
+        refusal = _refusal(kind, where)
+        if torch_named and kind in FOREIGN:  # named like a torch file: say it is none
+            refusal = refusal.replace(
+                f"{where} is ", f"{where} is not a torch.save archive: it is ", 1
+            )
+        raise FormatError(refusal)
     if dtype is not None and not (fmt is None or fmt.raw_dtype):
         raise InvalidArgumentError(
             f"dtype= names the type of raw bytes np.save wrote from ml_dtypes arrays "
