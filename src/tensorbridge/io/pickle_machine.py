@@ -8,7 +8,8 @@ module, and no call of anything a file names. Its promises:
 
 * **A fixed table.** ``GLOBAL`` / ``STACK_GLOBAL`` resolve a name against
   :data:`TABLE` (value constructors written here, each checking its arguments:
-  ``collections.OrderedDict`` -> ``dict``, ``torch.Size``, ``set``, ``frozenset``,
+  ``collections.OrderedDict`` (its plain attributes, a state dict's ``_metadata``,
+  kept), ``torch.Size``, ``set``, ``frozenset``,
   ``complex``, ``bytearray`` of bytes, ``_codecs.encode`` of latin-1 text, torch
   dtypes and layouts by name, storage types, and the ``torch._utils`` rebuild
   functions of dense tensors, which give a :class:`TensorRef`) and nothing else.
@@ -25,8 +26,11 @@ module, and no call of anything a file names. Its promises:
 * **Bounded.** Every length is checked against the bytes left before anything is
   allocated; tuples nest at most :data:`MAX_DEPTH` deep while the stream runs (their
   hashes recurse) and every result is walked once, iteratively, for its depth and for
-  a container that holds itself; the memo grows by at most one entry per opcode, so
-  time and memory are linear in the input.
+  a container that holds itself, shared references counted each time (text, bytes and
+  integers by length); the memo grows by at most one entry per opcode; a work budget
+  (:data:`WORK_PER_BYTE` units a byte plus :data:`WORK_BASE`) pays for containers made
+  and for table calls by the size of their arguments, so time and memory are linear in
+  the input.
 * **Plain results.** ``str``, ``int``, ``float``, ``bool``, ``None``, ``bytes``,
   ``complex``, tuples, lists, dicts, sets, ``torch.Size``, ``torch.dtype``,
   :class:`TensorRef` and :class:`Opaque`; never an object whose methods came from
