@@ -44,7 +44,7 @@ def show_progress(progress: bool | None, nbytes: int, tensors: int = 0, work: st
     return sys.stderr.isatty() and expected_seconds(nbytes, tensors, work) >= SHOW_AFTER
 
 
-class _NoBar:
+class NoBar:
     def update(self, n: int) -> None:
         pass
 
@@ -58,11 +58,11 @@ def progress_bar(
     """A byte-counting bar on stderr, or one that draws nothing (:func:`show_progress`
     decides, from ``total`` bytes in ``tensors`` tensors of ``work``)."""
     if not show_progress(progress, total, tensors, work):
-        return _NoBar()
+        return NoBar()
     try:
         from tqdm.auto import tqdm  # type: ignore[import-untyped]
     except ImportError:  # pragma: no cover - tqdm is a dependency
-        return _NoBar()
+        return NoBar()
     return tqdm(
         total=total,
         unit="B",

@@ -76,7 +76,9 @@ class _Parser(argparse.ArgumentParser):
 
     def format_help(self) -> str:
         if self.lazy_epilog:
-            self.epilog = _destinations() + "\n\n" + "".join(self.lazy_epilog)
+            from ._help_text import DESTINATIONS  # no import of the format table
+
+            self.epilog = DESTINATIONS + "\n\n" + "".join(self.lazy_epilog)
             self.lazy_epilog = ()
         return super().format_help()
 
@@ -328,7 +330,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _destinations() -> str:
+def write_help_text() -> None:
+    """Regenerate ``_help_text.py`` from the format table (a test checks it is current)."""
+    import pathlib
+    import pprint
+
+    from . import _help_text
+
+    path = pathlib.Path(_help_text.__file__)
+    head = path.read_text().split("DESTINATIONS = ")[0]
+    path.write_text(f"{head}DESTINATIONS = {pprint.pformat(destinations_from_table())}\n")
+
+
+def destinations_from_table() -> str:
     """What each destination of convert keeps, from the format table (imports nothing heavy)."""
     from .io._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX
 

@@ -115,7 +115,7 @@ def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastR
     >>> r.overflow_inf, r.exact, r.safe
     (1, 2, False)
     >>> r = tb.cast_report(torch.tensor([0.3, 1.0]), "float8_e4m3fn", rtol=0.01)
-    >>> r.safe, round(r.max_rel_err, 4), r.ok  # nothing overflowed, but 0.3 became 0.3125
+    >>> r.safe, round(r.max_rel_err, 4), r.ok  # 0.3 became 0.3125: over rtol
     (True, 0.0417, False)
 
     Args:

@@ -32,7 +32,7 @@ from .. import _memory as mem
 from .._plan import numpy_row
 from .._progress import SHOW_AFTER as SHOW_AFTER  # the formats' progress, re-exported
 from .._progress import WORK_RATES as WORK_RATES
-from .._progress import _NoBar
+from .._progress import NoBar
 from .._progress import expected_seconds as expected_seconds
 from .._progress import progress_bar as progress_bar
 from .._versions import byte_bounds
@@ -741,7 +741,7 @@ class TensorFile(abc.ABC):
             raise KeyError(
                 f"{missing[0]!r}{more} is not in this file; its keys are {self.keys()[:10]}"
             )
-        bar = _NoBar()
+        bar = NoBar()
         if options.get("mmap") is False:  # a real read of every byte: worth a bar if long
             total = sum(self.nbytes(n) for n in names)
             bar = progress_bar(

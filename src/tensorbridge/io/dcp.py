@@ -680,11 +680,12 @@ class DcpFile(TensorFile):
             def commit_tensor(self, req: Any, tensor: torch.Tensor) -> None:
                 pass
 
-        # DCP's own records, built here from the checked plain values (nothing unpickled)
-        from torch.distributed.checkpoint.filesystem import _StorageInfo
+        # DCP's own record, built here from the checked plain values (nothing unpickled):
+        # its reader takes no other type, and torch offers no public constructor of it
+        import torch.distributed.checkpoint.filesystem as dcp_files
 
         stored = self._storage(name, chunk.offsets)
-        info = _StorageInfo(stored.relative_path, stored.offset, stored.length)
+        info = dcp_files._StorageInfo(stored.relative_path, stored.offset, stored.length)
         if stored.transforms:  # a field of torch >= 2.6 only, where transforms exist
             info.transform_descriptors = list(stored.transforms)
         reader = FileSystemReader(self.path)

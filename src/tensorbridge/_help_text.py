@@ -1,0 +1,30 @@
+"""Help text the command line prints without importing the format table (which imports torch).
+
+Generated from the format table by ``tensorbridge.cli.destinations_from_table()``;
+``tests/test_cli.py`` checks that it is current (regenerate with
+``PYTHONPATH=src python -c "import tensorbridge.cli as c; c.write_help_text()"``).
+"""
+
+DESTINATIONS = (
+    "destinations (by DST's suffix) and what each keeps:\n"
+    "  .safetensors                 tensors by dotted name; metadata as text; "
+    "shards with an index\n"
+    "  .npy                         one array; no metadata\n"
+    "  .npz                         arrays by dotted name; no metadata; from a "
+    "NumPy source, members\n"
+    "                               torch cannot hold (float128, strings) copied "
+    "unchanged\n"
+    "  .pt, .pth, .bin              a .pt source's nesting and plain values, as "
+    "torch.load gives them;\n"
+    "                               from other sources, tensors by dotted name "
+    "with the metadata beside\n"
+    "                               them\n"
+    "  .gguf                        tensors by name; typed metadata "
+    "(general.architecture required)\n"
+    "  .zarr                        one array per tensor; metadata as attributes\n"
+    "  DIR/                         model.safetensors inside (a DCP source: "
+    "shards + index)\n"
+    "  NAME.safetensors.index.json  shards of --max-shard-size and their index\n"
+    "  DIR/ --format npy            a DCP source: one NAME.npy per tensor; no "
+    "metadata"
+)
