@@ -353,12 +353,18 @@ def _data_offset(buf: Any, info: zipfile.ZipInfo, where: str, size: int) -> int:
             f"{where}: the storage member {info.filename!r} is compressed or encrypted; "
             "torch.save stores them as they are (the archive was rewritten)"
         )
+    return _local_start(buf, info, where, size, info.file_size)
+
+
+def _local_start(buf: Any, info: zipfile.ZipInfo, where: str, size: int, length: int) -> int:
+    """Where a member's ``length`` stored bytes start, from its local header, checked to lie
+    inside the file's ``size`` bytes."""
     at = info.header_offset
     if at < 0 or at + _LOCAL.size > size:
         raise FormatError(f"{where}: the member {info.filename!r} lies outside the file")
     sig, name_len, extra_len = _LOCAL.unpack_from(buf, at)
     start = int(at + _LOCAL.size + name_len + extra_len)
-    if sig != b"PK\x03\x04" or start + info.file_size > size:
+    if sig != b"PK\x03\x04" or start + length > size:
         raise FormatError(
             f"{where}: the member {info.filename!r} runs past the file's {size:,} bytes or its "
             "header is corrupt; the file is truncated"
@@ -377,16 +383,7 @@ def _member(buf: Any, info: zipfile.ZipInfo, where: str, size: int) -> bytes:
             f"{where}: the member {info.filename!r} is encrypted or compressed other than "
             "by deflate; torch.save stores or deflates its members (the archive was rewritten)"
         )
-    at = info.header_offset
-    if at < 0 or at + _LOCAL.size > size:
-        raise FormatError(f"{where}: the member {info.filename!r} lies outside the file")
-    sig, name_len, extra_len = _LOCAL.unpack_from(buf, at)
-    start = int(at + _LOCAL.size + name_len + extra_len)
-    if sig != b"PK\x03\x04" or start + info.compress_size > size:
-        raise FormatError(
-            f"{where}: the member {info.filename!r} runs past the file's {size:,} bytes or its "
-            "header is corrupt; the file is truncated"
-        )
+    start = _local_start(buf, info, where, size, info.compress_size)
     inflate = zlib.decompressobj(-zlib.MAX_WBITS)
     out = bytearray()
     pending = buf[start : start + info.compress_size]
