@@ -126,7 +126,7 @@ def open_archive(path: str | os.PathLike[str], where: str) -> Archive:
             return archive
         if is_legacy_pt(head):
             with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as m:
-                return _read_legacy(m, size, where)
+                return _read_legacy(m, size, where, fd)
         raise FormatError(not_an_archive(where, head))
     finally:
         if not kept:
@@ -237,7 +237,24 @@ def _read_zip(archive: Archive, where: str) -> None:
     archive.obj, _ = _unpickle(data, persistent_load, where)
 
 
-def _read_legacy(buf: Any, size: int, where: str) -> Archive:
+def _read_at(buf: Any, fd: int | None, offset: int, nbytes: int) -> np.ndarray:
+    """``nbytes`` of the file from ``offset`` in fresh memory: read from the descriptor
+    straight into the array where the system allows (one copy, no page faults on a map),
+    else copied out of the mapped ``buf``. The caller checked that the bytes are there."""
+    out = np.empty(nbytes, np.uint8)
+    if fd is None or not hasattr(os, "preadv"):
+        out[:] = np.frombuffer(buf, np.uint8, nbytes, offset)
+        return out
+    view, done = out.data, 0
+    while done < nbytes:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:  # the file shrank since it was checked: what the map holds is gone too
+            raise FormatError(f"the file ended {nbytes - done:,} bytes early; it is truncated")
+        done += got
+    return out
+
+
+def _read_legacy(buf: Any, size: int, where: str, fd: int | None = None) -> Archive:
     archive = Archive(None, legacy=True, size=size)
     pos = 0
     magic, pos = _unpickle(buf, None, where, pos, placeholders=False)
@@ -294,7 +311,7 @@ def _read_legacy(buf: Any, size: int, where: str) -> Archive:
                 f"{where}: the storage {key!r} records {numel:,} elements where its tensors "
                 f"claim {ref.numel:,} and {size - pos - 8:,} bytes remain; the file is corrupt"
             )
-        archive.owned[key] = _frozen(np.frombuffer(buf, np.uint8, nbytes, pos + 8).copy())
+        archive.owned[key] = _frozen(_read_at(buf, fd, pos + 8, nbytes))
         pos += 8 + nbytes
     return archive
 
