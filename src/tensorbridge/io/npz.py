@@ -38,7 +38,8 @@ import os
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -278,30 +279,17 @@ class NpzFile(MappedFile):
     def npy_bytes(self, name: str) -> NpyBytes:
         self._header_or_raw(name)
         info, where = self._members[name], self._where(name)
+        opener: Callable[[], AbstractContextManager[BinaryIO]]
         if info.compress_type == zipfile.ZIP_STORED:
             start = self._stored_start(info, where)
-            mm = self._map(False)
-            head = bytes(mm[start : start + min(info.file_size, HEAD_LIMIT)])
-            stored, shape, _ = stored_header(head, info.file_size, where)
-            return NpyBytes(
-                where,
-                stored,
-                shape,
-                info.file_size,
-                lambda: open_at(self._reader(), start),
-                info.CRC,
-            )
-        with _member(self._reader(), info, where) as f:
-            head = f.read(min(info.file_size, HEAD_LIMIT))
+            head = bytes(self._map(False)[start : start + min(info.file_size, HEAD_LIMIT)])
+            opener = lambda: open_at(self._reader(), start)  # noqa: E731
+        else:
+            with _member(self._reader(), info, where) as f:
+                head = f.read(min(info.file_size, HEAD_LIMIT))
+            opener = lambda: _member(self._reader(), info, where)  # noqa: E731
         stored, shape, _ = stored_header(head, info.file_size, where)
-        return NpyBytes(
-            where,
-            stored,
-            shape,
-            info.file_size,
-            lambda: _member(self._reader(), info, where),
-            info.CRC,
-        )
+        return NpyBytes(where, stored, shape, info.file_size, opener, info.CRC)
 
     def _header_or_raw(self, name: str) -> None:
         """``name``'s header checks, whether or not torch can hold its dtype."""
