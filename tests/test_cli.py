@@ -1226,11 +1226,14 @@ def test_convert_help_lists_what_each_suffix_keeps(capsys: pytest.CaptureFixture
         main(["convert", "--help"])
     out = capsys.readouterr().out
     listing = out[out.index("\ndestinations (") : out.index("examples:")]
-    rows = {  # a row starts two spaces in; its continuation lines are indented further
-        line.split("  ")[1].strip(): line
-        for line in listing.splitlines()
-        if line.startswith("  ") and not line.startswith("   ")
-    }
+    rows: dict[str, str] = {}  # a row starts two spaces in; its continuation lines further
+    last = ""
+    for line in listing.splitlines():
+        if line.startswith("   "):
+            rows[last] += " " + line.strip()
+        elif line.startswith("  "):
+            last = line.split("  ")[1].strip()
+            rows[last] = line
     assert set(rows) == {
         ".safetensors", ".npy", ".npz", ".pt, .pth, .bin", ".gguf", ".zarr", "DIR/",
         "NAME.safetensors.index.json", "DIR/ --format npy",

@@ -113,6 +113,15 @@ _IMPORT_CHECK = textwrap.dedent(
 )
 
 
+def test_every_public_error_has_its_api_entry() -> None:
+    # the site's API page renders these; a missing one breaks every cross-reference to it
+    from pathlib import Path
+
+    page = (Path(__file__).parents[1] / "docs" / "api" / "errors.md").read_text()
+    errors = [name for name in PUBLIC if name.endswith("Error")]
+    assert [name for name in errors if f"::: tensorbridge.{name}\n" not in page] == []
+
+
 def test_import_is_quiet_lazy_and_changes_nothing() -> None:
     # -W error turns any warning raised while importing into a failure.
     done = subprocess.run(

@@ -356,7 +356,7 @@ def destinations_from_table() -> str:
     width = max(len(r[0]) for r in rows)
     lines = [
         textwrap.fill(
-            keeps, 98, initial_indent=f"  {suffix:<{width}}  ", subsequent_indent=" " * (width + 4)
+            keeps, 80, initial_indent=f"  {suffix:<{width}}  ", subsequent_indent=" " * (width + 4)
         )
         for suffix, keeps in rows
     ]
