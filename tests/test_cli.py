@@ -1106,7 +1106,7 @@ def test_an_unexpected_error_is_one_line(
     def broken(*args: Any) -> int:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("tensorbridge.cli._inspect", broken)
+    monkeypatch.setattr("tensorbridge.cli.inspect.run", broken)
     rc, out, err = run(capsys, "inspect", small)
     assert (rc, out) == (1, "")
     assert one_error_line(err, "inspect") == (

@@ -30,6 +30,7 @@ PUBLIC = [
     "NoDataError",
     "QuantReport",
     "QuantizationError",
+    "QuantizedCheckpoint",
     "QuantizedParts",
     "QuantizedTensorError",
     "SafetensorsReader",
@@ -41,6 +42,7 @@ PUBLIC = [
     "UncommittedCheckpointError",
     "UnsupportedDtypeError",
     "UnsupportedTensorError",
+    "Verification",
     "ZarrReader",
     "ZarrWriter",
     "__version__",
@@ -55,6 +57,7 @@ PUBLIC = [
     "open",
     "quant_report",
     "quantize",
+    "quantize_checkpoint",
     "resolve_dtype",
     "save",
     "stats",
@@ -63,6 +66,7 @@ PUBLIC = [
     "torch_dtype",
     "tree_to_numpy",
     "tree_to_torch",
+    "verify",
 ]
 
 

@@ -52,7 +52,9 @@ if TYPE_CHECKING:
         UnsupportedTensorError,
     )
     from .io import load, open, save
+    from .io.verify import Verification, verify
     from .quant import dequantize, quantize
+    from .quant.checkpoint import QuantizedCheckpoint, quantize_checkpoint
     from .tree import QuantizedParts, tree_to_numpy, tree_to_torch
 
 __version__ = "0.1.0"
@@ -74,6 +76,7 @@ __all__ = [
     "NoDataError",
     "QuantReport",
     "QuantizationError",
+    "QuantizedCheckpoint",
     "QuantizedParts",
     "QuantizedTensorError",
     "SafetensorsReader",
@@ -85,6 +88,7 @@ __all__ = [
     "UncommittedCheckpointError",
     "UnsupportedDtypeError",
     "UnsupportedTensorError",
+    "Verification",
     "ZarrReader",
     "ZarrWriter",
     "__version__",
@@ -99,6 +103,7 @@ __all__ = [
     "open",
     "quant_report",
     "quantize",
+    "quantize_checkpoint",
     "resolve_dtype",
     "save",
     "stats",
@@ -107,6 +112,7 @@ __all__ = [
     "torch_dtype",
     "tree_to_numpy",
     "tree_to_torch",
+    "verify",
 ]
 
 # Where each public name lives: the submodule is imported when the name is first used.
@@ -156,6 +162,8 @@ _HOME = {
     **dict.fromkeys(["load", "open", "save"], ".io"),
     **dict.fromkeys(["SafetensorsReader", "SafetensorsWriter"], ".dcp.safetensors"),
     **dict.fromkeys(["dequantize", "quantize"], ".quant"),
+    **dict.fromkeys(["QuantizedCheckpoint", "quantize_checkpoint"], ".quant.checkpoint"),
+    **dict.fromkeys(["Verification", "verify"], ".io.verify"),
     **dict.fromkeys(["QuantizedParts", "tree_to_numpy", "tree_to_torch"], ".tree"),
 }
 

@@ -116,6 +116,10 @@ class Destination:
             found += sorted(self.path.parent.glob(f"{stem}-?????-of-?????{suffix}"))
         return found
 
+    def written(self) -> Path:
+        """What a save wrote: the shard index when the save was sharded, else the file."""
+        return self.index if not self.path.exists() and self.index.exists() else self.path
+
     def check_overwrite(self, overwrite: bool) -> None:
         """Raise :class:`DestinationExistsError` if the save would replace files unasked."""
         found = self.existing()

@@ -1,0 +1,67 @@
+"""Opening the checkpoints a command reads, and asking what they hold.
+
+:func:`open_file` is every command's ``tb.open``: it applies the reading options
+(``--as-dtype``, ``--dequantize`` for GGUF, ``--follow-links``) and prints the reader's
+notes unless ``--quiet``. The library is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+from typing import TYPE_CHECKING, Any
+
+from ..errors import TensorBridgeError
+from ._errors import note
+from ._options import dtype_arg
+
+if TYPE_CHECKING:
+    from ..io._common import TensorFile
+
+
+def open_file(path: str, args: argparse.Namespace) -> TensorFile:
+    """Open a source file, printing what is worth knowing about how it was read."""
+    from .. import io as tbio
+
+    dequantize = dtype_arg(args.dequantize, "--dequantize", floating=True)
+    if dequantize is not None and not is_gguf(path):
+        dequantize = None  # it applies to the GGUF files among those read (compare A B)
+    f = tbio.open(
+        path,
+        dtype=dtype_arg(args.as_dtype, "--as-dtype"),
+        dequantize=dequantize,
+        follow_links=getattr(args, "follow_links", False),
+    )
+    if not args.quiet:
+        for text in f.notes:
+            note(text)
+    return f
+
+
+def is_gguf(path: str) -> bool:
+    """Whether ``path`` holds a GGUF file, by content (False when it cannot be read)."""
+    from pathlib import Path
+
+    from ..io._detect import detect, resolve
+
+    try:
+        return detect(resolve(Path(path))) == "gguf"
+    except (OSError, TensorBridgeError):
+        return False  # opening it says what is wrong
+
+
+def select(names: list[str], include: list[str], exclude: list[str]) -> list[str]:
+    """``names`` matching an ``--include`` pattern (if any) and no ``--exclude`` pattern."""
+    kept = [n for n in names if not include or any(fnmatch.fnmatchcase(n, p) for p in include)]
+    return [n for n in kept if not any(fnmatch.fnmatchcase(n, p) for p in exclude)]
+
+
+def quant_plan(f: TensorFile, scheme: str | None, block_size: Any) -> Any:
+    """The quantization plan of an open file (``--scheme`` / ``--block-size`` applied)."""
+    from ..quant import plan, read_config
+
+    index = {n: f.info(n) for n in f if n not in f.unsupported()}
+    opts = {"block_size": block_size} if block_size is not None else {}
+    return plan(
+        index, read_config(getattr(f, "path", None), follow_links=f.follow_links), scheme, opts
+    )

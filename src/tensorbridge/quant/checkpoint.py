@@ -1,0 +1,364 @@
+"""A whole checkpoint quantized, with the config a loader reads: ``tb.quantize_checkpoint``.
+
+:func:`quantize_checkpoint` reads a checkpoint (a file, shard index or directory) and
+writes it as a safetensors checkpoint whose weights are quantized in the scheme's
+published layout (which weights, and how they are stored: :mod:`tensorbridge.quant.write`).
+Each weight is quantized a slice of rows at a time as the writer pulls it, so memory
+holds one slice; everything else is copied bit for bit. The source's ``config.json``
+goes beside the output with the ``quantization_config`` a loader (transformers,
+vLLM, compressed-tensors) reads the layout from. ``verify=True`` re-reads the output:
+each quantized weight must be :func:`tensorbridge.quantize`'s, bit for bit, and every
+other tensor the source's. ``tensorbridge convert --quantize`` is this call.
+
+:func:`copy_config` is the way back: a dequantized checkpoint's ``config.json``,
+without its ``quantization_config``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..errors import InvalidArgumentError, QuantizationError, UnsupportedDtypeError
+from ..io._common import TensorFile
+
+__all__ = ["QuantizedCheckpoint", "copy_config", "quantize_checkpoint"]
+
+
+@dataclass(frozen=True)
+class QuantizedCheckpoint:
+    """What :func:`quantize_checkpoint` wrote.
+
+    Attributes:
+        scheme: the scheme's canonical name (``"mxfp4"``).
+        path: the file written, or the shard index of a sharded checkpoint.
+        quantized: the weights quantized, by their name in the source.
+        left_unquantized: weights a default toolkit would quantize but that were left
+            as stored, with why (an ``ignore`` pattern, rows that do not fit the blocks).
+        tensors: the stored tensors written (codes and scales counted apart).
+        bytes_in: the bytes of the source's tensors read (tied tensors once).
+        bytes_out: the bytes of the files written.
+        config: the ``config.json`` written beside the output, or None (the source has
+            none beside it, or an existing one was kept: ``config_kept``): then nothing
+            says how the output is quantized, and a reader passes ``scheme=``.
+        config_kept: an existing ``config.json`` beside the output that was left as it
+            was (``overwrite=False``).
+        caveat: what the written config cannot say (mxfp8 with e5m2 elements), or None.
+        problems: with ``verify=True``, every difference found (empty: bit-exact);
+            None when not verified.
+    """
+
+    scheme: str
+    path: str
+    quantized: tuple[str, ...]
+    left_unquantized: Mapping[str, str]
+    tensors: int
+    bytes_in: int
+    bytes_out: int
+    config: str | None = None
+    config_kept: str | None = None
+    caveat: str | None = None
+    problems: tuple[str, ...] | None = None
+
+    @property
+    def verified(self) -> bool | None:
+        """True when verified bit-exact, False when verified with problems, else None."""
+        return None if self.problems is None else not self.problems
+
+
+def quantize_checkpoint(
+    src: str | os.PathLike[str] | TensorFile,
+    dst: str | os.PathLike[str],
+    scheme: str,
+    *,
+    layout: str | None = None,
+    element: str | None = None,
+    block_size: tuple[int, int] | None = None,
+    ignore: Sequence[str] = (),
+    names: Sequence[str] | None = None,
+    metadata: Mapping[str, Any] | Literal[False] | None = None,
+    max_shard_size: int | str | None = None,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    verify: bool = False,
+) -> QuantizedCheckpoint:
+    """Write checkpoint ``src`` to ``dst`` with its weights quantized in ``scheme``'s layout.
+
+    The 2-D and larger floating-point weights are quantized, except embeddings,
+    ``lm_head``, norms and names matching an ``ignore`` glob; biases, norms and
+    integer tensors are copied as stored. ``dst`` is a ``.safetensors`` path, a
+    directory (``model.safetensors`` in it) or a ``NAME.safetensors.index.json``.
+
+    >>> import os, tempfile, torch, tensorbridge as tb
+    >>> d = tempfile.mkdtemp()
+    >>> tb.save({"l.weight": torch.randn(8, 64), "l.bias": torch.zeros(8)},
+    ...         os.path.join(d, "w.safetensors"))
+    >>> out = tb.quantize_checkpoint(os.path.join(d, "w.safetensors"),
+    ...                              os.path.join(d, "q.safetensors"), "mxfp4", verify=True)
+    >>> out.quantized, out.verified
+    (('l.weight',), True)
+    >>> sorted(tb.load(out.path))
+    ['l.bias', 'l.weight_packed', 'l.weight_scale']
+
+    Args:
+        src: the checkpoint to read (a path, or an open file: ``tb.open(path)``).
+        dst: where to write it.
+        scheme: ``fp8-block``, ``mxfp8``, ``mxfp4``, ``nvfp4-modelopt`` or
+            ``nvfp4-compressed-tensors``.
+        layout: ``"gpt-oss"`` with mxfp4: openai/gpt-oss's expert ``_blocks`` /
+            ``_scales`` (default: the scheme's published layout).
+        element: mxfp8's fp8 element type, ``"e4m3"`` (default) or ``"e5m2"``.
+        block_size: fp8-block's ``(rows, cols)`` block (default ``(128, 128)``).
+        ignore: globs of weights to leave unquantized.
+        names: the tensors of ``src`` to write (default: all of them).
+        metadata: the safetensors metadata (default: the source's; False: none).
+        max_shard_size: shard the output (``"5GB"``).
+        overwrite: replace ``dst`` (and a ``config.json`` beside it) if it exists.
+        progress: show a progress bar (None: on a terminal, for long writes).
+        verify: re-read the output and check it bit for bit.
+
+    Raises:
+        QuantizationError: a scheme tensorbridge does not write, options that do not
+            fit it, a source already quantized, or no weight to quantize.
+        DestinationExistsError: ``dst`` exists and ``overwrite`` is false.
+    """
+    from ..io import carried_metadata, destination, save
+    from .write import config_caveat, quantized_parts, skip_reason, unconverted_modules, writable
+
+    scheme = writable(scheme, layout, element)
+    if block_size is not None and scheme != "fp8-block":
+        raise QuantizationError(
+            f"block_size= is fp8-block's; {scheme} has fixed blocks (leave out block_size=)"
+        )
+    target = destination(dst)
+    if target.format.name != "safetensors":
+        raise InvalidArgumentError(
+            f"{scheme} is written in its published safetensors layout, not {os.fspath(dst)}; "
+            "pass a .safetensors path or a directory"
+        )
+    target.check_overwrite(overwrite)
+    with _opened(src) as f:
+        where = os.fspath(src) if not isinstance(src, TensorFile) else str(_path(f))
+        if names is None:
+            unsupported = f.unsupported()
+            if unsupported:
+                first, why = next(iter(unsupported.items()))
+                raise UnsupportedDtypeError(
+                    f"{why}; pass names= without {first!r} to quantize the rest"
+                )
+        selected = list(f.keys() if names is None else names)
+        if _plan(f, None, None).quantized:
+            raise QuantizationError(
+                f"{where} is already quantized; dequantize it first (tb.open(src, "
+                "dequantize='bf16'), then tb.save)"
+            )
+        kw: dict[str, Any] = {"layout": layout, "element": element}
+        values: dict[str, Any] = {}
+        quantized: list[str] = []
+        left: dict[str, str] = {}
+        taken = set(selected)
+        for n in selected:
+            row, shape = f.info(n)
+            why = skip_reason(n, row, shape, scheme, ignore, layout=layout)
+            if why is not None:
+                values[n] = f[n]
+                if not why.startswith("not a "):
+                    left[n] = why
+                continue
+            load = functools.partial(f.get, n, framework="torch")  # mapped, not copied
+            parts = quantized_parts(n, load, shape, scheme, block_size, **kw)
+            clash = [k for k in parts if k != n and k in taken]
+            if clash:
+                raise QuantizationError(
+                    f"{n} quantizes into {clash[0]}, which {where} already holds; exclude one "
+                    f"of them (leave '{clash[0]}' out of names=)"
+                )
+            values.update(parts)
+            quantized.append(n)
+        if not quantized:
+            what = (
+                "3-D float ...experts.gate_up_proj / down_proj tensors"
+                if layout == "gpt-oss"
+                else "2-D+ float weights, not embeddings, lm_head or norms"
+            )
+            raise QuantizationError(
+                f"no weight of {where} is one {scheme} quantizes ({what}); nothing to quantize"
+            )
+        ignored = unconverted_modules(list(left), quantized, layout=layout)
+        if metadata is None:
+            meta: Mapping[str, Any] = carried_metadata(f, target.format, selected)[0]
+        else:
+            meta = metadata or {}
+        save(
+            values,
+            dst,
+            metadata=meta or None,
+            max_shard_size=max_shard_size,
+            progress=progress,
+            overwrite=True,  # checked above, before anything was read
+        )
+        config, kept = _write_config(f, target.path, scheme, block_size, ignored, layout, overwrite)
+        written = target.written()
+        problems = None
+        if verify:
+            problems = _verify(
+                f, selected, str(written), scheme, block_size, quantized, kw, progress
+            )
+        return QuantizedCheckpoint(
+            scheme=scheme,
+            path=str(written),
+            quantized=tuple(quantized),
+            left_unquantized=left,
+            tensors=len(values),
+            bytes_in=sum(f.nbytes(n) for n in selected if n not in f.aliases),
+            bytes_out=sum(p.stat().st_size for p in target.existing()),
+            config=config,
+            config_kept=kept,
+            caveat=config_caveat(scheme, element),
+            problems=problems,
+        )
+
+
+@contextlib.contextmanager
+def _opened(src: str | os.PathLike[str] | TensorFile) -> Iterator[TensorFile]:
+    """``src`` as an open file: opened (and closed) here when it is a path."""
+    if isinstance(src, TensorFile):
+        yield src
+        return
+    from ..io import open as open_file
+
+    with open_file(src) as f:
+        yield f
+
+
+def _path(f: TensorFile) -> Any:
+    return getattr(f, "path", None) or f.filename
+
+
+def _plan(f: TensorFile, scheme: str | None, block_size: Any) -> Any:
+    """The quantization plan of an open file (``scheme`` / ``block_size`` applied)."""
+    from .detect import plan, read_config
+
+    index = {n: f.info(n) for n in f if n not in f.unsupported()}
+    opts = {"block_size": block_size} if block_size is not None else {}
+    return plan(
+        index, read_config(getattr(f, "path", None), follow_links=f.follow_links), scheme, opts
+    )
+
+
+def _write_config(
+    src: TensorFile,
+    dst: os.PathLike[str],
+    scheme: str,
+    block_size: tuple[int, int] | None,
+    ignored: list[str],
+    layout: str | None,
+    overwrite: bool,
+) -> tuple[str | None, str | None]:
+    """A quantized checkpoint's config.json: the source's, with its ``quantization_config``
+    (written only when the source directory has a config.json). Returns the path written
+    and the path of an existing config.json kept (``overwrite`` false)."""
+    from ..io._common import atomic_write
+    from .write import quantization_config
+
+    source = getattr(src, "path", None)
+    if source is None:
+        return None, None
+    here = source if os.path.isdir(source) else os.path.dirname(os.path.abspath(source))
+    there = os.path.dirname(os.path.abspath(dst))
+    config = os.path.join(here, "config.json")
+    target = os.path.join(there, "config.json")
+    if os.path.abspath(here) == there or not os.path.isfile(config):
+        return None, None
+    if os.path.exists(target) and not overwrite:
+        return None, target
+    with open(config, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        return None, None
+    data["quantization_config"] = quantization_config(scheme, block_size, ignored, layout=layout)
+    with atomic_write(target) as out:
+        out.write((json.dumps(data, indent=2) + "\n").encode("utf-8"))
+    return target, None
+
+
+def copy_config(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], *, overwrite: bool = False
+) -> str | None:
+    """Copy the ``config.json`` beside checkpoint file ``src`` to beside ``dst``, without
+    its ``quantization_config``: the config of ``src`` dequantized to ``dst``.
+
+    Nothing is written when ``src`` has no config.json beside it, when both are in one
+    directory, or when one exists beside ``dst`` (unless ``overwrite``). Returns the
+    path written, or None.
+
+    >>> import json, os, tempfile
+    >>> a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
+    >>> with open(os.path.join(a, "config.json"), "w") as f:
+    ...     json.dump({"model_type": "llama", "quantization_config": {}}, f)
+    >>> path = copy_config(os.path.join(a, "q.safetensors"), os.path.join(b, "w.safetensors"))
+    >>> json.load(open(path))
+    {'model_type': 'llama'}
+    """
+    from ..io._common import atomic_write
+
+    here = os.path.dirname(os.path.abspath(src))
+    there = os.path.dirname(os.path.abspath(dst))
+    config = os.path.join(here, "config.json")
+    target = os.path.join(there, "config.json")
+    if here == there or not os.path.isfile(config) or (os.path.exists(target) and not overwrite):
+        return None
+    with open(config, encoding="utf-8") as f:
+        data = json.load(f)
+    if isinstance(data, dict):
+        data.pop("quantization_config", None)
+    with atomic_write(target) as out:
+        out.write((json.dumps(data, indent=2) + "\n").encode("utf-8"))
+    return target
+
+
+def _verify(
+    src: TensorFile,
+    names: list[str],
+    written: str,
+    scheme: str,
+    block_size: tuple[int, int] | None,
+    quantized: list[str],
+    kw: Mapping[str, Any],
+    progress: bool | None,
+) -> tuple[str, ...]:
+    """The output re-read: the same quantized weights as tb.quantize's, bit for bit, under
+    the same scheme, and every other tensor equal to the source."""
+    import numpy as np
+
+    from ..io import open as open_file
+    from ..io.verify import bits, verify
+    from .api import quantize
+    from .write import LAYOUTS
+
+    kept = [n for n in names if n not in quantized]
+    problems = list(verify(src, written, names=kept, progress=progress).problems) if kept else []
+    with open_file(written) as f:
+        p = _plan(f, scheme, block_size)
+        found = {g.name for g in p.groups}
+        problems += [
+            f"{n}: not read back as a {scheme} weight" for n in quantized if n not in found
+        ]
+        for n in quantized:
+            want = quantize(
+                np.asarray(src[n]),
+                scheme,
+                name=n,
+                block_size=block_size,
+                layout=kw["layout"] or LAYOUTS[scheme],
+                element=kw["element"],
+            )
+            for k, v in want.items():
+                if k not in f or not np.array_equal(bits(v), bits(f[k])):
+                    problems.append(f"{k}: differs from tb.quantize({n})")
+    return tuple(problems)
