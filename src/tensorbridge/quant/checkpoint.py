@@ -344,7 +344,8 @@ def _verify(
     kept = [n for n in names if n not in quantized]
     problems = list(verify(src, written, names=kept, progress=progress).problems) if kept else []
     with open_file(written) as f:
-        p = _plan(f, scheme, block_size)
+        # what was written, whether or not a config.json beside the output says it
+        p = _plan(f, scheme, block_size or ((128, 128) if scheme == "fp8-block" else None))
         found = {g.name for g in p.groups}
         problems += [
             f"{n}: not read back as a {scheme} weight" for n in quantized if n not in found

@@ -1,0 +1,159 @@
+"""``tb.quantize_checkpoint`` / ``copy_config``: ``convert --quantize`` as one Python call.
+
+The stored tensors are :func:`tensorbridge.quantize`'s, bit for bit; the config a loader
+reads goes beside the output; the refusals are those of the command line, in Python's
+words. The command line's own tests (tests/test_quant_cli.py) check the same calls
+through ``convert``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tensorbridge as tb
+from tensorbridge.cli import main
+from tensorbridge.quant.checkpoint import copy_config
+from tensorbridge.quant.write import LAYOUTS
+
+
+def bits(x: object) -> np.ndarray:
+    a = tb.to_numpy(x) if isinstance(x, torch.Tensor) else np.asarray(x)
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def _model(d: Path, config: bool = True) -> Path:
+    torch.manual_seed(0)
+    d.mkdir(exist_ok=True)
+    sd = {
+        "model.embed_tokens.weight": torch.randn(16, 64),
+        "model.layers.0.mlp.up_proj.weight": torch.randn(32, 64),
+        "model.layers.0.mlp.up_proj.bias": torch.randn(32),
+        "model.layers.0.mlp.gate.weight": torch.randn(8, 40),  # rows of 40: not MX blocks
+        "model.norm.weight": torch.ones(64),
+    }
+    tb.save(sd, d / "model.safetensors")
+    if config:
+        (d / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    return d / "model.safetensors"
+
+
+@pytest.mark.parametrize("scheme", list(LAYOUTS))
+def test_weights_are_tb_quantize_s(tmp_path: Path, scheme: str) -> None:
+    src = _model(tmp_path / "src")
+    done = tb.quantize_checkpoint(src, tmp_path / "out/", scheme, verify=True)
+    assert isinstance(done, tb.QuantizedCheckpoint)
+    assert done.scheme == scheme and done.quantized == ("model.layers.0.mlp.up_proj.weight",)
+    assert done.verified is True and done.problems == ()
+    w = tb.load(src)["model.layers.0.mlp.up_proj.weight"]
+    want = tb.quantize(w, scheme, name="model.layers.0.mlp.up_proj.weight", layout=LAYOUTS[scheme])
+    got = tb.load(done.path)
+    for k, v in want.items():
+        assert np.array_equal(bits(v), bits(got[k])), k
+    assert np.array_equal(bits(got["model.norm.weight"]), bits(tb.load(src)["model.norm.weight"]))
+    assert done.tensors == len(got)
+
+
+def test_the_config_a_loader_reads(tmp_path: Path) -> None:
+    src = _model(tmp_path / "src")
+    out = tmp_path / "out"
+    done = tb.quantize_checkpoint(src, f"{out}/", "mxfp4")
+    assert done.config == str(out / "config.json") and done.config_kept is None
+    assert done.left_unquantized == {
+        "model.embed_tokens.weight": "matches *embed*",
+        "model.layers.0.mlp.gate.weight": "rows of 40 values are not a multiple of mxfp4's "
+        "32-value blocks",
+    }
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    qc = config["quantization_config"]
+    assert qc["format"] == "mxfp4-pack-quantized"
+    assert qc["ignore"] == ["model.embed_tokens", "model.layers.0.mlp.gate"]
+    assert done.bytes_in == sum(v.nbytes for v in tb.load(src).values())
+    assert done.bytes_out == (out / "model.safetensors").stat().st_size
+    # an existing config.json is kept unless overwrite=True
+    tb.save({"x": torch.zeros(1)}, tmp_path / "o3" / "x.safetensors")
+    (tmp_path / "o3" / "config.json").write_text("{}")
+    kept = tb.quantize_checkpoint(src, tmp_path / "o3" / "q.safetensors", "mxfp4")
+    assert kept.config is None and kept.config_kept == str(tmp_path / "o3" / "config.json")
+    assert (tmp_path / "o3" / "config.json").read_text() == "{}"
+    replaced = tb.quantize_checkpoint(
+        src, tmp_path / "o3" / "q.safetensors", "mxfp4", overwrite=True
+    )
+    assert replaced.config == str(tmp_path / "o3" / "config.json")
+
+
+def test_no_config_beside_the_source(tmp_path: Path) -> None:
+    src = _model(tmp_path / "src", config=False)
+    done = tb.quantize_checkpoint(src, tmp_path / "o" / "q.safetensors", "fp8-block", verify=True)
+    assert done.config is None and done.config_kept is None and done.verified
+
+
+def test_caveat_of_e5m2(tmp_path: Path) -> None:
+    src = _model(tmp_path / "src")
+    done = tb.quantize_checkpoint(src, tmp_path / "o/", "mxfp8", element="e5m2")
+    assert done.caveat is not None and "e4m3" in done.caveat
+    assert tb.quantize_checkpoint(src, tmp_path / "p/", "mxfp8").caveat is None
+
+
+def test_refusals(tmp_path: Path) -> None:
+    src = _model(tmp_path / "src")
+    with pytest.raises(tb.QuantizationError, match="block_size= is fp8-block's"):
+        tb.quantize_checkpoint(src, tmp_path / "a.safetensors", "mxfp4", block_size=(64, 64))
+    with pytest.raises(tb.InvalidArgumentError, match="published safetensors layout"):
+        tb.quantize_checkpoint(src, tmp_path / "a.npz", "mxfp4")
+    q = tb.quantize_checkpoint(src, tmp_path / "q/", "mxfp4")
+    with pytest.raises(tb.DestinationExistsError):
+        tb.quantize_checkpoint(src, tmp_path / "q/", "mxfp4")
+    with pytest.raises(tb.QuantizationError, match=r"is already quantized; dequantize it first"):
+        tb.quantize_checkpoint(q.path, tmp_path / "qq.safetensors", "mxfp4")
+    tb.save({"norm.weight": torch.ones(4)}, tmp_path / "n.safetensors")
+    with pytest.raises(tb.QuantizationError, match="nothing to quantize"):
+        tb.quantize_checkpoint(tmp_path / "n.safetensors", tmp_path / "o.safetensors", "mxfp8")
+    assert not (tmp_path / "a.safetensors").exists() and not (tmp_path / "o.safetensors").exists()
+
+
+def test_clash_names_the_option_on_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sd = {"l.weight": torch.randn(4, 64), "l.weight_packed": torch.zeros(1)}
+    tb.save(sd, tmp_path / "w.safetensors")
+    with pytest.raises(tb.QuantizationError, match=r"leave 'l\.weight_packed' out of names="):
+        tb.quantize_checkpoint(tmp_path / "w.safetensors", tmp_path / "q.safetensors", "mxfp4")
+    argv = ["convert", str(tmp_path / "w.safetensors"), str(tmp_path / "q.safetensors")]
+    assert main([*argv, "--quantize", "mxfp4"]) == 1
+    assert capsys.readouterr().err.endswith("exclude one of them (--exclude l.weight_packed)\n")
+
+
+def test_the_command_line_is_this_call(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = _model(tmp_path / "src")
+    done = tb.quantize_checkpoint(src, tmp_path / "py/", "nvfp4-modelopt", verify=True)
+    argv = ["convert", str(src), f"{tmp_path / 'cli'}/", "--quantize", "nvfp4-modelopt"]
+    assert main([*argv, "--verify", "--json", "-q"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["quantized_weights"] == list(done.quantized)
+    assert summary["left_unquantized"] == dict(done.left_unquantized)
+    assert (summary["tensors"], summary["bytes_in"]) == (done.tensors, done.bytes_in)
+    assert summary["verified"] is True
+    assert (tmp_path / "cli" / "model.safetensors").read_bytes() == Path(done.path).read_bytes()
+
+
+def test_copy_config(tmp_path: Path) -> None:
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "config.json").write_text(
+        json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "fp8"}})
+    )
+    target = copy_config(tmp_path / "q" / "model.safetensors", tmp_path / "d" / "m.safetensors")
+    assert target == str(tmp_path / "d" / "config.json")
+    assert json.loads((tmp_path / "d" / "config.json").read_text()) == {"model_type": "llama"}
+    (tmp_path / "d" / "config.json").write_text("{}")
+    assert copy_config(tmp_path / "q" / "m.safetensors", tmp_path / "d" / "m.safetensors") is None
+    assert (tmp_path / "d" / "config.json").read_text() == "{}"
+    assert copy_config(
+        tmp_path / "q" / "m.safetensors", tmp_path / "d" / "m.safetensors", overwrite=True
+    )
+    assert copy_config(tmp_path / "q" / "a", tmp_path / "q" / "b") is None  # one directory
