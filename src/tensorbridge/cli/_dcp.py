@@ -15,8 +15,9 @@ from typing import Any
 
 from ..errors import MissingExtraError, TensorBridgeError
 from ._errors import UsageError
-from ._files import open_file, select
+from ._files import convertible, open_file, select
 from ._options import progress
+from ._output import conversion_report
 
 
 def is_chunked(path: str) -> bool:
@@ -71,7 +72,6 @@ def convert_chunked(args: argparse.Namespace, float_dtype: Any) -> int:
 
     from .. import io as tbio
     from ..io.verify import verify
-    from .convert import convertible, report
 
     if args.format == "npy" and args.max_shard_size is not None:
         raise UsageError("--max-shard-size applies to safetensors; .npy files are not sharded")
@@ -140,4 +140,4 @@ def convert_chunked(args: argparse.Namespace, float_dtype: Any) -> int:
             summary["verified"] = not problems
             summary["problems"] = problems
             ok = not problems
-    return report(summary, args, sys.stdout, ok, None)
+    return conversion_report(summary, args, sys.stdout, ok, None)

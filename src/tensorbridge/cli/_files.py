@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import sys
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TensorBridgeError
-from ._errors import note
+from ._errors import cli_words, note
 from ._options import dtype_arg
+from ._output import plural
 
 if TYPE_CHECKING:
     from ..io._common import TensorFile
@@ -65,3 +67,27 @@ def quant_plan(f: TensorFile, scheme: str | None, block_size: Any) -> Any:
     return plan(
         index, read_config(getattr(f, "path", None), follow_links=f.follow_links), scheme, opts
     )
+
+
+def convertible(
+    src: TensorFile, names: list[str], args: argparse.Namespace, carried: int = 0
+) -> tuple[list[str], dict[str, str]]:
+    """The selected names convert can write, and the entries it skips (with --skip-unsupported);
+    ``carried``: how many more entries are copied as they are (NumPy to NumPy)."""
+    unsupported = {n: why for n, why in src.unsupported().items() if n in names}
+    if unsupported and not args.skip_unsupported:
+        first = next(iter(unsupported))
+        raise TensorBridgeError(
+            f"{cli_words(unsupported[first])}; {plural(len(unsupported), 'entry')} cannot be "
+            f"converted: pass --exclude {first}{' (each)' if len(unsupported) > 1 else ''} "
+            "or --skip-unsupported"
+        )
+    for name, why in unsupported.items():
+        print(f"skipped {name}: {cli_words(why)}", file=sys.stderr)
+    kept = [n for n in names if n not in unsupported]
+    if not kept and not carried:  # one rule for every convert path: nothing to write is an error
+        raise TensorBridgeError(
+            f"every selected entry of {args.src} is unsupported ({plural(len(names), 'entry')} "
+            "skipped); nothing to convert, so nothing was written"
+        )
+    return kept, unsupported

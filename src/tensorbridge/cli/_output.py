@@ -7,6 +7,7 @@ a value needs it.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -154,3 +155,39 @@ def quant_verdict(report: Any, ok: bool, too_far: Set[str], rtol: float | None) 
     if too_far:
         problems.append(f"{plural(len(too_far), 'weight')} beyond --rtol {rtol}")
     return ", ".join(problems) or "tensors differ or are missing"
+
+
+def conversion_report(
+    summary: dict[str, Any], args: argparse.Namespace, out: TextIO, ok: bool, cast: Any
+) -> int:
+    """Print a conversion's summary (JSON, or a line and the verdict of --verify)."""
+    created = getattr(args, "created", None)
+    if created is not None and os.path.isdir(created):
+        summary["created_directory"] = created
+    if args.json:
+        dump(summary, out)
+        return 0 if ok else 1
+    out.write(
+        f"converted {plural(summary['tensors'], 'tensor')} ({size(summary['bytes_in'])} in, "
+        f"{size(summary['bytes_out'])} out) {args.src} -> {summary['dst']} in "
+        f"{summary['seconds']:.2f} s"
+        + (f" (created the directory {created}/)" if "created_directory" in summary else "")
+        + "\n"
+    )
+    if "quantized" in summary:
+        config = f"; {summary['config']} written" if summary["config"] else ""
+        out.write(f"quantized: {summary['quantized']}{config}\n")
+    if args.verify:
+        if not ok:
+            verdict = plural(len(summary["problems"]), "mismatch")
+        elif cast is not None:
+            verdict = (
+                f"bit-exact to the source cast to {cast.name} (torch's kernel); "
+                "the cast itself may round: see tensorbridge cast-report"
+            )
+        else:
+            verdict = "bit-exact"
+        out.write("verify: " + colour(verdict, ok, out) + "\n")
+        for p in summary["problems"]:
+            out.write(f"  {p}\n")
+    return 0 if ok else 1

@@ -11,19 +11,20 @@ checkpoint is converted window by window (:mod:`._dcp`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError, TensorBridgeError
-from ._errors import UsageError, cli_words, note
-from ._files import is_gguf, open_file, select
+from ._errors import UsageError, note
+from ._files import convertible, is_gguf, open_file, select
+from ._metadata import metadata_args
 from ._options import block_size as block_size_arg
 from ._options import command, dtype_arg, progress, reading
-from ._output import colour, dump, plural, size
+from ._output import conversion_report
+from ._quantize import quantize_arg, write_quantized
 
 if TYPE_CHECKING:
     from ..io._common import TensorFile
@@ -182,111 +183,8 @@ class _Lazy(Mapping[str, Any]):
         return len(self._names)
 
 
-def convertible(
-    src: TensorFile, names: list[str], args: argparse.Namespace, carried: int = 0
-) -> tuple[list[str], dict[str, str]]:
-    """The selected names convert can write, and the entries it skips (with --skip-unsupported);
-    ``carried``: how many more entries are copied as they are (NumPy to NumPy)."""
-    unsupported = {n: why for n, why in src.unsupported().items() if n in names}
-    if unsupported and not args.skip_unsupported:
-        first = next(iter(unsupported))
-        raise TensorBridgeError(
-            f"{cli_words(unsupported[first])}; {plural(len(unsupported), 'entry')} cannot be "
-            f"converted: pass --exclude {first}{' (each)' if len(unsupported) > 1 else ''} "
-            "or --skip-unsupported"
-        )
-    for name, why in unsupported.items():
-        print(f"skipped {name}: {cli_words(why)}", file=sys.stderr)
-    kept = [n for n in names if n not in unsupported]
-    if not kept and not carried:  # one rule for every convert path: nothing to write is an error
-        raise TensorBridgeError(
-            f"every selected entry of {args.src} is unsupported ({plural(len(names), 'entry')} "
-            "skipped); nothing to convert, so nothing was written"
-        )
-    return kept, unsupported
-
-
-def _metadata_args(args: argparse.Namespace, fmt: Any) -> dict[str, Any]:
-    """``--metadata-json FILE``'s keys, then each ``--metadata KEY[:TYPE]=VALUE``.
-
-    VALUE is read as JSON (``2``, ``1e-5``, ``true``, ``[1, 2]``, ``"2"``), else as
-    text; a format that keeps text metadata (safetensors) keeps VALUE as given. TYPE
-    names a GGUF value type (``uint64``, ``float64``, ``string``, ...).
-    """
-    if not args.metadata and not args.metadata_json:
-        return {}
-    if not fmt.metadata:
-        from ..io._formats import listing
-
-        raise UsageError(
-            f"--metadata: {fmt.description} keeps no metadata; write "
-            f"{listing(lambda f: f.metadata, ' or ')}"
-        )
-    out: dict[str, Any] = {}
-    if args.metadata_json:
-        try:
-            with open(args.metadata_json, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (OSError, ValueError) as e:
-            raise UsageError(f"--metadata-json {args.metadata_json}: {e}") from None
-        if not isinstance(doc, dict):
-            raise UsageError(
-                f"--metadata-json {args.metadata_json} holds a {type(doc).__name__}; pass a "
-                'JSON object ({"general.architecture": "llama", ...})'
-            )
-        out.update(doc if not fmt.text_metadata else {k: _text(v) for k, v in doc.items()})
-    for item in args.metadata:
-        key, sep, text = item.partition("=")
-        key, colon, kind = key.partition(":")
-        if not sep or not key:
-            raise UsageError(f"--metadata {item}: pass KEY=VALUE (general.architecture=llama)")
-        if fmt.text_metadata:
-            if colon:
-                raise UsageError(f"--metadata {item}: {fmt.description} keeps text; drop :{kind}")
-            out[key] = text
-            continue
-        try:
-            value: Any = json.loads(text)
-        except ValueError:
-            value = text
-        if colon:
-            if fmt.name != "gguf":
-                raise UsageError(f"--metadata {item}: :{kind} names a GGUF value type; drop it")
-            from ..io.gguf import metadata_value
-
-            try:
-                value = metadata_value(value, kind)
-            except TensorBridgeError as e:
-                raise UsageError(f"--metadata {item}: {e}") from None
-        out[key] = value
-    return out
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
 def run(args: argparse.Namespace) -> int:
-    from .. import io as tbio
-    from ..io._formats import listing  # what each format can hold, for the messages
-    from ..io.safetensors import parse_size
-    from ..io.verify import verify
-
-    out = sys.stdout
-    float_dtype = dtype_arg(args.float_dtype, "--float-dtype", floating=True)
-    dequantize = dtype_arg(args.dequantize, "--dequantize", floating=True)
-    block_size = block_size_arg(args)
-    quantize = _quantize_arg(args, dequantize, float_dtype, block_size)
-    if (args.scheme or args.block_size) is not None and dequantize is None and not quantize:
-        raise UsageError(
-            "--scheme / --block-size say how to dequantize; pass --dequantize bf16 with them"
-        )
-    if dequantize is not None and float_dtype is not None:
-        raise UsageError("--dequantize already sets the weights' dtype; leave out --float-dtype")
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"--workers {args.workers}: pass a number of processes >= 1")
-    if args.workers is not None and args.dask_scheduler is not None:
-        raise UsageError("pass --workers or --dask-scheduler, not both")
+    float_dtype, dequantize, block_size, quantize = _checked(args)
     from ._dcp import convert_chunked, is_chunked
 
     # what the save creates is said in the summary, not done silently
@@ -308,6 +206,81 @@ def run(args: argparse.Namespace) -> int:
                 "stored (pass --float-dtype to cast it)"
             )
         return convert_chunked(args, float_dtype)
+    dst, given_meta = _destination(args, quantize)
+    start = time.perf_counter()
+    opened, schemes = _source(args, dequantize, block_size)
+    with opened as src:
+        names, carried, unsupported = _names(args, src, dst)
+        meta, dropped = _metadata(args, src, dst, names, given_meta)
+        if quantize is not None:
+            return write_quantized(args, src, names, meta, quantize, block_size, start, sys.stdout)
+        _write(args, src, dst, names, carried, meta, given_meta, float_dtype, schemes)
+        if schemes:
+            from ..quant.checkpoint import copy_config
+
+            source = getattr(src, "path", None)
+            if source is not None:
+                copy_config(source, dst.path, overwrite=args.overwrite)
+        took = time.perf_counter() - start
+        written = str(dst.written())
+        summary: dict[str, Any] = {
+            "src": args.src,
+            **(
+                {"dequantized": src.plan.summary(), "dropped": list(src.plan.dropped)}  # type: ignore[attr-defined]
+                if schemes
+                else {}
+            ),
+            "dst": written,
+            "tensors": len(names),
+            "bytes_in": sum(
+                c.size if (c := carried.get(n)) else src.nbytes(n)
+                for n in names
+                if n not in src.aliases
+            ),
+            "bytes_out": sum(p.stat().st_size for p in dst.existing()),
+            "seconds": round(took, 3),
+            "skipped": sorted(unsupported),
+            "dropped_metadata": dropped,
+        }
+        ok = True
+        if args.verify:
+            from ..io.verify import verify
+
+            check = verify(
+                src, written, names=names, float_dtype=float_dtype, progress=progress(args)
+            )
+            summary["verified"] = check.ok
+            summary["problems"] = list(check.problems)
+            ok = check.ok
+    return conversion_report(summary, args, sys.stdout, ok, float_dtype)
+
+
+def _checked(args: argparse.Namespace) -> tuple[Any, Any, tuple[int, int] | None, str | None]:
+    """The options' values (float dtype, dequantize dtype, block size, quantize scheme),
+    checked against each other before anything is read."""
+    float_dtype = dtype_arg(args.float_dtype, "--float-dtype", floating=True)
+    dequantize = dtype_arg(args.dequantize, "--dequantize", floating=True)
+    block_size = block_size_arg(args)
+    quantize = quantize_arg(args, dequantize, float_dtype, block_size)
+    if (args.scheme or args.block_size) is not None and dequantize is None and not quantize:
+        raise UsageError(
+            "--scheme / --block-size say how to dequantize; pass --dequantize bf16 with them"
+        )
+    if dequantize is not None and float_dtype is not None:
+        raise UsageError("--dequantize already sets the weights' dtype; leave out --float-dtype")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: pass a number of processes >= 1")
+    if args.workers is not None and args.dask_scheduler is not None:
+        raise UsageError("pass --workers or --dask-scheduler, not both")
+    return float_dtype, dequantize, block_size, quantize
+
+
+def _destination(args: argparse.Namespace, quantize: str | None) -> tuple[Any, dict[str, Any]]:
+    """DST as ``tb.save`` reads it, and the metadata given, checked before anything is read."""
+    from .. import io as tbio
+    from ..io._formats import listing  # what each format can hold, for the messages
+    from ..io.safetensors import parse_size
+
     try:
         dst = tbio.destination(args.dst)
         if args.max_shard_size is not None:
@@ -319,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
             f"--max-shard-size needs a {listing(lambda f: f.sharding, ' or ')} destination "
             f"(or a directory), not {args.dst}"
         )
-    given_meta = _metadata_args(args, dst.format)
+    given_meta = metadata_args(args, dst.format)
     if quantize is not None and dst.format.name != "safetensors":
         raise UsageError(
             f"--quantize writes the schemes' published safetensors layouts, not {args.dst}; "
@@ -331,7 +304,14 @@ def run(args: argparse.Namespace) -> int:
             "--workers, --dask-scheduler and --format apply to a DCP checkpoint source; "
             f"{args.src} is not one"
         )
-    start = time.perf_counter()
+    return dst, given_meta
+
+
+def _source(
+    args: argparse.Namespace, dequantize: Any, block_size: tuple[int, int] | None
+) -> tuple[TensorFile, bool]:
+    """SRC opened, dequantizing (``tb.open(..., dequantize=...)``) with --dequantize; and
+    whether a quantization scheme (not GGUF's blocks) is dequantized."""
     opened = open_file(args.src, args)
     schemes = dequantize is not None and not is_gguf(args.src)  # GGUF dequantizes as it reads
     if schemes:
@@ -349,246 +329,142 @@ def run(args: argparse.Namespace) -> int:
             raise
         if not args.quiet and opened.plan.quantized:
             note(opened.notes[-1])
-    with opened as src:
-        names = select(src.keys(), args.include, args.exclude)
-        if not src.keys():
-            raise TensorBridgeError(f"{args.src} holds no arrays or tensors; nothing to convert")
-        if not names:
-            raise UsageError(
-                f"no tensor of {args.src} matches --include/--exclude; "
-                f"'tensorbridge inspect {args.src}' lists the names"
-            )
-        try:  # NumPy to NumPy: members torch cannot hold are copied as they are
-            carried = tbio.carried_members(
-                src, dst.format, names, skip_refused=args.skip_unsupported
-            )
-        except TensorBridgeError as e:  # an object array
-            raise TensorBridgeError(
-                f"{e}; pass --exclude NAME or --skip-unsupported to convert the rest"
-            ) from None
-        selected = names
-        names, unsupported = convertible(
-            src, [n for n in names if n not in carried], args, len(carried)
-        )
-        names = [n for n in selected if n in carried or n in names]
-        if carried and not args.quiet:
-            kinds = ", ".join(f"{n} ({c.stored})" for n, c in list(carried.items())[:5])
-            print(
-                f"note: copied {kinds}{' ...' if len(carried) > 5 else ''} unchanged: no "
-                "torch dtype holds them, so their .npy bytes are carried as they are",
-                file=sys.stderr,
-            )
-        if not dst.format.many_arrays and len(names) != 1:
-            raise UsageError(
-                f"a {dst.path.suffix} file holds one array but {len(names)} tensors were "
-                f"selected; pick one with --include NAME or write "
-                f"{listing(lambda f: f.many_arrays)}"
-            )
-        meta, dropped = (
-            ({}, [])
-            if args.no_metadata
-            else tbio.carried_metadata(src, dst.format, names, fix="pass --no-metadata")
-        )
-        meta.update(given_meta)
-        clash = [k for k in given_meta if k in names]
-        if clash and dst.format.metadata_with_tensors:
-            raise UsageError(
-                f"--metadata {clash[0]}: a {dst.path.suffix} file keeps metadata beside the "
-                "tensors under one set of names, and a tensor has that name; pick another key"
-            )
-        if dst.format.name == "gguf":
-            from ..io.gguf import check_architecture
-
-            check_architecture(
-                meta,
-                dst.path,
-                fix="pass --metadata general.architecture=NAME (e.g. llama), or "
-                "--metadata-json FILE",
-            )
-        if dropped and not args.quiet:
-            print(
-                f"note: dropped metadata {', '.join(dropped)}: {dst.path.suffix} files have no "
-                f"place for it (convert to {tbio.metadata_homes(dropped, names)} to keep it; "
-                "--no-metadata leaves it out without this note)",
-                file=sys.stderr,
-            )
-        if quantize is not None:
-            return _quantized(args, src, names, meta, quantize, block_size, start, out)
-        if not dst.format.many_arrays:
-            tbio.save(
-                carried.get(names[0]) or src[names[0]],
-                dst.path,
-                float_dtype=float_dtype,
-                progress=progress(args),
-                overwrite=True,
-            )
-        else:
-            values: Any = _Lazy(src, names, carried)
-            if schemes and dst.format.name == "safetensors":
-                values = {n: src.stream_value(n) for n in names}
-            try:
-                tree = (
-                    tbio.nested_values(src, names, plain=not args.no_metadata)
-                    if dst.format.nested
-                    else None
-                )
-            except InvalidArgumentError as e:  # a list's items selected in part
-                raise UsageError(
-                    f"{e} (--include / --exclude), or convert to "
-                    f"{listing(lambda f: f.many_arrays and not f.nested)}, which keep flat names"
-                ) from None
-            if tree is not None:  # the source's nesting, its plain values in their places
-                values, meta = tree, given_meta
-            tbio.save(
-                values,
-                args.dst,
-                float_dtype=float_dtype,
-                metadata=meta or None,
-                max_shard_size=args.max_shard_size,
-                progress=progress(args),
-                overwrite=True,
-            )
-        if schemes:
-            from ..quant.checkpoint import copy_config
-
-            source = getattr(src, "path", None)
-            if source is not None:
-                copy_config(source, dst.path, overwrite=args.overwrite)
-        took = time.perf_counter() - start
-        in_bytes = sum(
-            c.size if (c := carried.get(n)) else src.nbytes(n)
-            for n in names
-            if n not in src.aliases
-        )
-        out_bytes = sum(p.stat().st_size for p in dst.existing())
-        written = str(dst.written())
-        summary: dict[str, Any] = {
-            "src": args.src,
-            **(
-                {"dequantized": src.plan.summary(), "dropped": list(src.plan.dropped)}  # type: ignore[attr-defined]
-                if schemes
-                else {}
-            ),
-            "dst": written,
-            "tensors": len(names),
-            "bytes_in": in_bytes,
-            "bytes_out": out_bytes,
-            "seconds": round(took, 3),
-            "skipped": sorted(unsupported),
-            "dropped_metadata": dropped,
-        }
-        ok = True
-        if args.verify:
-            check = verify(
-                src, written, names=names, float_dtype=float_dtype, progress=progress(args)
-            )
-            summary["verified"] = check.ok
-            summary["problems"] = list(check.problems)
-            ok = check.ok
-    return report(summary, args, out, ok, float_dtype)
+    return opened, schemes
 
 
-def _quantize_arg(
-    args: argparse.Namespace, dequantize: Any, float_dtype: Any, block_size: Any
-) -> str | None:
-    """``--quantize``'s scheme, checked against the options it cannot go with."""
-    from ..errors import QuantizationError
-    from ..quant.write import writable
+def _names(
+    args: argparse.Namespace, src: TensorFile, dst: Any
+) -> tuple[list[str], dict[str, Any], dict[str, str]]:
+    """The names written (--include / --exclude), the members copied as their .npy bytes,
+    and the entries skipped (--skip-unsupported)."""
+    from .. import io as tbio
+    from ..io._formats import listing
 
-    if args.quantize is None:
-        if args.ignore:
-            raise UsageError("--ignore says which weights --quantize leaves; pass --quantize")
-        for given, flag in ((args.layout, "--layout"), (args.element, "--element")):
-            if given:
-                raise UsageError(f"{flag} says how --quantize writes weights; pass --quantize")
-        return None
-    if dequantize is not None:
-        raise UsageError("pass --quantize or --dequantize, not both")
-    if float_dtype is not None:
+    names = select(src.keys(), args.include, args.exclude)
+    if not src.keys():
+        raise TensorBridgeError(f"{args.src} holds no arrays or tensors; nothing to convert")
+    if not names:
         raise UsageError(
-            "--quantize sets the weights' dtypes; cast the other tensors in a second convert "
-            "with --float-dtype"
+            f"no tensor of {args.src} matches --include/--exclude; "
+            f"'tensorbridge inspect {args.src}' lists the names"
         )
-    if args.scheme is not None:
-        raise UsageError("--quantize names the scheme; leave out --scheme")
-    try:
-        scheme = writable(args.quantize, args.layout, args.element)
-    except QuantizationError as e:
-        raise UsageError(str(e)) from None
-    if block_size is not None and scheme != "fp8-block":
-        raise UsageError(f"--block-size is fp8-block's; {scheme} has fixed blocks")
-    return scheme
+    try:  # NumPy to NumPy: members torch cannot hold are copied as they are
+        carried = tbio.carried_members(src, dst.format, names, skip_refused=args.skip_unsupported)
+    except TensorBridgeError as e:  # an object array
+        raise TensorBridgeError(
+            f"{e}; pass --exclude NAME or --skip-unsupported to convert the rest"
+        ) from None
+    selected = names
+    names, unsupported = convertible(
+        src, [n for n in names if n not in carried], args, len(carried)
+    )
+    names = [n for n in selected if n in carried or n in names]
+    if carried and not args.quiet:
+        kinds = ", ".join(f"{n} ({c.stored})" for n, c in list(carried.items())[:5])
+        print(
+            f"note: copied {kinds}{' ...' if len(carried) > 5 else ''} unchanged: no "
+            "torch dtype holds them, so their .npy bytes are carried as they are",
+            file=sys.stderr,
+        )
+    if not dst.format.many_arrays and len(names) != 1:
+        raise UsageError(
+            f"a {dst.path.suffix} file holds one array but {len(names)} tensors were "
+            f"selected; pick one with --include NAME or write "
+            f"{listing(lambda f: f.many_arrays)}"
+        )
+    return names, carried, unsupported
 
 
-def _quantized(
+def _metadata(
     args: argparse.Namespace,
     src: TensorFile,
+    dst: Any,
     names: list[str],
-    meta: dict[str, Any],
-    scheme: str,
-    block_size: tuple[int, int] | None,
-    start: float,
-    out: TextIO,
-) -> int:
-    """convert --quantize: :func:`tensorbridge.quantize_checkpoint`, and its notes."""
-    from ..quant.checkpoint import quantize_checkpoint
+    given_meta: dict[str, Any],
+) -> tuple[dict[str, Any], list[str]]:
+    """The metadata written (SRC's, unless --no-metadata, and the keys given), and SRC's
+    keys the destination has no place for (a note names them)."""
+    from .. import io as tbio
 
-    done = quantize_checkpoint(
-        src,
-        args.dst,
-        scheme,
-        layout=args.layout,
-        element=args.element,
-        block_size=block_size,
-        ignore=args.ignore,
-        names=names,
-        metadata=meta or False,
-        max_shard_size=args.max_shard_size,
-        overwrite=args.overwrite,
-        progress=progress(args),
-        verify=args.verify,
+    meta, dropped = (
+        ({}, [])
+        if args.no_metadata
+        else tbio.carried_metadata(src, dst.format, names, fix="pass --no-metadata")
     )
-    if not args.quiet:
-        for n, why in done.left_unquantized.items():
-            print(f"note: left {n} unquantized: {why}", file=sys.stderr)
-    if done.config_kept is not None:
+    meta.update(given_meta)
+    clash = [k for k in given_meta if k in names]
+    if clash and dst.format.metadata_with_tensors:
+        raise UsageError(
+            f"--metadata {clash[0]}: a {dst.path.suffix} file keeps metadata beside the "
+            "tensors under one set of names, and a tensor has that name; pick another key"
+        )
+    if dst.format.name == "gguf":
+        from ..io.gguf import check_architecture
+
+        check_architecture(
+            meta,
+            dst.path,
+            fix="pass --metadata general.architecture=NAME (e.g. llama), or --metadata-json FILE",
+        )
+    if dropped and not args.quiet:
         print(
-            f"note: kept the existing {done.config_kept} (pass --overwrite to replace it)",
+            f"note: dropped metadata {', '.join(dropped)}: {dst.path.suffix} files have no "
+            f"place for it (convert to {tbio.metadata_homes(dropped, names)} to keep it; "
+            "--no-metadata leaves it out without this note)",
             file=sys.stderr,
         )
-    if done.config is not None and done.caveat and not args.quiet:
-        print(f"note: {done.caveat}", file=sys.stderr)
-    if done.config is None and not args.quiet:
-        blocks = f" --block-size {','.join(map(str, block_size or (128, 128)))}"
-        print(
-            f"note: no config.json beside {args.src}, so none says how {args.dst} is "
-            f"quantized: read it with --scheme {scheme}"
-            + (blocks if scheme == "fp8-block" else "")
-            + " (tb.open(..., dequantize=..., scheme=...))",
-            file=sys.stderr,
+    return meta, dropped
+
+
+def _write(
+    args: argparse.Namespace,
+    src: TensorFile,
+    dst: Any,
+    names: list[str],
+    carried: dict[str, Any],
+    meta: dict[str, Any],
+    given_meta: dict[str, Any],
+    float_dtype: Any,
+    schemes: bool,
+) -> None:
+    """``tb.save`` of the selected tensors: streamed from SRC, mapped or computed as written."""
+    from .. import io as tbio
+    from ..io._formats import listing
+
+    if not dst.format.many_arrays:
+        tbio.save(
+            carried.get(names[0]) or src[names[0]],
+            dst.path,
+            float_dtype=float_dtype,
+            progress=progress(args),
+            overwrite=True,
         )
-    summary: dict[str, Any] = {
-        "src": args.src,
-        "quantized": f"{scheme}: {plural(len(done.quantized), 'weight')}",
-        **({"layout": args.layout} if args.layout else {}),
-        **({"element": args.element} if args.element else {}),
-        "quantized_weights": list(done.quantized),
-        "left_unquantized": dict(done.left_unquantized),
-        "config": done.config,
-        "dst": done.path,
-        "tensors": done.tensors,
-        "bytes_in": done.bytes_in,
-        "bytes_out": done.bytes_out,
-        "seconds": round(time.perf_counter() - start, 3),
-        "skipped": [],
-        "dropped_metadata": [],
-    }
-    ok = True
-    if done.problems is not None:
-        summary["verified"] = not done.problems
-        summary["problems"] = list(done.problems)
-        ok = not done.problems
-    return report(summary, args, out, ok, None)
+        return
+    values: Any = _Lazy(src, names, carried)
+    if schemes and dst.format.name == "safetensors":
+        values = {n: src.stream_value(n) for n in names}
+    try:
+        tree = (
+            tbio.nested_values(src, names, plain=not args.no_metadata)
+            if dst.format.nested
+            else None
+        )
+    except InvalidArgumentError as e:  # a list's items selected in part
+        raise UsageError(
+            f"{e} (--include / --exclude), or convert to "
+            f"{listing(lambda f: f.many_arrays and not f.nested)}, which keep flat names"
+        ) from None
+    if tree is not None:  # the source's nesting, its plain values in their places
+        values, meta = tree, given_meta
+    tbio.save(
+        values,
+        args.dst,
+        float_dtype=float_dtype,
+        metadata=meta or None,
+        max_shard_size=args.max_shard_size,
+        progress=progress(args),
+        overwrite=True,
+    )
 
 
 def _missing_directory(dst: str, chunked: bool) -> str | None:
@@ -599,39 +475,3 @@ def _missing_directory(dst: str, chunked: bool) -> str | None:
     directory = dst.endswith(("/", os.sep)) or (chunked and not path.suffix) or path.is_dir()
     wanted = path if directory else path.parent
     return None if wanted.exists() or wanted.is_symlink() else str(wanted)
-
-
-def report(
-    summary: dict[str, Any], args: argparse.Namespace, out: TextIO, ok: bool, cast: Any
-) -> int:
-    """Print a conversion's summary (JSON, or a line and the verdict of --verify)."""
-    created = getattr(args, "created", None)
-    if created is not None and os.path.isdir(created):
-        summary["created_directory"] = created
-    if args.json:
-        dump(summary, out)
-        return 0 if ok else 1
-    out.write(
-        f"converted {plural(summary['tensors'], 'tensor')} ({size(summary['bytes_in'])} in, "
-        f"{size(summary['bytes_out'])} out) {args.src} -> {summary['dst']} in "
-        f"{summary['seconds']:.2f} s"
-        + (f" (created the directory {created}/)" if "created_directory" in summary else "")
-        + "\n"
-    )
-    if "quantized" in summary:
-        config = f"; {summary['config']} written" if summary["config"] else ""
-        out.write(f"quantized: {summary['quantized']}{config}\n")
-    if args.verify:
-        if not ok:
-            verdict = plural(len(summary["problems"]), "mismatch")
-        elif cast is not None:
-            verdict = (
-                f"bit-exact to the source cast to {cast.name} (torch's kernel); "
-                "the cast itself may round: see tensorbridge cast-report"
-            )
-        else:
-            verdict = "bit-exact"
-        out.write("verify: " + colour(verdict, ok, out) + "\n")
-        for p in summary["problems"]:
-            out.write(f"  {p}\n")
-    return 0 if ok else 1

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..errors import TensorBridgeError
 from ._errors import EXIT_FAILURE, EXIT_OK, cli_words, error, message
@@ -179,7 +179,7 @@ def _plain_json(value: Any) -> Any:
     return None
 
 
-def _quant_table(details: Mapping[str, Any], stats: bool, out: Any) -> None:
+def _quant_table(details: Mapping[str, Any], stats: bool, out: TextIO) -> None:
     """inspect's table of quantized weights: codes, scales, and with --stats their values."""
     e8m0 = any("e8m0_at_limits" in d["scales"] for d in details.values())
     headers = ["quantized weight", "scheme", "codes", "scales"]
