@@ -65,6 +65,11 @@ _OPTION_FIXES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"dequantize='bf16' \(or 'f32', 'f16'; command line: ([^)]+)\)", r"\1 (or f32, f16)"),
         (r"\b\w+=(?:\([^)]*\)|[^\s;()]*) \(command line: ([^)]+)\)", r"\1"),
         (r", or read its blocks with raw\([^)]*\)", ""),  # a Python method, no option
+        # a GGUF file's required key (tb.save's check): the options that give it
+        (
+            r"pass metadata=\{'general\.architecture': \.\.\., \.\.\.\}",
+            "pass --metadata general.architecture=NAME (e.g. llama), or --metadata-json FILE",
+        ),
         # tb.quantize_checkpoint's fixes
         (r"\(tb\.open\(src, dequantize='bf16'\), then tb\.save\)", "(convert --dequantize bf16)"),
         (r"\(leave '([^']+)' out of names=\)", r"(--exclude \1)"),

@@ -398,14 +398,6 @@ def _metadata(
             f"--metadata {clash[0]}: a {dst.path.suffix} file keeps metadata beside the "
             "tensors under one set of names, and a tensor has that name; pick another key"
         )
-    if dst.format.name == "gguf":
-        from ..io.gguf import check_architecture
-
-        check_architecture(
-            meta,
-            dst.path,
-            fix="pass --metadata general.architecture=NAME (e.g. llama), or --metadata-json FILE",
-        )
     if dropped and not args.quiet:
         print(
             f"note: dropped metadata {', '.join(dropped)}: {dst.path.suffix} files have no "
