@@ -159,6 +159,9 @@ DOCUMENTED = [
     "tensorbridge.io.pickle_machine",
     "tensorbridge.io.safetensors",
     "tensorbridge.io.torch_archive",
+    "tensorbridge.io.verify",
+    "tensorbridge.cli._errors",
+    "tensorbridge.quant.checkpoint",
     "tensorbridge.tree",
 ]
 

@@ -72,7 +72,7 @@ def verify(
     True
     >>> verify(os.path.join(d, "a.safetensors"), os.path.join(d, "b.npz"),
     ...        float_dtype="bfloat16").problems
-    ('w: float32(4, 4) became bfloat16(4, 4)',)
+    ('w: bfloat16(4, 4) became float32(4, 4)',)
 
     Returns:
         A :class:`Verification`; ``ok`` is true when nothing differs.

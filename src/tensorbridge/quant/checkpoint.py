@@ -302,7 +302,8 @@ def copy_config(
     >>> with open(os.path.join(a, "config.json"), "w") as f:
     ...     json.dump({"model_type": "llama", "quantization_config": {}}, f)
     >>> path = copy_config(os.path.join(a, "q.safetensors"), os.path.join(b, "w.safetensors"))
-    >>> json.load(open(path))
+    >>> with open(path) as f:
+    ...     json.load(f)
     {'model_type': 'llama'}
     """
     from ..io._common import atomic_write
