@@ -147,9 +147,9 @@ def quantize_checkpoint(
         if names is None:
             unsupported = f.unsupported()
             if unsupported:
-                first, why = next(iter(unsupported.items()))
+                first, reason = next(iter(unsupported.items()))
                 raise UnsupportedDtypeError(
-                    f"{why}; pass names= without {first!r} to quantize the rest"
+                    f"{reason}; pass names= without {first!r} to quantize the rest"
                 )
         selected = list(f.keys() if names is None else names)
         if _plan(f, None, None).quantized:
