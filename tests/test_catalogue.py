@@ -1056,6 +1056,14 @@ ROWS: list[Row] = [
         r"pip install tensorbridge\[zarr\]",
         "`pip install tensorbridge[zarr]`",
     ),
+    Row(
+        "verify:float-dtype",
+        "`tb.verify(src, dst, float_dtype='int32')`",
+        lambda e: tb.verify(e.st, e.st, float_dtype="int32"),
+        tb.UnsupportedDtypeError,
+        r"float_dtype=int32 is not a floating-point dtype; pass a float dtype such as 'bfloat16'",
+        "pass a floating-point `float_dtype=` (the cast the save ran)",
+    ),
     # --- quantized weights -----------------------------------------------------------------
     Row(
         "quantize:element",
@@ -1072,6 +1080,16 @@ ROWS: list[Row] = [
         tb.QuantizationError,
         r"mxfp4's elements are fp4 e2m1; .*leave element out",
         "leave out `element=`, or quantize with `'mxfp8'`",
+    ),
+    Row(
+        "quantize_checkpoint:nothing",
+        "`tb.quantize_checkpoint(src, dst, 'mxfp4')` of a file with no weight to quantize",
+        lambda e: tb.quantize_checkpoint(e.st, "q.safetensors", "mxfp4"),
+        tb.QuantizationError,
+        r"no weight of .* is one mxfp4 quantizes \(2-D\+ float weights, not embeddings, "
+        r"lm_head or norms\); nothing to quantize",
+        "which weights a scheme quantizes: 2-D+ float `...weight` tensors, not embeddings, "
+        "`lm_head` or norms",
     ),
     Row(
         "dequantize:gptq-width",
@@ -1714,6 +1732,8 @@ _AREAS = {
     "save": "Writing files",
     "dequantize": "Quantized weights",
     "quantize": "Quantized weights",
+    "quantize_checkpoint": "Quantized weights",
+    "verify": "Writing files",
     "dcp": "DCP writers and readers",
     "cli": "The command line",
 }
