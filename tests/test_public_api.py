@@ -161,7 +161,7 @@ DOCUMENTED = [
     "tensorbridge.io.torch_archive",
     "tensorbridge.io.verify",
     "tensorbridge.cli._errors",
-    "tensorbridge.quant.checkpoint",
+    "tensorbridge.checkpoint",
     "tensorbridge.tree",
 ]
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import tensorbridge as tb
+from tensorbridge.checkpoint import copy_config
 from tensorbridge.cli import main
-from tensorbridge.quant.checkpoint import copy_config
 from tensorbridge.quant.write import LAYOUTS
 
 

@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .checkpoint import QuantizedCheckpoint, quantize_checkpoint
     from .convert import LocalShard, local_shard, to_numpy, to_torch
     from .dcp.safetensors import SafetensorsReader, SafetensorsWriter
     from .dcp.zarr import ZarrReader, ZarrWriter
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
     from .io import load, open, save
     from .io.verify import Verification, verify
     from .quant import dequantize, quantize
-    from .quant.checkpoint import QuantizedCheckpoint, quantize_checkpoint
     from .tree import QuantizedParts, tree_to_numpy, tree_to_torch
 
 __version__ = "0.1.0"
@@ -162,7 +162,7 @@ _HOME = {
     **dict.fromkeys(["load", "open", "save"], ".io"),
     **dict.fromkeys(["SafetensorsReader", "SafetensorsWriter"], ".dcp.safetensors"),
     **dict.fromkeys(["dequantize", "quantize"], ".quant"),
-    **dict.fromkeys(["QuantizedCheckpoint", "quantize_checkpoint"], ".quant.checkpoint"),
+    **dict.fromkeys(["QuantizedCheckpoint", "quantize_checkpoint"], ".checkpoint"),
     **dict.fromkeys(["Verification", "verify"], ".io.verify"),
     **dict.fromkeys(["QuantizedParts", "tree_to_numpy", "tree_to_torch"], ".tree"),
 }

@@ -59,7 +59,7 @@ def write_quantized(
     out: TextIO,
 ) -> int:
     """convert --quantize: :func:`tensorbridge.quantize_checkpoint`, and its notes."""
-    from ..quant.checkpoint import quantize_checkpoint
+    from ..checkpoint import quantize_checkpoint
 
     done = quantize_checkpoint(
         src,

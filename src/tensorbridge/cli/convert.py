@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
             return write_quantized(args, src, names, meta, quantize, block_size, start, sys.stdout)
         _write(args, src, dst, names, carried, meta, given_meta, float_dtype, schemes)
         if schemes:
-            from ..quant.checkpoint import copy_config
+            from ..checkpoint import copy_config
 
             source = getattr(src, "path", None)
             if source is not None:

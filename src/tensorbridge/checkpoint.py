@@ -1,5 +1,8 @@
 """A whole checkpoint quantized, with the config a loader reads: ``tb.quantize_checkpoint``.
 
+This module sits above both ``io`` (it reads and saves files) and ``quant`` (the
+schemes' layouts and kernels), which import neither it nor each other's upper layers.
+
 :func:`quantize_checkpoint` reads a checkpoint (a file, shard index or directory) and
 writes it as a safetensors checkpoint whose weights are quantized in the scheme's
 published layout (which weights, and how they are stored: :mod:`tensorbridge.quant.write`).
@@ -24,8 +27,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..errors import InvalidArgumentError, QuantizationError, UnsupportedDtypeError
-from ..io._common import TensorFile
+from .errors import InvalidArgumentError, QuantizationError, UnsupportedDtypeError
+from .io._common import TensorFile
 
 __all__ = ["QuantizedCheckpoint", "copy_config", "quantize_checkpoint"]
 
@@ -127,8 +130,14 @@ def quantize_checkpoint(
             fit it, a source already quantized, or no weight to quantize.
         DestinationExistsError: ``dst`` exists and ``overwrite`` is false.
     """
-    from ..io import carried_metadata, destination, save
-    from .write import config_caveat, quantized_parts, skip_reason, unconverted_modules, writable
+    from .io import carried_metadata, destination, save
+    from .quant.write import (
+        config_caveat,
+        quantized_parts,
+        skip_reason,
+        unconverted_modules,
+        writable,
+    )
 
     scheme = writable(scheme, layout, element)
     if block_size is not None and scheme != "fp8-block":
@@ -230,7 +239,7 @@ def _opened(src: str | os.PathLike[str] | TensorFile) -> Iterator[TensorFile]:
     if isinstance(src, TensorFile):
         yield src
         return
-    from ..io import open as open_file
+    from .io import open as open_file
 
     with open_file(src) as f:
         yield f
@@ -242,7 +251,7 @@ def _path(f: TensorFile) -> Any:
 
 def _plan(f: TensorFile, scheme: str | None, block_size: Any) -> Any:
     """The quantization plan of an open file (``scheme`` / ``block_size`` applied)."""
-    from .detect import plan, read_config
+    from .quant.detect import plan, read_config
 
     index = {n: f.info(n) for n in f if n not in f.unsupported()}
     opts = {"block_size": block_size} if block_size is not None else {}
@@ -263,8 +272,8 @@ def _write_config(
     """A quantized checkpoint's config.json: the source's, with its ``quantization_config``
     (written only when the source directory has a config.json). Returns the path written
     and the path of an existing config.json kept (``overwrite`` false)."""
-    from ..io._common import atomic_write
-    from .write import quantization_config
+    from .io._common import atomic_write
+    from .quant.write import quantization_config
 
     source = getattr(src, "path", None)
     if source is None:
@@ -306,7 +315,7 @@ def copy_config(
     ...     json.load(f)
     {'model_type': 'llama'}
     """
-    from ..io._common import atomic_write
+    from .io._common import atomic_write
 
     here = os.path.dirname(os.path.abspath(src))
     there = os.path.dirname(os.path.abspath(dst))
@@ -337,10 +346,10 @@ def _verify(
     the same scheme, and every other tensor equal to the source."""
     import numpy as np
 
-    from ..io import open as open_file
-    from ..io.verify import bits, verify
-    from .api import quantize
-    from .write import LAYOUTS
+    from .io import open as open_file
+    from .io.verify import bits, verify
+    from .quant.api import quantize
+    from .quant.write import LAYOUTS
 
     kept = [n for n in names if n not in quantized]
     problems = list(verify(src, written, names=kept, progress=progress).problems) if kept else []
