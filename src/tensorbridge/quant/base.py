@@ -344,6 +344,8 @@ def as_torch(x: Any) -> torch.Tensor:
     a = np.asarray(x)
     if a.dtype == np.dtype(ml_dtypes.float4_e2m1fn):  # one value a byte: its code
         a = a.view(np.uint8)
+    if not a.dtype.isnative:  # a big-endian file's array: native bytes, a copy
+        a = a.astype(a.dtype.newbyteorder("="))
     t = host_tensor(a, resolve_dtype(a.dtype))
     if not a.flags.writeable and t.data_ptr() == a.ctypes.data:
         return t.clone()  # never a writable tensor over read-only memory
