@@ -34,6 +34,7 @@ Run as a script (``python tests/test_layers.py``) it prints the graph's cycles.
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -330,6 +331,20 @@ def test_the_dequantizing_open_lives_above_io_and_quant() -> None:
     }
     assert not into_upper & {"io", *(short(m) for m in modules() if under(m, "io"))}
     assert "_open" in into_upper
+
+
+def test_loading_the_kernels_loads_no_file_format() -> None:
+    """What the graph says, at run time: the modules ``to_numpy`` of a torchao subclass
+    loads to dequantize it (``_quantized`` and the scheme registry) load nothing of io."""
+    code = (
+        "import sys, tensorbridge._quantized, tensorbridge.quant.registry\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('tensorbridge.io', "
+        "'tensorbridge.diagnostics', 'tensorbridge.quant.api', 'tensorbridge.quant.detect'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]"
 
 
 def test_known_edges_are_still_there() -> None:
