@@ -187,6 +187,9 @@ class Scheme(abc.ABC):
     # name endings of stored tensors that only mean something as a part of this scheme's
     # weights: one that no weight claims is refused, not passed through
     part_suffixes: ClassVar[tuple[str, ...]] = ()
+    # stored dtypes that, left over beside this scheme's weights, mean a missing
+    # partner (fp8 codes without their scale) rather than a tensor to pass through
+    stray_dtypes: ClassVar[tuple[str, ...]] = ()
     # layout -> role -> what the stored tensor's name adds to the weight's ("": the
     # scheme's own layout, ``layout=None`` or ``"ocp"``): ``tb.quantize``'s names
     suffixes: ClassVar[Mapping[str, Mapping[str, str]]] = {}

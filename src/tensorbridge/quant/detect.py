@@ -292,7 +292,7 @@ def _assemble(
     dropped = {d for g in groups for d in g.dropped}
     names: list[str] = []
     passthrough: list[str] = []
-    fp8_seen = any(g.scheme.startswith("fp8") for g in groups)
+    strays = {d for g in groups for d in SCHEMES[g.scheme].stray_dtypes}
     for name, (row, _) in index.items():
         if name in first:
             names.append(first[name].name)
@@ -301,7 +301,7 @@ def _assemble(
         elif groups and name.endswith(ACTIVATION_SCALES):
             dropped.add(name)
         elif name.endswith(_PART_SUFFIXES) or (
-            groups and ((fp8_seen and row.name in _FP8) or row.name == "float8_e8m0fnu")
+            groups and (row.name in strays or row.name == "float8_e8m0fnu")
         ):
             raise QuantizationError(
                 f"{name} ({row.name}) belongs to no quantized weight of this "

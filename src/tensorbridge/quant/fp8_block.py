@@ -53,6 +53,7 @@ class FP8Block(Scheme):
     numerics = "code x scale in float32 (exact), rounded once to the requested dtype."
     writes = True
     aliases = ("fp8-block-wise",)
+    stray_dtypes = _CODES
     part_suffixes = ("_scale_inv",)
     suffixes: ClassVar[Mapping[str, Mapping[str, str]]] = {"": {"codes": "", "scale": "_scale_inv"}}
     takes_block_size = True

@@ -58,6 +58,7 @@ class FP8Scaled(Scheme):
         "float-quantized, FBGEMM, ModelOpt FP8: NAME + NAME_scale)."
     )
     numerics = "code x scale in float32 (exact), rounded once to the requested dtype."
+    stray_dtypes = _CODES
     part_suffixes = ("weight_scale", "_scale_inv")
     suffixes: ClassVar[Mapping[str, Mapping[str, str]]] = {"": {"codes": "", "scale": "_scale"}}
 
