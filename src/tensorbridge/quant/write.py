@@ -201,8 +201,8 @@ def stored_layout(
     >>> sorted(stored_layout("e.down_proj", (4, 64, 96), "mxfp4", layout="gpt-oss").items())[0]
     ('e.down_proj_blocks', ('codes', DTypeRow(uint8), (4, 96, 2, 16)))
     """
-    kw = {"block_size": block_size, "layout": layout, "element": element}
-    return SCHEMES[scheme].stored(name, shape, **kw)
+    s = SCHEMES[scheme]
+    return s.stored(name, shape, block_size=block_size, layout=layout, element=element)
 
 
 class QuantizedPart(Deferred):
