@@ -1204,6 +1204,7 @@ def _quantize_arg(
 ) -> str | None:
     """``--quantize``'s scheme, checked against the options it cannot go with."""
     from .errors import QuantizationError
+    from .quant.registry import SCHEMES
     from .quant.write import writable
 
     if args.quantize is None:
@@ -1226,7 +1227,7 @@ def _quantize_arg(
         scheme = writable(args.quantize, args.layout, args.element)
     except QuantizationError as e:
         raise _UsageError(str(e)) from None
-    if block_size is not None and scheme != "fp8-block":
+    if block_size is not None and not SCHEMES[scheme].takes_block_size:
         raise _UsageError(f"--block-size is fp8-block's; {scheme} has fixed blocks")
     return scheme
 
@@ -1244,6 +1245,7 @@ def _convert_quantized(
 ) -> int:
     """convert --quantize: each selected weight quantized as it is written, the rest as stored."""
     from . import io as tbio
+    from .quant.registry import SCHEMES
     from .quant.write import (
         config_caveat,
         quantized_parts,
@@ -1308,7 +1310,7 @@ def _convert_quantized(
         print(
             f"note: no config.json beside {args.src}, so none says how {args.dst} is "
             f"quantized: read it with --scheme {scheme}"
-            + (size if scheme == "fp8-block" else "")
+            + (size if SCHEMES[scheme].takes_block_size else "")
             + " (tb.open(..., dequantize=..., scheme=...))",
             file=sys.stderr,
         )
@@ -1391,7 +1393,7 @@ def _verify_quantized(
 
     from . import io as tbio
     from .quant import quantize
-    from .quant.write import LAYOUTS
+    from .quant.registry import SCHEMES
 
     kept = [n for n in names if n not in quantized]
     problems = _verify(src, kept, written, None, _progress(args)) if kept else []
@@ -1407,7 +1409,7 @@ def _verify_quantized(
                 scheme,
                 name=n,
                 block_size=block_size,
-                layout=args.layout or LAYOUTS[scheme],
+                layout=args.layout or SCHEMES[scheme].published_layout,
                 element=args.element,
             )
             for k, v in want.items():
