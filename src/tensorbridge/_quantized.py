@@ -15,7 +15,9 @@ kind of value (the plans are cached by it):
 * torchao's ``MXTensor`` (fp8 or fp4 elements, 32-element blocks, plain scales),
   ``NVFP4Tensor`` (16-element blocks, plain scales, none or one per-tensor scale) and
   ``Float8Tensor`` (per tensor or per row) dequantize with tensorbridge's own kernels
-  (:mod:`tensorbridge.quant`): bit-identical to the subclass's own
+  (the scheme whose ``from_subclass`` reads it, from
+  :mod:`tensorbridge.quant.registry`, which loads the kernels and nothing of
+  :mod:`tensorbridge.io`): bit-identical to the subclass's own
   ``dequantize(torch.float32)``, which ``tests/test_torchao.py`` checks;
 * any other subclass (swizzled scales, other block sizes, per-expert scales, int4 /
   int8 / intx, ...) through its own ``dequantize(torch.float32)`` (``dequantize()``
@@ -51,7 +53,6 @@ __all__ = [
     "undequantizable",
 ]
 
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
 
 
@@ -149,40 +150,13 @@ def _takes_dtype(method: Any) -> bool:
 
 
 def _scheme(x: Any, inner: dict[str, torch.Tensor], attrs: dict[str, Any]) -> str | None:
-    """The tensorbridge scheme that dequantizes ``x`` bit-exactly, when there is one."""
-    cls = type(x)
-    if not cls.__module__.startswith("torchao.") or x.ndim < 1:
+    """The tensorbridge scheme that dequantizes ``x`` bit-exactly, when there is one: the
+    first whose :meth:`~tensorbridge.quant.base.Scheme.from_subclass` reads it."""
+    if not type(x).__module__.startswith("torchao."):
         return None
-    qdata, scale = inner.get("qdata"), inner.get("scale")
-    if qdata is None or scale is None or not qdata.is_contiguous():
-        return None
-    if cls.__name__ == "MXTensor":
-        if attrs.get("block_size") != 32 or attrs.get("is_swizzled_scales"):
-            return None
-        elem = attrs.get("elem_dtype")
-        if elem in _FP8 and qdata.dtype == elem:
-            return "mxfp8"
-        if elem is not None and elem == _FP4X2 and qdata.dtype in (torch.uint8, _FP4X2):
-            return "mxfp4"
-        return None
-    if cls.__name__ == "NVFP4Tensor":
-        glob = inner.get("per_tensor_scale")
-        if (
-            attrs.get("block_size") != 16
-            or attrs.get("is_swizzled_scales")
-            or qdata.dtype not in (torch.uint8, _FP4X2)
-            or (glob is not None and glob.numel() != 1)
-        ):
-            return None
-        return "nvfp4-modelopt"
-    if cls.__name__ == "Float8Tensor" and set(inner) == {"qdata", "scale"}:
-        lead = tuple(qdata.shape[:-1])
-        per_row = tuple(scale.shape) in (lead, (*lead, 1))
-        block = attrs.get("block_size")
-        rows = list(block or ()) == [*([1] * len(lead)), qdata.shape[-1]]
-        if qdata.dtype in _FP8 and (scale.numel() == 1 or (per_row and rows)):
-            return "fp8"
-    return None
+    from .quant.registry import SCHEMES  # the kernels only: nothing of io
+
+    return next((s.name for s in SCHEMES.values() if s.from_subclass(x, inner, attrs)), None)
 
 
 def parts_text(x: Any) -> str:
@@ -244,14 +218,13 @@ def dequantize(x: Any, kind: Kind) -> torch.Tensor:
 
 
 def _by_scheme(x: Any, scheme: str) -> torch.Tensor:
-    from .quant.detect import SCHEMES
+    from .quant.registry import SCHEMES
 
-    parts = {"codes": x.qdata, "scale": x.scale}
-    if scheme == "nvfp4-modelopt":
-        glob = x.per_tensor_scale
-        parts["global_scale"] = (
-            torch.ones((), dtype=torch.float32) if glob is None else glob.reshape(())
-        )
+    s = SCHEMES[scheme]
+    found = flatten(x)
+    parts = s.from_subclass(x, dict(found[0]), found[1]) if found is not None else None
+    if parts is None:  # pragma: no cover - its Kind was decided from the same parts
+        raise AssertionError(f"{scheme} no longer reads {type(x).__name__}")
     host = {}
     for role, t in parts.items():
         t = t.detach()
@@ -259,6 +232,5 @@ def _by_scheme(x: Any, scheme: str) -> torch.Tensor:
             t = t.view(torch.uint8)  # two codes a byte, as the scheme reads them
         host[role] = t.cpu()
     index = {role: (resolve_dtype(t.dtype), tuple(t.shape)) for role, t in host.items()}
-    s = SCHEMES[scheme]
     group = s.make_group(type(x).__name__, {r: r for r in host}, index, {})
     return s.dequantize(host, group, torch.float32)

@@ -131,6 +131,7 @@ def quantize_checkpoint(
         DestinationExistsError: ``dst`` exists and ``overwrite`` is false.
     """
     from .io import carried_metadata, destination, save
+    from .quant.registry import SCHEMES
     from .quant.write import (
         config_caveat,
         quantized_parts,
@@ -140,7 +141,7 @@ def quantize_checkpoint(
     )
 
     scheme = writable(scheme, layout, element)
-    if block_size is not None and scheme != "fp8-block":
+    if block_size is not None and not SCHEMES[scheme].takes_block_size:
         raise QuantizationError(
             f"block_size= is fp8-block's; {scheme} has fixed blocks (leave out block_size=)"
         )
@@ -349,13 +350,14 @@ def _verify(
     from .io import open as open_file
     from .io.verify import bits, verify
     from .quant.api import quantize
-    from .quant.write import LAYOUTS
+    from .quant.registry import SCHEMES
 
     kept = [n for n in names if n not in quantized]
     problems = list(verify(src, written, names=kept, progress=progress).problems) if kept else []
     with open_file(written) as f:
         # what was written, whether or not a config.json beside the output says it
-        p = _plan(f, scheme, block_size or ((128, 128) if scheme == "fp8-block" else None))
+        taken = SCHEMES[scheme].takes_block_size
+        p = _plan(f, scheme, block_size or ((128, 128) if taken else None))
         found = {g.name for g in p.groups}
         problems += [
             f"{n}: not read back as a {scheme} weight" for n in quantized if n not in found
@@ -366,7 +368,7 @@ def _verify(
                 scheme,
                 name=n,
                 block_size=block_size,
-                layout=kw["layout"] or LAYOUTS[scheme],
+                layout=kw["layout"] or SCHEMES[scheme].published_layout,
                 element=kw["element"],
             )
             for k, v in want.items():

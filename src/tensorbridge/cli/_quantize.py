@@ -21,6 +21,7 @@ def quantize_arg(
 ) -> str | None:
     """``--quantize``'s scheme, checked against the options it cannot go with."""
     from ..errors import QuantizationError
+    from ..quant.registry import SCHEMES
     from ..quant.write import writable
 
     if args.quantize is None:
@@ -43,7 +44,7 @@ def quantize_arg(
         scheme = writable(args.quantize, args.layout, args.element)
     except QuantizationError as e:
         raise UsageError(str(e)) from None
-    if block_size is not None and scheme != "fp8-block":
+    if block_size is not None and not SCHEMES[scheme].takes_block_size:
         raise UsageError(f"--block-size is fp8-block's; {scheme} has fixed blocks")
     return scheme
 
@@ -60,6 +61,7 @@ def write_quantized(
 ) -> int:
     """convert --quantize: :func:`tensorbridge.quantize_checkpoint`, and its notes."""
     from ..checkpoint import quantize_checkpoint
+    from ..quant.registry import SCHEMES
 
     done = quantize_checkpoint(
         src,
@@ -91,7 +93,7 @@ def write_quantized(
         print(
             f"note: no config.json beside {args.src}, so none says how {args.dst} is "
             f"quantized: read it with --scheme {scheme}"
-            + (blocks if scheme == "fp8-block" else "")
+            + (blocks if SCHEMES[scheme].takes_block_size else "")
             + " (tb.open(..., dequantize=..., scheme=...))",
             file=sys.stderr,
         )

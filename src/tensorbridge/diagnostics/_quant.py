@@ -34,14 +34,13 @@ import torch
 
 from ..errors import QuantizationError
 from ..quant.base import Group, Scheme, as_torch
-from ..quant.detect import SCHEMES, plan, read_config, scheme_named
 from ..quant.detect import config_of as quant_config
+from ..quant.detect import plan, read_config
+from ..quant.registry import SCHEMES, scheme_named
 from ._record import Record
 from ._stats import Stats, StatsAccumulator
 from ._values import source
 
-# the largest code magnitude of each code dtype (fp4 codes are stored as bytes)
-_CODE_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0, "uint8": 6.0, "float4_e2m1fn": 6.0}
 _E8M0 = ("float8_e8m0fnu",)
 
 
@@ -258,7 +257,7 @@ def _what_if(
 ) -> tuple[dict[str, QuantWeight], dict[str, str]]:
     """Quantize each weight ``convert --quantize`` would, dequantize it, report."""
     from ..quant.api import quantize
-    from ..quant.write import LAYOUTS, skip_reason, writable
+    from ..quant.write import skip_reason, writable
 
     name = writable(scheme)
     s = SCHEMES[name]
@@ -269,12 +268,12 @@ def _what_if(
             skipped[n] = why
             continue
         value = _value(f, n)
-        q = quantize(value, name, name=n, block_size=block_size, layout=LAYOUTS[name])
+        q = quantize(value, name, name=n, block_size=block_size, layout=s.published_layout)
         qindex = {k: _info(q, k) for k in q}
         opts: dict[str, Any] = {"block_size": tuple(block_size or (128, 128))}
         g = next(
             g
-            for g in plan(qindex, None, name, opts if name == "fp8-block" else {}).groups
+            for g in plan(qindex, None, name, opts if s.takes_block_size else {}).groups
             if g.name == n
         )
         parts = {role: q[stored] for role, stored in g.parts.items()}
@@ -297,7 +296,7 @@ def weight_report(
     nblocks = int(np.prod(scale_src.shape, dtype=np.int64))
     probe = scheme.block_index(group, torch.zeros(1, dtype=torch.int64))
     blocked = probe is not None
-    limit = _CODE_MAX.get(codes_src.row.name)
+    limit = scheme.code_max(codes_src.row)
     ref_flat = None
     problem = None
     if reference is not None:
@@ -340,7 +339,7 @@ def weight_report(
             codes = scheme.kernel(unit, group).reshape(-1)
             saturated[ids[codes.abs() >= limit]] = True
         at += n
-    e8m0 = _e8m0_counts(parts["scale"], scale_src.row.name, group.scheme)
+    e8m0 = _e8m0_counts(parts["scale"], scale_src.row.name, scheme.e8m0_scales)
     rel = None
     blocks: tuple[BlockError, ...] = ()
     if ref_flat is not None and blocked:
@@ -391,9 +390,10 @@ def _unit(role: str, t: torch.Tensor, scheme: str) -> torch.Tensor:
     return torch.ones(t.shape, dtype=t.dtype)
 
 
-def _e8m0_counts(scale: Any, dtype: str, scheme: str) -> tuple[int, int, int] | None:
-    """Scales at 0x00, 0xFE and 0xFF, when they are e8m0 (F8_E8M0, or MX's U8 bytes)."""
-    if dtype not in _E8M0 and not (dtype == "uint8" and scheme.startswith("mx")):
+def _e8m0_counts(scale: Any, dtype: str, e8m0_bytes: bool) -> tuple[int, int, int] | None:
+    """Scales at 0x00, 0xFE and 0xFF, when they are e8m0 (F8_E8M0, or U8 bytes of a
+    scheme whose U8 scales are e8m0 exponents: MX)."""
+    if dtype not in _E8M0 and not (dtype == "uint8" and e8m0_bytes):
         return None
     if isinstance(scale, torch.Tensor):
         b = scale.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()

@@ -719,10 +719,6 @@ def open(
                 "scheme= says how to dequantize; pass dequantize='bf16' with it"
             )
         return f
-    from ..quant.api import DequantizedFile
+    from .._open import dequantized  # above io and quant: only when asked for
 
-    try:
-        return DequantizedFile(f, dequantize, scheme=scheme)
-    except BaseException:
-        f.close()
-        raise
+    return dequantized(f, dequantize, scheme=scheme)

@@ -18,10 +18,15 @@ scheme                          module
                                 (compressed-tensors int4 / int8)
 ==============================  ===================================================
 
+:mod:`tensorbridge.quant.registry` lists the schemes (one line each);
 :mod:`tensorbridge.quant.detect` decides which scheme a checkpoint uses (config
 first, then unambiguous names; otherwise a :class:`~tensorbridge.QuantizationError`),
 and :mod:`tensorbridge.quant.api` holds ``tb.dequantize``, ``tb.quantize`` and the
 dequantizing view that ``tb.open(path, dequantize="bf16")`` returns.
+
+The names below are loaded on first use (PEP 562), as the top-level package's are:
+importing a scheme module (the kernels ``to_numpy`` uses for a torchao ``MXTensor``)
+runs this file, and must not load :mod:`tensorbridge.io` with ``api`` and ``detect``.
 
 >>> from tensorbridge.quant import SCHEMES
 >>> sorted(SCHEMES)[:3]
@@ -30,9 +35,14 @@ dequantizing view that ``tb.open(path, dequantize="bf16")`` returns.
 
 from __future__ import annotations
 
-from .api import DequantizedFile, dequantize, quantize
-from .base import Config, Group, Scheme
-from .detect import SCHEMES, Plan, plan, read_config, scheme_named
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .api import DequantizedFile, dequantize, quantize
+    from .base import Config, Group, Scheme
+    from .detect import Plan, plan, read_config
+    from .registry import SCHEMES, scheme_named
 
 __all__ = [
     "SCHEMES",
@@ -47,3 +57,23 @@ __all__ = [
     "read_config",
     "scheme_named",
 ]
+
+_HOME = {
+    **dict.fromkeys(["DequantizedFile", "dequantize", "quantize"], ".api"),
+    **dict.fromkeys(["Config", "Group", "Scheme"], ".base"),
+    **dict.fromkeys(["Plan", "plan", "read_config"], ".detect"),
+    **dict.fromkeys(["SCHEMES", "scheme_named"], ".registry"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

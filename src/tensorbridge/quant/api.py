@@ -30,27 +30,11 @@ from ..io._keys import flatten
 from ..io._pipeline import Slot, Task
 from . import base
 from .base import Group, Index, Scheme, as_torch
-from .detect import SCHEMES, Plan, config_of, plan, read_config, scheme_named
+from .detect import Plan, config_of, plan, read_config
 from .gptq import checkpoint_format as gptq_format
+from .registry import SCHEMES, scheme_named
 
 __all__ = ["DequantizedFile", "DequantizedTensor", "dequantize", "quantize"]
-
-_ROLE_SUFFIX = {  # scheme -> role -> suffix of the stored name after the weight's name
-    "fp8-block": {"codes": "", "scale": "_scale_inv"},
-    "fp8": {"codes": "", "scale": "_scale"},
-    "mxfp8": {"codes": "", "scale": "_scale"},
-    "mxfp4": {"codes": "", "scale": "_scale"},
-    "mxfp4/gpt-oss": {"codes": "_blocks", "scale": "_scales"},
-    # llm-compressor's MX layouts: e8m0 exponents stored as U8, fp4 codes as NAME_packed
-    "mxfp8/compressed-tensors": {"codes": "", "scale": "_scale"},
-    "mxfp4/compressed-tensors": {"codes": "_packed", "scale": "_scale"},
-    "nvfp4-modelopt": {"codes": "", "scale": "_scale", "global_scale": "_scale_2"},
-    "nvfp4-compressed-tensors": {
-        "codes": "_packed",
-        "scale": "_scale",
-        "global_scale": "_global_scale",
-    },
-}
 
 
 def _float_row(dtype: DTypeLike) -> DTypeRow:
@@ -258,20 +242,9 @@ def quantize(
     s = scheme_named(scheme)
     if not s.writes:
         s.quantize(torch.empty(0))  # raises the scheme's own refusal
-    key = f"{s.name}/{layout}" if layout not in (None, "ocp") else s.name
-    if key not in _ROLE_SUFFIX:
-        others = [repr(k.split("/")[1]) for k in _ROLE_SUFFIX if k.startswith(s.name + "/")]
-        raise QuantizationError(
-            f"{s.name} has no layout {layout!r}; leave out layout= (the scheme's own)"
-            + (f" or pass {' or '.join(others)}" if others else "")
-        )
-    ct = layout == "compressed-tensors"
-    opts = _options(block_size, None if ct else layout, element)
-    t = as_torch(x)
-    parts = s.quantize(t, **opts)
-    if ct:  # compressed-tensors reads the exponents as integers (decompress_mx_scale)
-        parts["scale"] = parts["scale"].view(torch.uint8)
-    out: dict[str, Any] = {name + _ROLE_SUFFIX[key][role]: v for role, v in parts.items()}
+    suffixes = s.role_suffixes(layout)
+    parts = s.quantize(as_torch(x), **_options(block_size, layout, element))
+    out: dict[str, Any] = {name + suffixes[role]: v for role, v in parts.items()}
     if isinstance(x, np.ndarray):
         return {k: to_numpy(v) for k, v in out.items()}
     return out

@@ -38,6 +38,7 @@ class AWQ(Scheme):
         "[0, 2, 4, 6, 1, 3, 5, 7] (P.qweight [in, out/8]), per-group zeros and fp16 scales."
     )
     numerics = "(code - zero) x scale in float32 (exact), rounded once to the requested dtype."
+    part_suffixes = ("qweight", "qzeros")
 
     def claims(self, config: Config) -> bool:
         return config.method == "awq"

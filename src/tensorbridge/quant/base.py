@@ -13,7 +13,15 @@ module and one :class:`Scheme` subclass with four verbs:
 * ``kernel(parts, group)`` — the dequantized values of one piece, in float32;
 * ``quantize(x, **options)`` — codes and scales in the scheme's own layout;
 
-plus ``describe()``. Pieces (``pieces``) let a checkpoint be streamed a block row at
+plus ``describe()``. A scheme also *describes itself*, so that no other module tests
+its name: the names it answers to (``aliases``), the suffixes of its stored tensors
+(``part_suffixes``, ``suffixes`` by layout), what writing it takes (``row_block``,
+``takes_block_size``, ``published_layout``, :meth:`Scheme.stored`,
+:meth:`Scheme.written_config`), what its codes can reach (:meth:`Scheme.code_max`)
+and which torchao tensor subclasses it reads (:meth:`Scheme.from_subclass`).
+Adding a scheme is one module and one line in :mod:`tensorbridge.quant.registry`.
+
+Pieces (``pieces``) let a checkpoint be streamed a block row at
 a time: each piece is a dict of array slices whose dequantized values follow one
 another in the output's C order.
 
@@ -35,17 +43,20 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from ..dtypes import DTypeRow
+from .._memory import host_tensor
+from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import FormatError, QuantizationError
 
 __all__ = [
     "FP4_VALUES",
+    "FP8_MAX",
     "PIECE_ELEMENTS",
     "Config",
     "Group",
     "Index",
     "Scheme",
     "as_torch",
+    "compressed_tensors_config",
     "e8m0_to_f32",
     "fold_factor",
     "fp4_codes_to_f32",
@@ -59,6 +70,7 @@ __all__ = [
     "require",
     "row_pieces",
     "shape_text",
+    "torchao_parts",
     "unpack_int32",
 ]
 
@@ -68,6 +80,8 @@ Index = Mapping[str, tuple[DTypeRow, tuple[int, ...]]]
 # about how many output elements one piece holds: its float32 values (1 MiB) stay in cache
 PIECE_ELEMENTS = 1 << 18
 
+# the largest magnitude of each fp8 code type
+FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 # e2m1: code bits s e e m; the OCP MX spec's table (also ml_dtypes.float4_e2m1fn's)
 FP4_VALUES = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
 # one byte -> its two values, element 2j in the low nibble (safetensors F4, torchao, gpt-oss)
@@ -152,16 +166,103 @@ class Group:
 
 
 class Scheme(abc.ABC):
-    """One quantization scheme: detect, dequantize, quantize, describe (see the module)."""
+    """One quantization scheme: detect, dequantize, quantize, describe (see the module).
+
+    The class attributes are what other modules ask instead of testing the name: the
+    registry (aliases), a dequantized checkpoint's check that no stored part is left
+    over (``part_suffixes``), ``tb.quantize`` (``suffixes``), ``convert --quantize``
+    (``writes``, ``published_layout``, ``other_layouts``, ``row_block``,
+    ``takes_block_size``, ``per_tensor_amax``, ``elements``) and ``quant_report``
+    (``e8m0_scales``, :meth:`code_max`).
+    """
 
     name: ClassVar[str]
     summary: ClassVar[str]  # one line: layout and where it comes from
     numerics: ClassVar[str]  # one line: how the product is computed and where it may round
-    writes: ClassVar[bool] = False  # quantize() implemented
+    writes: ClassVar[bool] = False  # quantize() implemented (and convert --quantize writes it)
+    # other names ``scheme=`` takes for it (lower case, ``-`` for ``_``)
+    aliases: ClassVar[tuple[str, ...]] = ()
+    # names that mean this scheme *or* another: the name -> the refusal that says which
+    ambiguous: ClassVar[Mapping[str, str]] = {}
+    # name endings of stored tensors that only mean something as a part of this scheme's
+    # weights: one that no weight claims is refused, not passed through
+    part_suffixes: ClassVar[tuple[str, ...]] = ()
+    # stored dtypes that, left over beside this scheme's weights, mean a missing
+    # partner (fp8 codes without their scale) rather than a tensor to pass through
+    stray_dtypes: ClassVar[tuple[str, ...]] = ()
+    # layout -> role -> what the stored tensor's name adds to the weight's ("": the
+    # scheme's own layout, ``layout=None`` or ``"ocp"``): ``tb.quantize``'s names
+    suffixes: ClassVar[Mapping[str, Mapping[str, str]]] = {}
+    # the layout= that convert --quantize writes (the published one), and its others
+    published_layout: ClassVar[str | None] = None
+    other_layouts: ClassVar[tuple[str, ...]] = ()
+    # the rows' length must be a multiple of this to quantize (its blocks along a row)
+    row_block: ClassVar[int | None] = None
+    # blocks span rows too, sized by ``block_size=(rows, cols)`` (default (128, 128))
+    takes_block_size: ClassVar[bool] = False
+    # quantizing a slice of rows needs the whole weight's largest magnitude (``amax=``)
+    per_tensor_amax: ClassVar[bool] = False
+    # element types by the names ``element=`` takes ({} where the element is fixed)
+    elements: ClassVar[Mapping[str, str]] = {}
+    # a U8 scale holds e8m0 exponent bytes (``2 ** (byte - 127)``)
+    e8m0_scales: ClassVar[bool] = False
 
     def claims(self, config: Config) -> bool:
         """Whether ``config`` names this scheme."""
         return False
+
+    def from_subclass(
+        self, x: torch.Tensor, inner: Mapping[str, torch.Tensor], attributes: Mapping[str, Any]
+    ) -> dict[str, torch.Tensor] | None:
+        """The parts by role of a torchao tensor subclass ``x`` that this scheme
+        dequantizes bit-exactly (``inner`` and ``attributes``: what its
+        ``__tensor_flatten__`` names), or ``None`` (default: no subclass)."""
+        return None
+
+    def code_max(self, codes: DTypeRow) -> float | None:
+        """The largest magnitude a code stored as ``codes`` can hold (``None``: integer
+        codes, no such limit). A block with a code there is reported as saturated."""
+        return None
+
+    def stored(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        *,
+        block_size: tuple[int, int] | None = None,
+        layout: str | None = None,
+        element: str | None = None,
+    ) -> dict[str, tuple[str, DTypeRow, tuple[int, ...]]]:
+        """The stored tensors a ``shape`` weight ``name`` quantizes into (name -> role,
+        dtype row, shape) in ``layout``, from its shape alone (a streaming writer needs
+        them for the header before any value)."""
+        raise QuantizationError(
+            f"tensorbridge dequantizes {self.name} but does not write it; quantize with "
+            "one of the MX formats, nvfp4 or fp8-block"
+        )
+
+    def written_config(
+        self, block_size: tuple[int, int] | None, ignored: list[str], layout: str | None
+    ) -> dict[str, Any]:
+        """The ``quantization_config`` a loader reads :meth:`stored`'s layout from;
+        ``ignored`` lists the modules left unquantized (sorted)."""
+        raise QuantizationError(f"tensorbridge does not write {self.name}")
+
+    def config_caveat(self, element: str | None) -> str | None:
+        """What :meth:`written_config` cannot say (a note for the user), or None."""
+        return None
+
+    def role_suffixes(self, layout: str | None) -> Mapping[str, str]:
+        """Role -> name suffix in ``layout`` (``None`` / ``"ocp"``: the scheme's own), or
+        QuantizationError naming the layouts there are."""
+        key = "" if layout in (None, "ocp") else str(layout)
+        if key not in self.suffixes:
+            others = [repr(k) for k in self.suffixes if k]
+            raise QuantizationError(
+                f"{self.name} has no layout {layout!r}; leave out layout= (the scheme's own)"
+                + (f" or pass {' or '.join(others)}" if others else "")
+            )
+        return self.suffixes[key]
 
     @abc.abstractmethod
     def detect(
@@ -233,15 +334,36 @@ class Scheme(abc.ABC):
 
 
 def as_torch(x: Any) -> torch.Tensor:
-    """A CPU tensor of ``x``'s bits (ml_dtypes arrays through the table, zero-copy)."""
+    """A CPU tensor of ``x``'s bits: an array's memory viewed through the dtype table's
+    bit-cast (``_memory``), zero-copy; read-only memory is copied, as ``to_torch`` would.
+
+    >>> a = np.array([1.5], dtype=ml_dtypes.bfloat16)
+    >>> t = as_torch(a)
+    >>> t.dtype, t.data_ptr() == a.ctypes.data
+    (torch.bfloat16, True)
+    """
     if isinstance(x, torch.Tensor):
         return x
-    from ..convert import to_torch
-
     a = np.asarray(x)
     if a.dtype == np.dtype(ml_dtypes.float4_e2m1fn):  # one value a byte: its code
         a = a.view(np.uint8)
-    return to_torch(a)
+    if not a.dtype.isnative:  # a big-endian file's array: native bytes, a copy
+        a = a.astype(a.dtype.newbyteorder("="))
+    t = host_tensor(a, resolve_dtype(a.dtype))
+    if not a.flags.writeable and t.data_ptr() == a.ctypes.data:
+        return t.clone()  # never a writable tensor over read-only memory
+    return t
+
+
+def torchao_parts(
+    x: torch.Tensor, inner: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A torchao subclass's ``qdata`` and ``scale`` when a scheme can read them as they
+    are (both there, ``qdata`` contiguous, at least one axis), else ``None``."""
+    qdata, scale = inner.get("qdata"), inner.get("scale")
+    if qdata is None or scale is None or not qdata.is_contiguous() or x.ndim < 1:
+        return None
+    return qdata, scale
 
 
 def fp4_codes_to_f32(codes: torch.Tensor, packed: bool) -> torch.Tensor:
@@ -471,6 +593,38 @@ def row_pieces(
     for idx in np.ndindex(*lead):
         for r0 in range(0, rows, per):
             yield tuple(int(i) for i in idx), r0, min(rows, r0 + per)
+
+
+def compressed_tensors_config(
+    fmt: str, bits: int, group_size: int, strategy: str, ignored: list[str]
+) -> dict[str, Any]:
+    """The ``quantization_config`` llm-compressor writes for float weights quantized as
+    ``fmt`` in groups of ``group_size`` along a row (one config group, ``Linear``).
+
+    >>> compressed_tensors_config("mxfp4-pack-quantized", 4, 32, "group", [])["format"]
+    'mxfp4-pack-quantized'
+    """
+    return {
+        "quant_method": "compressed-tensors",
+        "format": fmt,
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "format": fmt,
+                "weights": {
+                    "num_bits": bits,
+                    "type": "float",
+                    "strategy": strategy,
+                    "group_size": group_size,
+                    "symmetric": True,
+                    "dynamic": False,
+                },
+                "input_activations": None,
+            }
+        },
+        "ignore": ignored,
+    }
 
 
 def require(cond: bool, message: str) -> None:

@@ -46,6 +46,7 @@ class PackQuantized(Scheme):
         "per group or channel, optional packed weight_zero_point and weight_g_idx)."
     )
     numerics = "(code - zero) x scale in float32 (exact), rounded once to the requested dtype."
+    part_suffixes = ("_packed", "weight_scale", "weight_shape", "weight_zero_point", "g_idx")
 
     def claims(self, config: Config) -> bool:
         return config.method == "compressed-tensors" and "pack-quantized" in config.formats

@@ -30,31 +30,12 @@ from typing import Any
 
 from ..errors import FormatError, LinkError, QuantizationError, TensorBridgeError
 from ..io._files import Links, read_limited
-from .awq import AWQ
 from .base import Config, Group, Index, Scheme
-from .ct_packed import PackQuantized
-from .fp8_block import FP8Block
-from .fp8_scaled import ACTIVATION_SCALES, FP8Scaled
-from .gptq import GPTQ
-from .mx import MX
-from .nvfp4 import NVFP4
+from .fp8_scaled import ACTIVATION_SCALES
+from .registry import SCHEMES, scheme_named
 
 __all__ = ["SCHEMES", "Plan", "plan", "read_config", "scheme_named"]
 
-SCHEMES: dict[str, Scheme] = {
-    s.name: s
-    for s in (
-        FP8Block(),
-        FP8Scaled(),
-        MX("mxfp8"),
-        MX("mxfp4"),
-        NVFP4("modelopt"),
-        NVFP4("compressed-tensors"),
-        GPTQ(),
-        AWQ(),
-        PackQuantized(),
-    )
-}
 _UNSUPPORTED = {  # quant_method -> what to use instead
     "bitsandbytes": "bitsandbytes",
     "hqq": "hqq",
@@ -64,20 +45,7 @@ _UNSUPPORTED = {  # quant_method -> what to use instead
     "gguf": "the gguf package",
 }
 # suffixes of stored tensors that only mean something as part of a quantized weight
-_PART_SUFFIXES = (
-    "_scale_inv",
-    "_scales",
-    "_blocks",
-    "_packed",
-    "_global_scale",
-    "_scale_2",
-    "weight_scale",
-    "qweight",
-    "qzeros",
-    "g_idx",
-    "weight_shape",
-    "weight_zero_point",
-)
+_PART_SUFFIXES = tuple(dict.fromkeys(x for s in SCHEMES.values() for x in s.part_suffixes))
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
@@ -124,21 +92,6 @@ class Plan:
             more = f" and {len(self.dropped) - 3} more" if len(self.dropped) > 3 else ""
             text += f"; activation scales dropped: {', '.join(self.dropped[:3])}{more}"
         return text
-
-
-def scheme_named(name: str) -> Scheme:
-    """The scheme called ``name``; an unknown or incomplete name raises QuantizationError."""
-    key = name.lower().replace("_", "-")
-    key = {"nvfp4-ct": "nvfp4-compressed-tensors", "fp8-block-wise": "fp8-block"}.get(key, key)
-    if key in SCHEMES:
-        return SCHEMES[key]
-    if key == "nvfp4":
-        raise QuantizationError(
-            "scheme='nvfp4' does not say whose convention: ModelOpt multiplies by "
-            "weight_scale_2, compressed-tensors divides by weight_global_scale; pass "
-            "scheme='nvfp4-modelopt' or scheme='nvfp4-compressed-tensors'"
-        )
-    raise QuantizationError(f"unknown scheme {name!r}; pass one of {', '.join(SCHEMES)}")
 
 
 def read_config(
@@ -339,7 +292,7 @@ def _assemble(
     dropped = {d for g in groups for d in g.dropped}
     names: list[str] = []
     passthrough: list[str] = []
-    fp8_seen = any(g.scheme.startswith("fp8") for g in groups)
+    strays = {d for g in groups for d in SCHEMES[g.scheme].stray_dtypes}
     for name, (row, _) in index.items():
         if name in first:
             names.append(first[name].name)
@@ -348,7 +301,7 @@ def _assemble(
         elif groups and name.endswith(ACTIVATION_SCALES):
             dropped.add(name)
         elif name.endswith(_PART_SUFFIXES) or (
-            groups and ((fp8_seen and row.name in _FP8) or row.name == "float8_e8m0fnu")
+            groups and (row.name in strays or row.name == "float8_e8m0fnu")
         ):
             raise QuantizationError(
                 f"{name} ({row.name}) belongs to no quantized weight of this "

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import QuantizationError
 from .base import (
+    FP8_MAX,
     Config,
     Group,
     Index,
@@ -50,9 +52,45 @@ class FP8Block(Scheme):
     )
     numerics = "code x scale in float32 (exact), rounded once to the requested dtype."
     writes = True
+    aliases = ("fp8-block-wise",)
+    stray_dtypes = _CODES
+    part_suffixes = ("_scale_inv",)
+    suffixes: ClassVar[Mapping[str, Mapping[str, str]]] = {"": {"codes": "", "scale": "_scale_inv"}}
+    takes_block_size = True
 
     def claims(self, config: Config) -> bool:
         return config.method == "fp8" and config.data.get("weight_block_size") is not None
+
+    def code_max(self, codes: DTypeRow) -> float | None:
+        return FP8_MAX.get(codes.name)
+
+    def stored(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        *,
+        block_size: tuple[int, int] | None = None,
+        layout: str | None = None,
+        element: str | None = None,
+    ) -> dict[str, tuple[str, DTypeRow, tuple[int, ...]]]:
+        names = self.role_suffixes(layout)
+        br, bc = block_size or (128, 128)
+        grid = (*shape[:-2], math.ceil(shape[-2] / br), math.ceil(shape[-1] / bc))
+        return {
+            name + names["codes"]: ("codes", resolve_dtype("float8_e4m3fn"), shape),
+            name + names["scale"]: ("scale", resolve_dtype("float32"), grid),
+        }
+
+    def written_config(
+        self, block_size: tuple[int, int] | None, ignored: list[str], layout: str | None
+    ) -> dict[str, Any]:
+        """transformers' ``FineGrainedFP8Config`` (DeepSeek-V3's ``quant_method: "fp8"``)."""
+        return {
+            "quant_method": "fp8",
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "weight_block_size": list(block_size or (128, 128)),
+        }
 
     def detect(
         self, index: Index, config: Config | None, options: Mapping[str, Any]

@@ -17,12 +17,14 @@ can differ by one bf16 ulp).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from ..dtypes import DTypeRow
 from ..errors import QuantizationError
 from .base import (
+    FP8_MAX,
     Config,
     Group,
     Index,
@@ -32,6 +34,7 @@ from .base import (
     require,
     row_pieces,
     shape_text,
+    torchao_parts,
 )
 
 __all__ = ["ACTIVATION_SCALES", "FP8Scaled", "activation_scales"]
@@ -55,6 +58,28 @@ class FP8Scaled(Scheme):
         "float-quantized, FBGEMM, ModelOpt FP8: NAME + NAME_scale)."
     )
     numerics = "code x scale in float32 (exact), rounded once to the requested dtype."
+    stray_dtypes = _CODES
+    part_suffixes = ("weight_scale", "_scale_inv")
+    suffixes: ClassVar[Mapping[str, Mapping[str, str]]] = {"": {"codes": "", "scale": "_scale"}}
+
+    def from_subclass(
+        self, x: torch.Tensor, inner: Mapping[str, torch.Tensor], attributes: Mapping[str, Any]
+    ) -> dict[str, torch.Tensor] | None:
+        """torchao's ``Float8Tensor`` scaled per tensor or per row."""
+        found = torchao_parts(x, inner)
+        if found is None or type(x).__name__ != "Float8Tensor" or set(inner) != {"qdata", "scale"}:
+            return None
+        qdata, scale = found
+        lead = tuple(qdata.shape[:-1])
+        per_row = tuple(scale.shape) in (lead, (*lead, 1))
+        rows = list(attributes.get("block_size") or ()) == [*([1] * len(lead)), qdata.shape[-1]]
+        fp8 = qdata.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+        if fp8 and (scale.numel() == 1 or (per_row and rows)):
+            return {"codes": qdata, "scale": scale}
+        return None
+
+    def code_max(self, codes: DTypeRow) -> float | None:
+        return FP8_MAX.get(codes.name)
 
     def claims(self, config: Config) -> bool:
         m = config.method

@@ -92,6 +92,7 @@ class GPTQ(Scheme):
         "scales and packed zeros, optional act-order g_idx; loads as P.weight [out, in]."
     )
     numerics = "scale x (code - zero) in float32 (exact), rounded once to the requested dtype."
+    part_suffixes = ("qweight", "qzeros", "g_idx")
 
     def claims(self, config: Config) -> bool:
         return config.method == "gptq"

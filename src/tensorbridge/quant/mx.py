@@ -35,23 +35,27 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import QuantizationError
 from . import base
 from .base import (
+    FP8_MAX,
     Config,
     Group,
     Index,
     Scheme,
+    compressed_tensors_config,
     e8m0_to_f32,
     fp4_codes_to_f32,
     fp4_encode,
     fp8_to_f32,
     require,
     shape_text,
+    torchao_parts,
 )
 from .fp8_scaled import activation_scales
 
-__all__ = ["ELEMENTS", "MX", "element_name"]
+__all__ = ["ELEMENTS", "GPT_OSS_NOT_CONVERTED", "MX", "element_name"]
 
 BLOCK = 32
 # element type -> (exponent of its largest power of two, its largest value)
@@ -61,6 +65,14 @@ _ELEMENT = {
     "fp4": (2, 6.0),
 }
 _FORMAT = {"mxfp8": "mxfp8-quantized", "mxfp4": "mxfp4-pack-quantized"}
+_FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
+# openai/gpt-oss-20b's config.json: what its MXFP4 loader leaves unquantized
+GPT_OSS_NOT_CONVERTED = (
+    "model.layers.*.self_attn",
+    "model.layers.*.mlp.router",
+    "model.embed_tokens",
+    "lm_head",
+)
 # MXFP8's element types by the names a caller may give (OCP's short names, torch's)
 ELEMENTS = {
     "e4m3": "float8_e4m3fn",
@@ -102,10 +114,26 @@ class MX(Scheme):
         "code x 2**(e - 127) in float32 (exact unless below float32's subnormals), "
         "rounded once to the requested dtype."
     )
+    part_suffixes = ("_scales", "_blocks", "_packed", "weight_scale")
+    # convert writes llm-compressor's layout: e8m0 exponents stored as U8
+    published_layout = "compressed-tensors"
+    row_block = BLOCK
+    e8m0_scales = True
 
     def __init__(self, name: str) -> None:
         self.name = name  # type: ignore[misc]
         self.fp4 = name == "mxfp4"
+        own = {"codes": "", "scale": "_scale"}
+        if self.fp4:
+            self.suffixes = {  # type: ignore[misc]
+                "": own,
+                "gpt-oss": {"codes": "_blocks", "scale": "_scales"},
+                "compressed-tensors": {"codes": "_packed", "scale": "_scale"},
+            }
+            self.other_layouts = ("gpt-oss",)  # type: ignore[misc]
+        else:
+            self.suffixes = {"": own, "compressed-tensors": own}  # type: ignore[misc]
+            self.elements = ELEMENTS  # type: ignore[misc]
         self.summary = (  # type: ignore[misc]
             "OCP MX: fp4 e2m1 codes two a byte with one e8m0 scale per 32 elements "
             "(torchao MXTensor, compressed-tensors mxfp4-pack-quantized, gpt-oss "
@@ -119,6 +147,87 @@ class MX(Scheme):
         if self.fp4 and config.method == "mxfp4":
             return True
         return config.method == "compressed-tensors" and _FORMAT[self.name] in config.formats
+
+    def from_subclass(
+        self, x: torch.Tensor, inner: Mapping[str, torch.Tensor], attributes: Mapping[str, Any]
+    ) -> dict[str, torch.Tensor] | None:
+        """torchao's ``MXTensor`` with 32-element blocks and plain (unswizzled) scales."""
+        found = torchao_parts(x, inner)
+        if found is None or type(x).__name__ != "MXTensor":
+            return None
+        if attributes.get("block_size") != BLOCK or attributes.get("is_swizzled_scales"):
+            return None
+        qdata, scale = found
+        elem = attributes.get("elem_dtype")
+        if self.fp4:
+            fits = elem is not None and elem == _FP4X2 and qdata.dtype in (torch.uint8, _FP4X2)
+        else:
+            fits = elem in (torch.float8_e4m3fn, torch.float8_e5m2) and qdata.dtype == elem
+        return {"codes": qdata, "scale": scale} if fits else None
+
+    def code_max(self, codes: DTypeRow) -> float | None:
+        if self.fp4:
+            return 6.0 if codes.name in ("uint8", "float4_e2m1fn") else None
+        return FP8_MAX.get(codes.name)
+
+    def stored(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        *,
+        block_size: tuple[int, int] | None = None,
+        layout: str | None = None,
+        element: str | None = None,
+    ) -> dict[str, tuple[str, DTypeRow, tuple[int, ...]]]:
+        """MX in ``layout`` (compressed-tensors: U8 exponents; gpt-oss: blocks).
+
+        >>> mx = MX("mxfp4")
+        >>> {k: (r, row.name, s) for k, (r, row, s) in mx.stored("w", (8, 64)).items()}
+        {'w_packed': ('codes', 'uint8', (8, 32)), 'w_scale': ('scale', 'uint8', (8, 2))}
+        """
+        layout = self.published_layout if layout is None else layout
+        names = self.role_suffixes(layout)
+        u8 = resolve_dtype("uint8")
+        if layout == "gpt-oss":  # [E, in, out] -> blocks [E, out, in / 32, 16]
+            *experts, k_in, out = shape
+            groups = (*experts, out, k_in // BLOCK)
+            return {
+                name + names["codes"]: ("codes", u8, (*groups, BLOCK // 2)),
+                name + names["scale"]: ("scale", u8, groups),
+            }
+        *lead, k = shape
+        # the scheme's own layout keeps F8_E8M0 scales; compressed-tensors U8 exponents
+        e8m0 = resolve_dtype("float8_e8m0fnu") if layout == "ocp" else u8
+        scale = ("scale", e8m0, (*lead, k // BLOCK))
+        if self.fp4:
+            codes = ("codes", u8, (*lead, k // 2))
+        else:
+            codes = ("codes", resolve_dtype(element_name(self.name, element)), shape)
+        return {name + names["codes"]: codes, name + names["scale"]: scale}
+
+    def written_config(
+        self, block_size: tuple[int, int] | None, ignored: list[str], layout: str | None
+    ) -> dict[str, Any]:
+        """compressed-tensors' ``mxfp8-quantized`` / ``mxfp4-pack-quantized``; gpt-oss:
+        transformers' ``Mxfp4Config``, as openai/gpt-oss-20b has it."""
+        if layout == "gpt-oss":
+            extra = [m for m in ignored if m not in GPT_OSS_NOT_CONVERTED]
+            return {
+                "modules_to_not_convert": [*GPT_OSS_NOT_CONVERTED, *extra],
+                "quant_method": "mxfp4",
+            }
+        bits = 4 if self.fp4 else 8
+        return compressed_tensors_config(_FORMAT[self.name], bits, BLOCK, "group", ignored)
+
+    def config_caveat(self, element: str | None) -> str | None:
+        if not self.fp4 and element_name(self.name, element) == "float8_e5m2":
+            return (
+                "compressed-tensors' config has no field for the element type and means "
+                "e4m3; the codes are F8_E5M2 in the safetensors header, which "
+                "compressed-tensors' decompressor and tensorbridge read, but a reader that "
+                "assumes e4m3 gets wrong weights"
+            )
+        return None
 
     def detect(
         self, index: Index, config: Config | None, options: Mapping[str, Any]
@@ -239,7 +348,9 @@ class MX(Scheme):
 
         ``element`` picks MXFP8's element type (``float8_e4m3fn``, the default, or
         ``float8_e5m2``); ``layout="gpt-oss"`` takes an ``[E, in, out]`` weight and
-        gives gpt-oss blocks ``[E, out, G, 16]`` and ``uint8`` scales ``[E, out, G]``.
+        gives gpt-oss blocks ``[E, out, G, 16]`` and ``uint8`` scales ``[E, out, G]``;
+        ``layout="compressed-tensors"`` gives the scales as ``uint8`` exponents
+        (compressed-tensors reads them as integers: ``decompress_mx_scale``).
         """
         layout = options.get("layout", "ocp")
         xf = x.detach().to(torch.float32).cpu()
@@ -262,13 +373,11 @@ class MX(Scheme):
         biased = torch.where(torch.isnan(max_abs), torch.full_like(biased, 255), biased)
         scale = (biased.to(torch.int32) << 23).view(torch.float32)
         scale = torch.clamp(scale, min=torch.finfo(torch.float32).tiny)
+        # gpt-oss and compressed-tensors store the e8m0 exponents as U8
+        as_bytes = layout in ("gpt-oss", "compressed-tensors")
         if options.get("scales_only"):
             scales_only = biased.squeeze(-1)
-            return {
-                "scale": scales_only
-                if layout == "gpt-oss"
-                else scales_only.view(torch.float8_e8m0fnu)
-            }
+            return {"scale": scales_only if as_bytes else scales_only.view(torch.float8_e8m0fnu)}
         scaled = blocks / scale
         if self.fp4:
             codes = fp4_encode(scaled.reshape(xf.shape))
@@ -282,4 +391,4 @@ class MX(Scheme):
                 "codes": out.reshape(*out.shape[:-1], k // BLOCK, BLOCK // 2),
                 "scale": scales,
             }
-        return {"codes": out, "scale": scales.view(torch.float8_e8m0fnu)}
+        return {"codes": out, "scale": scales if as_bytes else scales.view(torch.float8_e8m0fnu)}

@@ -25,10 +25,11 @@ Quantizing follows torchao's ``nvfp4_quantize`` with a per-tensor scale
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import QuantizationError
 from . import base
 from .base import (
@@ -36,10 +37,12 @@ from .base import (
     Group,
     Index,
     Scheme,
+    compressed_tensors_config,
     fp4_codes_to_f32,
     fp4_encode,
     require,
     shape_text,
+    torchao_parts,
 )
 from .fp8_scaled import activation_scales
 
@@ -51,17 +54,30 @@ _NAMES = {  # convention -> (codes suffix, global-scale suffix)
     "modelopt": ("", "_scale_2"),
     "compressed-tensors": ("_packed", "_global_scale"),
 }
+_FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
 
 
 class NVFP4(Scheme):
     """NVFP4 in one toolkit's convention (``"modelopt"`` or ``"compressed-tensors"``)."""
 
     writes = True
+    row_block = BLOCK
+    per_tensor_amax = True
+    ambiguous: ClassVar[Mapping[str, str]] = {
+        "nvfp4": "scheme='nvfp4' does not say whose convention: ModelOpt multiplies by "
+        "weight_scale_2, compressed-tensors divides by weight_global_scale; pass "
+        "scheme='nvfp4-modelopt' or scheme='nvfp4-compressed-tensors'"
+    }
 
     def __init__(self, convention: str) -> None:
         self.convention = convention
         self.name = f"nvfp4-{convention}"  # type: ignore[misc]
         codes, glob = _NAMES[convention]
+        self.aliases = ("nvfp4-ct",) if convention == "compressed-tensors" else ()  # type: ignore[misc]
+        self.part_suffixes = (*((codes,) if codes else ()), glob, "weight_scale")  # type: ignore[misc]
+        self.suffixes = {  # type: ignore[misc]
+            "": {"codes": codes, "scale": "_scale", "global_scale": glob}
+        }
         op = "x (scale x scale_2)" if convention == "modelopt" else "x (scale / global_scale)"
         self.summary = (  # type: ignore[misc]
             f"fp4 codes (NAME{codes}, U8 two a byte), fp8 e4m3 scale per 16 (NAME_scale), "
@@ -76,6 +92,68 @@ class NVFP4(Scheme):
         if self.convention == "modelopt":
             return config.method == "modelopt" and config.algo == "NVFP4"
         return config.method == "compressed-tensors" and "nvfp4-pack-quantized" in config.formats
+
+    def from_subclass(
+        self, x: torch.Tensor, inner: Mapping[str, torch.Tensor], attributes: Mapping[str, Any]
+    ) -> dict[str, torch.Tensor] | None:
+        """torchao's ``NVFP4Tensor`` (16-element blocks, plain scales, none or one
+        per-tensor scale, which multiplies: ModelOpt's convention)."""
+        found = torchao_parts(x, inner)
+        if found is None or type(x).__name__ != "NVFP4Tensor" or self.convention != "modelopt":
+            return None
+        qdata, scale = found
+        glob = inner.get("per_tensor_scale")
+        if (
+            attributes.get("block_size") != BLOCK
+            or attributes.get("is_swizzled_scales")
+            or qdata.dtype not in (torch.uint8, _FP4X2)
+            or (glob is not None and glob.numel() != 1)
+        ):
+            return None
+        one = torch.ones((), dtype=torch.float32)
+        return {
+            "codes": qdata,
+            "scale": scale,
+            "global_scale": one if glob is None else glob.reshape(()),
+        }
+
+    def code_max(self, codes: DTypeRow) -> float | None:
+        return 6.0 if codes.name in ("uint8", "float4_e2m1fn") else None
+
+    def stored(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        *,
+        block_size: tuple[int, int] | None = None,
+        layout: str | None = None,
+        element: str | None = None,
+    ) -> dict[str, tuple[str, DTypeRow, tuple[int, ...]]]:
+        names = self.role_suffixes(layout)
+        *lead, k = shape
+        u8, e4m3, f32 = (resolve_dtype(n) for n in ("uint8", "float8_e4m3fn", "float32"))
+        return {
+            name + names["codes"]: ("codes", u8, (*lead, k // 2)),
+            name + names["scale"]: ("scale", e4m3, (*lead, k // BLOCK)),
+            name + names["global_scale"]: (
+                "global_scale",
+                f32,
+                () if self.convention == "modelopt" else (1,),
+            ),
+        }
+
+    def written_config(
+        self, block_size: tuple[int, int] | None, ignored: list[str], layout: str | None
+    ) -> dict[str, Any]:
+        """ModelOpt's ``quant_algo: "NVFP4"``; compressed-tensors' ``nvfp4-pack-quantized``."""
+        if self.convention == "modelopt":
+            return {
+                "quant_method": "modelopt",
+                "quant_algo": "NVFP4",
+                "group_size": BLOCK,
+                "ignore": ignored,
+            }
+        return compressed_tensors_config("nvfp4-pack-quantized", 4, BLOCK, "tensor_group", ignored)
 
     def detect(
         self, index: Index, config: Config | None, options: Mapping[str, Any]

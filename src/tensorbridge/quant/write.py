@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -55,14 +54,14 @@ import numpy as np
 import torch
 
 from ..convert import to_numpy
-from ..dtypes import DTypeRow, resolve_dtype
+from ..dtypes import DTypeRow
 from ..errors import QuantizationError
 from ..io._common import Deferred
 from ..io._pipeline import Slot, Task
 from . import base
 from .base import as_torch, require, row_pieces
-from .detect import SCHEMES, scheme_named
-from .mx import ELEMENTS, element_name
+from .mx import GPT_OSS_NOT_CONVERTED
+from .registry import SCHEMES, scheme_named
 
 __all__ = [
     "DEFAULT_IGNORE",
@@ -81,25 +80,14 @@ __all__ = [
 
 # names no toolkit quantizes by default: embeddings, the output head, norms
 DEFAULT_IGNORE = ("*embed*", "*lm_head*", "*norm*")
-# scheme -> tb.quantize's layout= for the published layout convert writes
-LAYOUTS: dict[str, str | None] = {
-    "fp8-block": None,
-    "mxfp8": "compressed-tensors",
-    "mxfp4": "compressed-tensors",
-    "nvfp4-modelopt": None,
-    "nvfp4-compressed-tensors": None,
-}
+# scheme -> tb.quantize's layout= for the published layout convert writes (each
+# scheme's ``published_layout``; the schemes that write are those ``convert`` takes)
+LAYOUTS: dict[str, str | None] = {s.name: s.published_layout for s in SCHEMES.values() if s.writes}
 # scheme -> the other layouts ``convert --quantize SCHEME --layout L`` writes
-OTHER_LAYOUTS: dict[str, tuple[str, ...]] = {"mxfp4": ("gpt-oss",)}
-# openai/gpt-oss-20b's config.json: what its MXFP4 loader leaves unquantized
-GPT_OSS_NOT_CONVERTED = (
-    "model.layers.*.self_attn",
-    "model.layers.*.mlp.router",
-    "model.embed_tokens",
-    "lm_head",
-)
+OTHER_LAYOUTS: dict[str, tuple[str, ...]] = {
+    s.name: s.other_layouts for s in SCHEMES.values() if s.writes and s.other_layouts
+}
 _GPT_OSS_PROJECTIONS = ("experts.gate_up_proj", "experts.down_proj")
-_ROW_BLOCK = {"mxfp8": 32, "mxfp4": 32, "nvfp4-modelopt": 16, "nvfp4-compressed-tensors": 16}
 
 
 def writable(scheme: str, layout: str | None = None, element: str | None = None) -> str:
@@ -127,12 +115,12 @@ def writable(scheme: str, layout: str | None = None, element: str | None = None)
         )
     if element is not None:
         require(
-            s.name == "mxfp8",
+            bool(s.elements),
             f"--element {element}: the element type is mxfp8's choice (e4m3 or e5m2); "
             f"{s.name}'s is fixed, leave out --element",
         )
         require(
-            element in ELEMENTS,
+            element in s.elements,
             f"--element {element}: mxfp8's elements are e4m3 (float8_e4m3fn, the default) "
             "or e5m2 (float8_e5m2); pass one of those",
         )
@@ -147,14 +135,7 @@ def config_caveat(scheme: str, element: str | None = None) -> str | None:
     >>> config_caveat("mxfp8") is None
     True
     """
-    if scheme == "mxfp8" and element_name(scheme, element) == "float8_e5m2":
-        return (
-            "compressed-tensors' config has no field for the element type and means e4m3; "
-            "the codes are F8_E5M2 in the safetensors header, which compressed-tensors' "
-            "decompressor and tensorbridge read, but a reader that assumes e4m3 gets wrong "
-            "weights"
-        )
-    return None
+    return SCHEMES[scheme].config_caveat(element)
 
 
 def _layout(scheme: str, layout: str | None) -> str | None:
@@ -196,7 +177,7 @@ def skip_reason(
             f"{shape[-2]} inputs (the [E, in, out] weight's middle axis) are not a multiple "
             "of mxfp4's 32-value blocks"
         )
-    block = _ROW_BLOCK.get(scheme)
+    block = SCHEMES[scheme].row_block
     if block and shape[-1] % block:
         return f"rows of {shape[-1]} values are not a multiple of {scheme}'s {block}-value blocks"
     return None
@@ -212,40 +193,16 @@ def stored_layout(
     element: str | None = None,
 ) -> dict[str, tuple[str, DTypeRow, tuple[int, ...]]]:
     """The stored tensors one weight quantizes into (name -> role, dtype row, shape), from
-    its shape alone: a streaming writer needs them for the header before any value.
+    its shape alone: a streaming writer needs them for the header before any value
+    (the scheme's :meth:`~tensorbridge.quant.base.Scheme.stored`).
 
     >>> {k: (r, row.name, s) for k, (r, row, s) in stored_layout("w", (8, 64), "mxfp4").items()}
     {'w_packed': ('codes', 'uint8', (8, 32)), 'w_scale': ('scale', 'uint8', (8, 2))}
     >>> sorted(stored_layout("e.down_proj", (4, 64, 96), "mxfp4", layout="gpt-oss").items())[0]
     ('e.down_proj_blocks', ('codes', DTypeRow(uint8), (4, 96, 2, 16)))
     """
-    *lead, k = shape
-    u8, e4m3, f32 = (resolve_dtype(n) for n in ("uint8", "float8_e4m3fn", "float32"))
-    if layout == "gpt-oss":  # [E, in, out] -> blocks [E, out, in / 32, 16]
-        *experts, k_in, out = shape
-        groups = (*experts, out, k_in // 32)
-        return {
-            name + "_blocks": ("codes", u8, (*groups, 16)),
-            name + "_scales": ("scale", u8, groups),
-        }
-    if scheme == "fp8-block":
-        br, bc = block_size or (128, 128)
-        grid = (*shape[:-2], math.ceil(shape[-2] / br), math.ceil(k / bc))
-        return {name: ("codes", e4m3, shape), name + "_scale_inv": ("scale", f32, grid)}
-    scale = ("scale", u8, (*lead, k // 32))
-    if scheme == "mxfp8":
-        fp8 = resolve_dtype(element_name(scheme, element))
-        return {name: ("codes", fp8, shape), name + "_scale": scale}
-    if scheme == "mxfp4":
-        return {name + "_packed": ("codes", u8, (*lead, k // 2)), name + "_scale": scale}
-    codes, glob, gshape = (
-        ("", "_scale_2", ()) if scheme == "nvfp4-modelopt" else ("_packed", "_global_scale", (1,))
-    )
-    return {
-        name + codes: ("codes", u8, (*lead, k // 2)),
-        name + "_scale": ("scale", e4m3, (*lead, k // 16)),
-        name + glob: ("global_scale", f32, gshape),
-    }
+    s = SCHEMES[scheme]
+    return s.stored(name, shape, block_size=block_size, layout=layout, element=element)
 
 
 class QuantizedPart(Deferred):
@@ -285,11 +242,14 @@ class QuantizedPart(Deferred):
         if self.layout == "gpt-oss":
             yield from self.gpt_oss_pieces(w, opts)
             return
-        block_rows = (self.block_size or (128, 128))[0] if self.scheme == "fp8-block" else 1
+        s = SCHEMES[self.scheme]
+        block_rows = (self.block_size or (128, 128))[0] if s.takes_block_size else 1
         *lead, rows, cols = w.shape
-        if self.scheme == "fp8-block":
+        if s.takes_block_size:
             opts["block_size"] = self.block_size or (128, 128)
-        if self.scheme.startswith("nvfp4"):
+        if self.layout is not None:
+            opts["layout"] = self.layout
+        if s.per_tensor_amax:
             amax = torch.zeros((), dtype=torch.float32)
             for idx, r0, r1 in row_pieces(tuple(lead), rows, cols, 1):
                 at: tuple[Any, ...] = (*idx, slice(r0, r1))
@@ -334,10 +294,7 @@ class QuantizedPart(Deferred):
 
     def quantize_rows(self, rows: torch.Tensor, opts: dict[str, Any]) -> dict[str, torch.Tensor]:
         """One slice's parts by role, in the written layout (compressed-tensors: U8 e8m0)."""
-        parts = SCHEMES[self.scheme].quantize(rows, **opts)
-        if self.layout == "compressed-tensors":  # e8m0 exponents as U8
-            parts["scale"] = parts["scale"].view(torch.uint8)
-        return parts
+        return SCHEMES[self.scheme].quantize(rows, **opts)
 
 
 def quantized_parts(
@@ -402,47 +359,4 @@ def quantization_config(
     >>> quantization_config("mxfp4", None, [], layout="gpt-oss")["quant_method"]
     'mxfp4'
     """
-    ignored = sorted(ignored)
-    if layout == "gpt-oss":  # transformers' Mxfp4Config, as openai/gpt-oss-20b has it
-        extra = [m for m in ignored if m not in GPT_OSS_NOT_CONVERTED]
-        return {"modules_to_not_convert": [*GPT_OSS_NOT_CONVERTED, *extra], "quant_method": "mxfp4"}
-    if scheme == "fp8-block":
-        return {
-            "quant_method": "fp8",
-            "activation_scheme": "dynamic",
-            "fmt": "e4m3",
-            "weight_block_size": list(block_size or (128, 128)),
-        }
-    if scheme == "nvfp4-modelopt":
-        return {
-            "quant_method": "modelopt",
-            "quant_algo": "NVFP4",
-            "group_size": 16,
-            "ignore": ignored,
-        }
-    fmt, bits, group, strategy = {
-        "mxfp8": ("mxfp8-quantized", 8, 32, "group"),
-        "mxfp4": ("mxfp4-pack-quantized", 4, 32, "group"),
-        "nvfp4-compressed-tensors": ("nvfp4-pack-quantized", 4, 16, "tensor_group"),
-    }[scheme]
-    return {
-        "quant_method": "compressed-tensors",
-        "format": fmt,
-        "quantization_status": "compressed",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "format": fmt,
-                "weights": {
-                    "num_bits": bits,
-                    "type": "float",
-                    "strategy": strategy,
-                    "group_size": group,
-                    "symmetric": True,
-                    "dynamic": False,
-                },
-                "input_activations": None,
-            }
-        },
-        "ignore": ignored,
-    }
+    return SCHEMES[scheme].written_config(block_size, sorted(ignored), layout)
