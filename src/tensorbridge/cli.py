@@ -618,10 +618,13 @@ def _is_gguf(path: str) -> bool:
 
     from .io._detect import detect, resolve
 
+    from .io._formats import by_kind
+
     try:
-        return detect(resolve(Path(path))) == "gguf"
+        fmt = by_kind(detect(resolve(Path(path))))
     except (OSError, TensorBridgeError):
         return False  # opening it says what is wrong
+    return fmt is not None and fmt.dequantizes
 
 
 def _dtype_arg(spec: str | None, option: str, floating: bool = False) -> Any:
@@ -968,12 +971,10 @@ def _metadata_args(args: argparse.Namespace, fmt: Any) -> dict[str, Any]:
         except ValueError:
             value = text
         if colon:
-            if fmt.name != "gguf":
+            if not fmt.typed_metadata:
                 raise _UsageError(f"--metadata {item}: :{kind} names a GGUF value type; drop it")
-            from .io.gguf import metadata_value
-
             try:
-                value = metadata_value(value, kind)
+                value = fmt.metadata_value(value, kind)
             except TensorBridgeError as e:
                 raise _UsageError(f"--metadata {item}: {e}") from None
         out[key] = value
@@ -1004,8 +1005,9 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
     if args.workers is not None and args.dask_scheduler is not None:
         raise _UsageError("pass --workers or --dask-scheduler, not both")
     # what the save creates is said in the summary, not done silently
-    args.created = _missing_directory(args.dst, args.format == "npy" or _is_chunked(args.src))
-    if args.format == "npy" or _is_chunked(args.src):
+    entries = _entry_files(args)
+    args.created = _missing_directory(args.dst, entries is not None or _is_chunked(args.src))
+    if entries is not None or _is_chunked(args.src):
         if args.metadata or args.metadata_json:
             raise _UsageError(
                 "--metadata applies to a checkpoint converted to safetensors, GGUF, .pt or "
@@ -1034,7 +1036,7 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             f"(or a directory), not {args.dst}"
         )
     given_meta = _metadata_args(args, dst.format)
-    if quantize is not None and dst.format.name != "safetensors":
+    if quantize is not None and not dst.format.quantized:
         raise _UsageError(
             f"--quantize writes the schemes' published safetensors layouts, not {args.dst}; "
             "write a .safetensors file or a directory"
@@ -1110,10 +1112,8 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
                 f"--metadata {clash[0]}: a {dst.path.suffix} file keeps metadata beside the "
                 "tensors under one set of names, and a tensor has that name; pick another key"
             )
-        if dst.format.name == "gguf":
-            from .io.gguf import check_architecture
-
-            check_architecture(
+        if dst.format.required_metadata:
+            dst.format.check_metadata(
                 meta,
                 dst.path,
                 fix="pass --metadata general.architecture=NAME (e.g. llama), or "
@@ -1139,7 +1139,7 @@ def _convert(args: argparse.Namespace, out: TextIO) -> int:
             )
         else:
             values: Any = _Lazy(src, names, carried)
-            if schemes and dst.format.name == "safetensors":
+            if schemes and dst.format.deferred:
                 values = {n: src.stream_value(n) for n in names}
             try:
                 tree = (
@@ -1519,6 +1519,17 @@ def _executor(args: argparse.Namespace) -> Iterator[Any]:
         yield None
 
 
+def _entry_files(args: argparse.Namespace) -> Any:
+    """The format ``--format`` names whose files a DCP conversion writes, one per tensor
+    (``npy``), or None (the default layout)."""
+    from .io._formats import entry_files
+
+    try:
+        return entry_files(args.format)
+    except TensorBridgeError as e:
+        raise _UsageError(str(e)) from None
+
+
 def _as_directory(path: str) -> str:
     """A suffix-less destination of a DCP conversion is a directory (sharded safetensors)."""
     from pathlib import Path
@@ -1535,7 +1546,8 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
 
     from . import io as tbio
 
-    if args.format == "npy" and args.max_shard_size is not None:
+    entries = _entry_files(args)
+    if entries is not None and args.max_shard_size is not None:
         raise _UsageError("--max-shard-size applies to safetensors; .npy files are not sharded")
     start = time.perf_counter()
     with _open(args.src, args) as src:
@@ -1565,8 +1577,8 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
             )
         took = time.perf_counter() - start
         in_bytes = sum(src.nbytes(n) for n in names)
-        if args.format == "npy":
-            files = [Path(args.dst) / f"{n}.npy" for n in names]
+        if entries is not None:
+            files = [Path(args.dst) / f"{n}{entries.suffixes[0]}" for n in names]
             written = str(args.dst)
         else:
             dst = tbio.destination(_as_directory(args.dst))
@@ -1582,13 +1594,13 @@ def _convert_chunked(args: argparse.Namespace, out: TextIO, float_dtype: Any) ->
             "seconds": round(took, 3),
             "skipped": sorted(unsupported),
             "dropped_metadata": sorted(src.plain_values())
-            if args.format == "npy" or args.no_metadata
+            if entries is not None or args.no_metadata
             else [],
         }
         ok = True
         if args.verify:
             problems: list[str] = []
-            if args.format == "npy":
+            if entries is not None:
                 for n, p in zip(names, files, strict=True):
                     problems += [
                         f"{n}: {q.split(': ', 1)[1]}"

@@ -340,7 +340,7 @@ ZARR = Format(
     extra="zarr",
     links=True,
     assembles=True,
-    save_options=("chunk_bytes",),
+    save_options=("chunk_bytes", "max_chunk_bytes"),
     keeps="one array per tensor; metadata as attributes",
     order=60,
 )
@@ -467,6 +467,16 @@ def _discover() -> None:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+
+
+def _rediscover() -> None:
+    """Forget every registration and read the entry point group again (for tests)."""
+    with _lock:
+        _rows.clear()
+        _origin.clear()
+        _reindex()
+        _state["discovered"] = False
+    _discover()
 
 
 def register_format(fmt: Format) -> Format:
