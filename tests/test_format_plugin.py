@@ -14,13 +14,12 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+import tomllib
 
 import tensorbridge as tb
 from tensorbridge.cli import main
@@ -30,7 +29,7 @@ from tensorbridge.io import Format, _formats, register_format, unregister_format
 ROOT = Path(__file__).resolve().parents[1]
 
 # the toy format's row: what a third party's package would hold in its light module
-ROW = '''
+ROW = """
 from tensorbridge.io import Format
 
 TOY = Format(
@@ -43,10 +42,10 @@ TOY = Format(
     magic=b"TOYTENSORS\\n",
     keeps="tensors by name; no metadata",
 )
-'''
+"""
 
 # the toy format's module: a magic line, then one line per tensor (name, dtype, shape, hex)
-READER = '''
+READER = """
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -112,7 +111,7 @@ def save(
         shape = ",".join(map(str, a.shape))
         lines.append(f"{name}\\t{row.name}\\t{shape}\\t{a.tobytes().hex()}\\n".encode())
     Path(path).write_bytes(b"".join(lines))
-'''
+"""
 
 
 def metadata_dir(where: Path, name: str, entry_points: dict[str, str]) -> None:
@@ -273,10 +272,12 @@ def test_the_built_in_formats_register_through_their_entry_points(site: Path) ->
 
 def test_every_format_module_load_is_the_one_generic_load() -> None:
     from tensorbridge.io import gguf, npy, npz, pt, safetensors, zarr
+    from tensorbridge.io._common import loader
 
-    for module in (npy, npz, gguf, safetensors, pt, zarr, tb.io):
+    generic = loader(npy.open, None).__code__
+    for module in (npy, npz, gguf, safetensors, pt, zarr):
         assert module.load.__module__ == module.__name__
-        assert module.load.__code__ is tb.io.load.__code__  # one function body
+        assert module.load.__code__ is generic  # one function body
         assert module.load.__doc__
 
 

@@ -617,7 +617,6 @@ def _is_gguf(path: str) -> bool:
     from pathlib import Path
 
     from .io._detect import detect, resolve
-
     from .io._formats import by_kind
 
     try:

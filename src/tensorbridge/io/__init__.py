@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from .. import _quantized as quantized
-from ..dtypes import DTypeLike
+from ..dtypes import DeviceLike, DTypeLike
 from ..errors import (
     DestinationExistsError,
     FormatError,
@@ -64,7 +64,7 @@ from ..errors import (
     UnsupportedTensorError,
 )
 from . import dcp, gguf, npy, npz, pt, safetensors, zarr  # noqa: F401 - tb.io.<format> without an import
-from ._common import Deferred, TensorFile, loader
+from ._common import Deferred, TensorFile, load_with
 from ._detect import FOREIGN, describe, detect, kind_by_suffix, mismatch_note, resolve
 from ._files import Links
 from ._formats import (
@@ -724,8 +724,19 @@ def open(
         raise
 
 
-load = loader(
-    open,
+def load(
+    path: str | os.PathLike[str],
+    *,
+    framework: str = "numpy",
+    mmap: bool = True,
+    device: DeviceLike | None = None,
+    float_dtype: DTypeLike | None = None,
+    keys: Any = None,
+    dtype: DTypeLike | None = None,
+    dequantize: DTypeLike | None = None,
+    scheme: str | None = None,
+    follow_links: bool = False,
+) -> Any:
     """Load a file's tensors as NumPy arrays (default) or torch tensors.
 
     With ``mmap=True`` NumPy results are read-only (views of the mapped file where the
@@ -738,5 +749,18 @@ load = loader(
     a safetensors checkpoint's codes and scales (``scheme=`` names the scheme when no
     config beside it does). ``follow_links=True`` follows links that lead out of the
     checkpoint's directory (see :func:`open`).
-    """,
-)
+    """
+    # written out (not ``loader(open, ...)``) so that the API reference reads its signature
+    return load_with(
+        open,
+        path,
+        framework=framework,
+        mmap=mmap,
+        device=device,
+        float_dtype=float_dtype,
+        keys=keys,
+        dtype=dtype,
+        dequantize=dequantize,
+        scheme=scheme,
+        follow_links=follow_links,
+    )

@@ -820,10 +820,16 @@ float_dtype: 'DTypeLike | None' = None, keys: 'Any' = None, dtype: 'DTypeLike | 
         unknown = sorted(set(options) - accepted)
         if unknown:
             raise TypeError(f"load() got an unexpected keyword argument {unknown[0]!r}")
-        with open_(path, **options) as f:
-            return f.read(
-                keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype
-            )
+        return load_with(
+            open_,
+            path,
+            framework=framework,
+            mmap=mmap,
+            device=device,
+            float_dtype=float_dtype,
+            keys=keys,
+            **options,
+        )
 
     load.__module__ = open_.__module__
     load.__doc__ = doc
@@ -831,6 +837,23 @@ float_dtype: 'DTypeLike | None' = None, keys: 'Any' = None, dtype: 'DTypeLike | 
         [*common, *opening], return_annotation="Any"
     )
     return load
+
+
+def load_with(
+    open_: Callable[..., TensorFile],
+    path: str | os.PathLike[str],
+    *,
+    framework: str = "numpy",
+    mmap: bool = True,
+    device: DeviceLike | None = None,
+    float_dtype: DTypeLike | None = None,
+    keys: Any = None,
+    **options: Any,
+) -> Any:
+    """What every ``load`` does: ``open_(path, **options)``, then every entry (or ``keys``)
+    as :meth:`TensorFile.read` gives them, the file closed after."""
+    with open_(path, **options) as f:
+        return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
 
 
 def _read_options(
