@@ -210,7 +210,7 @@ def _reader(
         refusal = _refusal(kind, where)
         if named is not None and named.explains and kind in FOREIGN:  # say it is none
             refusal = refusal.replace(
-                f"{where} is ", f"{where} is not {named.description}: it is ", 1
+                f"{where} is ", f"{where} is not {named.called or named.description}: it is ", 1
             )
         raise FormatError(refusal)
     if dtype is not None and not (fmt is None or fmt.raw_dtype):
@@ -659,6 +659,48 @@ def _assembly_destinations() -> str:
     return ", ".join(words[:-1]) + ", or " + words[-1]
 
 
+def load(
+    path: str | os.PathLike[str],
+    *,
+    framework: str = "numpy",
+    mmap: bool = True,
+    device: DeviceLike | None = None,
+    float_dtype: DTypeLike | None = None,
+    keys: Any = None,
+    dtype: DTypeLike | None = None,
+    dequantize: DTypeLike | None = None,
+    scheme: str | None = None,
+    follow_links: bool = False,
+) -> Any:
+    """Load a file's tensors as NumPy arrays (default) or torch tensors.
+
+    With ``mmap=True`` NumPy results are read-only (views of the mapped file where the
+    format allows; a write raises, never reaches the file) and torch results writable
+    (copy-on-write where mapped); ``mmap=False`` gives ordinary owned memory. ``keys``
+    selects a subset. ``dtype`` names the type of raw-byte ``.npy`` / ``.npz`` members
+    that ``np.save`` wrote from ml_dtypes arrays (``|V2`` for bfloat16).
+    ``dequantize`` (``"bf16"``, ``"f16"``, ``"f32"``) reads a quantized checkpoint as
+    the unquantized model (see :func:`open`): a GGUF file's block-quantized tensors, or
+    a safetensors checkpoint's codes and scales (``scheme=`` names the scheme when no
+    config beside it does). ``follow_links=True`` follows links that lead out of the
+    checkpoint's directory (see :func:`open`).
+    """
+    # written out (not ``loader(open, ...)``) so that the API reference reads its signature
+    return load_with(
+        open,
+        path,
+        framework=framework,
+        mmap=mmap,
+        device=device,
+        float_dtype=float_dtype,
+        keys=keys,
+        dtype=dtype,
+        dequantize=dequantize,
+        scheme=scheme,
+        follow_links=follow_links,
+    )
+
+
 def open(
     path: str | os.PathLike[str],
     *,
@@ -722,45 +764,3 @@ def open(
     except BaseException:
         f.close()
         raise
-
-
-def load(
-    path: str | os.PathLike[str],
-    *,
-    framework: str = "numpy",
-    mmap: bool = True,
-    device: DeviceLike | None = None,
-    float_dtype: DTypeLike | None = None,
-    keys: Any = None,
-    dtype: DTypeLike | None = None,
-    dequantize: DTypeLike | None = None,
-    scheme: str | None = None,
-    follow_links: bool = False,
-) -> Any:
-    """Load a file's tensors as NumPy arrays (default) or torch tensors.
-
-    With ``mmap=True`` NumPy results are read-only (views of the mapped file where the
-    format allows; a write raises, never reaches the file) and torch results writable
-    (copy-on-write where mapped); ``mmap=False`` gives ordinary owned memory. ``keys``
-    selects a subset. ``dtype`` names the type of raw-byte ``.npy`` / ``.npz`` members
-    that ``np.save`` wrote from ml_dtypes arrays (``|V2`` for bfloat16).
-    ``dequantize`` (``"bf16"``, ``"f16"``, ``"f32"``) reads a quantized checkpoint as
-    the unquantized model (see :func:`open`): a GGUF file's block-quantized tensors, or
-    a safetensors checkpoint's codes and scales (``scheme=`` names the scheme when no
-    config beside it does). ``follow_links=True`` follows links that lead out of the
-    checkpoint's directory (see :func:`open`).
-    """
-    # written out (not ``loader(open, ...)``) so that the API reference reads its signature
-    return load_with(
-        open,
-        path,
-        framework=framework,
-        mmap=mmap,
-        device=device,
-        float_dtype=float_dtype,
-        keys=keys,
-        dtype=dtype,
-        dequantize=dequantize,
-        scheme=scheme,
-        follow_links=follow_links,
-    )

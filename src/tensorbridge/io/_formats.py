@@ -123,6 +123,7 @@ class Format:
     file_per_entry: bool = False
     loose_suffixes: tuple[str, ...] = ()  # read as it only when the bytes are no other format's
     explains: tuple[str, ...] = ()  # content kinds its reader explains in a file named like it
+    called: str = ""  # what a file named like it is told it is not, where not ``description``
     extra: str | None = None  # the pip extra that installs its library (``tensorbridge[zarr]``)
     chunked: bool = False  # tensors stored as boxes of a global tensor (assembled when saved)
     assembles: bool = False  # a chunked checkpoint converts to it (``assembly``)
@@ -304,6 +305,7 @@ PT = Format(
     nested=True,
     loose_suffixes=(".ckpt",),
     explains=("pickle",),  # a plain pickle named .pt: its reader says what it holds
+    called="a torch.save archive",
     keeps="a .pt source's nesting and plain values, as torch.load gives them; from "
     "other sources, tensors by dotted name with the metadata beside them",
     order=40,
