@@ -389,7 +389,7 @@ _origin: dict[str, str] = {}  # name -> the distribution whose entry point regis
 _BY_SUFFIX: dict[str, Format] = {}
 _BY_KIND: dict[str, Format] = {}
 _BY_NAME: dict[str, Format] = {}
-_state = {"discovered": False, "version": 0}
+_state = {"discovered": False, "discovering": False, "version": 0}
 _lock = threading.RLock()
 
 
@@ -433,42 +433,52 @@ def _discover() -> None:
     if _state["discovered"]:
         return
     with _lock:
-        if _state["discovered"]:
+        if _state["discovered"] or _state["discovering"]:  # done, or a row module asking
             return
-        _state["discovered"] = True
-        from importlib.metadata import entry_points
+        _state["discovering"] = True
+        try:
+            _load_entry_points()
+        finally:
+            _state["discovering"] = False
+            _state["discovered"] = True
 
-        ours: list[tuple[Format, str]] = []
-        theirs: list[tuple[Format, str]] = []
-        for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-            dist = ep.dist.name if ep.dist is not None else "?"
-            try:
-                fmt = ep.load()
-            except Exception as e:
-                if dist != "tensorbridge":  # our own rows are registered below regardless
-                    warnings.warn(
-                        f"the {ENTRY_POINT_GROUP} entry point {ep.name!r} of {dist} failed to "
-                        f"load ({type(e).__name__}: {e}); its format is not available",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
-                continue
-            (ours if any(fmt is b for b in BUILTIN) else theirs).append((fmt, dist))
-        for fmt, dist in ours:
-            if fmt.name not in _BY_NAME:
-                _add(fmt, dist)
-        for fmt in BUILTIN:  # stale or absent metadata: the same table all the same
-            if fmt.name not in _BY_NAME:
-                _add(fmt, "direct")
-        for fmt, dist in theirs:
-            try:
-                _add(fmt, dist)
-            except (InvalidArgumentError, TypeError) as e:
+
+def _load_entry_points() -> None:
+    """Register the rows the group names: ours first, then the built-ins the metadata
+    lacks, then a third party's (one that fails to load or clashes: a warning)."""
+    from importlib.metadata import entry_points
+
+    ours: list[tuple[Format, str]] = []
+    theirs: list[tuple[Format, str]] = []
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        dist = ep.dist.name if ep.dist is not None else "?"
+        try:
+            fmt = ep.load()
+        except Exception as e:
+            if dist != "tensorbridge":  # our own rows are registered below regardless
                 warnings.warn(
-                    f"the {ENTRY_POINT_GROUP} entry point of {dist} is not registered: {e}",
+                    f"the {ENTRY_POINT_GROUP} entry point {ep.name!r} of {dist} failed to "
+                    f"load ({type(e).__name__}: {e}); its format is not available",
                     RuntimeWarning,
                     stacklevel=2,
                 )
+            continue
+        (ours if any(fmt is b for b in BUILTIN) else theirs).append((fmt, dist))
+    for fmt, dist in ours:
+        if fmt.name not in _BY_NAME:
+            _add(fmt, dist)
+    for fmt in BUILTIN:  # stale or absent metadata: the same table all the same
+        if fmt.name not in _BY_NAME:
+            _add(fmt, "direct")
+    for fmt, dist in theirs:
+        try:
+            _add(fmt, dist)
+        except (InvalidArgumentError, TypeError) as e:
+            warnings.warn(
+                f"the {ENTRY_POINT_GROUP} entry point of {dist} is not registered: {e}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
 def _rediscover() -> None:
