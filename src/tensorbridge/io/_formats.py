@@ -540,8 +540,8 @@ def _add(fmt: Format, origin: str) -> None:
     )
     if taken:
         raise InvalidArgumentError(
-            f"cannot register {fmt!r}: {', '.join(taken)} belongs to a registered format; "
-            "unregister that one first, or choose others"
+            f"cannot register {fmt!r}: a registered format has {', '.join(taken)}; "
+            "unregister it first, or choose others"
         )
     if not fmt.kinds or not (fmt.single_array or fmt.many_arrays):
         raise InvalidArgumentError(
