@@ -146,7 +146,7 @@ def quantize_checkpoint(
             f"block_size= is fp8-block's; {scheme} has fixed blocks (leave out block_size=)"
         )
     target = destination(dst)
-    if target.format.name != "safetensors":
+    if not target.format.quantized:
         raise InvalidArgumentError(
             f"{scheme} is written in its published safetensors layout, not {os.fspath(dst)}; "
             "pass a .safetensors path or a directory"

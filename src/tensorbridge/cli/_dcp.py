@@ -66,6 +66,17 @@ def _as_directory(path: str) -> str:
     return path + os.sep
 
 
+def entry_files(args: argparse.Namespace) -> Any:
+    """The format ``--format`` names whose files a DCP conversion writes, one per tensor
+    (``npy``), or None (the default layout)."""
+    from ..io._formats import entry_files as files_of
+
+    try:
+        return files_of(args.format)
+    except TensorBridgeError as e:
+        raise UsageError(str(e)) from None
+
+
 def convert_chunked(args: argparse.Namespace, float_dtype: Any) -> int:
     """Convert a DCP checkpoint: each tensor assembled window by window into the output."""
     from pathlib import Path
@@ -73,7 +84,8 @@ def convert_chunked(args: argparse.Namespace, float_dtype: Any) -> int:
     from .. import io as tbio
     from ..io.verify import verify
 
-    if args.format == "npy" and args.max_shard_size is not None:
+    entries = entry_files(args)
+    if entries is not None and args.max_shard_size is not None:
         raise UsageError("--max-shard-size applies to safetensors; .npy files are not sharded")
     start = time.perf_counter()
     with open_file(args.src, args) as src:
@@ -103,8 +115,8 @@ def convert_chunked(args: argparse.Namespace, float_dtype: Any) -> int:
             )
         took = time.perf_counter() - start
         in_bytes = sum(src.nbytes(n) for n in names)
-        if args.format == "npy":
-            files = [Path(args.dst) / f"{n}.npy" for n in names]
+        if entries is not None:
+            files = [Path(args.dst) / f"{n}{entries.suffixes[0]}" for n in names]
             written = str(args.dst)
         else:
             dst = tbio.destination(_as_directory(args.dst))
@@ -120,13 +132,13 @@ def convert_chunked(args: argparse.Namespace, float_dtype: Any) -> int:
             "seconds": round(took, 3),
             "skipped": sorted(unsupported),
             "dropped_metadata": sorted(src.plain_values())
-            if args.format == "npy" or args.no_metadata
+            if entries is not None or args.no_metadata
             else [],
         }
         ok = True
         if args.verify:
             problems: list[str] = []
-            if args.format == "npy":  # one file a tensor
+            if entries is not None:  # one file a tensor
                 for n, p in zip(names, files, strict=True):
                     check = verify(
                         src, p, names=[n], float_dtype=float_dtype, progress=progress(args)

@@ -45,11 +45,13 @@ def is_gguf(path: str) -> bool:
     from pathlib import Path
 
     from ..io._detect import detect, resolve
+    from ..io._formats import by_kind
 
     try:
-        return detect(resolve(Path(path))) == "gguf"
+        fmt = by_kind(detect(resolve(Path(path))))
     except (OSError, TensorBridgeError):
         return False  # opening it says what is wrong
+    return fmt is not None and fmt.dequantizes
 
 
 def select(names: list[str], include: list[str], exclude: list[str]) -> list[str]:

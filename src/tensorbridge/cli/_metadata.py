@@ -55,12 +55,10 @@ def metadata_args(args: argparse.Namespace, fmt: Any) -> dict[str, Any]:
         except ValueError:
             value = text
         if colon:
-            if fmt.name != "gguf":
+            if not fmt.typed_metadata:
                 raise UsageError(f"--metadata {item}: :{kind} names a GGUF value type; drop it")
-            from ..io.gguf import metadata_value
-
             try:
-                value = metadata_value(value, kind)
+                value = fmt.metadata_value(value, kind)
             except TensorBridgeError as e:
                 raise UsageError(f"--metadata {item}: {e}") from None
         out[key] = value

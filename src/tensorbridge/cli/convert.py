@@ -185,11 +185,12 @@ class _Lazy(Mapping[str, Any]):
 
 def run(args: argparse.Namespace) -> int:
     float_dtype, dequantize, block_size, quantize = _checked(args)
-    from ._dcp import convert_chunked, is_chunked
+    from ._dcp import convert_chunked, entry_files, is_chunked
 
     # what the save creates is said in the summary, not done silently
-    args.created = _missing_directory(args.dst, args.format == "npy" or is_chunked(args.src))
-    if args.format == "npy" or is_chunked(args.src):
+    entries = entry_files(args)
+    args.created = _missing_directory(args.dst, entries is not None or is_chunked(args.src))
+    if entries is not None or is_chunked(args.src):
         if args.metadata or args.metadata_json:
             raise UsageError(
                 "--metadata applies to a checkpoint converted to safetensors, GGUF, .pt or "
@@ -293,7 +294,7 @@ def _destination(args: argparse.Namespace, quantize: str | None) -> tuple[Any, d
             f"(or a directory), not {args.dst}"
         )
     given_meta = metadata_args(args, dst.format)
-    if quantize is not None and dst.format.name != "safetensors":
+    if quantize is not None and not dst.format.quantized:
         raise UsageError(
             f"--quantize writes the schemes' published safetensors layouts, not {args.dst}; "
             "write a .safetensors file or a directory"
@@ -433,7 +434,7 @@ def _write(
         )
         return
     values: Any = _Lazy(src, names, carried)
-    if schemes and dst.format.name == "safetensors":
+    if schemes and dst.format.deferred:
         values = {n: src.stream_value(n) for n in names}
     try:
         tree = (

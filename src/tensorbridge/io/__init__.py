@@ -64,16 +64,29 @@ from ..errors import (
     UnsupportedTensorError,
 )
 from . import dcp, gguf, npy, npz, pt, safetensors, zarr  # noqa: F401 - tb.io.<format> without an import
-from ._common import Deferred, TensorFile
+from ._common import Deferred, TensorFile, load_with
 from ._detect import FOREIGN, describe, detect, kind_by_suffix, mismatch_note, resolve
 from ._files import Links
-from ._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, listing
+from ._formats import (
+    DIRECTORY_FORMAT,
+    FORMATS,
+    INDEX_SUFFIX,
+    Format,
+    by_kind,
+    by_suffix,
+    entry_files,
+    listing,
+    named_by,
+    register_format,
+    unregister_format,
+)
 from ._keys import flatten, is_container, rebuild
 from .pickle_machine import Opaque
 from .sharded import ShardedFile
 
 __all__ = [
     "Destination",
+    "Format",
     "Opaque",
     "carried_members",
     "carried_metadata",
@@ -82,7 +95,9 @@ __all__ = [
     "metadata_homes",
     "nested_values",
     "open",
+    "register_format",
     "save",
+    "unregister_format",
 ]
 
 
@@ -189,18 +204,17 @@ def _reader(
     """
     kind = detect(path)
     where = repr(str(path))
-    torch_save = by_kind("pt")
-    torch_named = torch_save is not None and path.suffix.lower() in (*torch_save.suffixes, ".ckpt")
-    if kind in ("unknown", "pickle") and torch_named:
-        kind = "pt"  # its reader says what the first bytes look like instead
+    named = named_by(path)  # the format the name claims, loose suffixes (.ckpt) included
+    if named is not None and (kind == "unknown" or kind in named.explains):
+        kind = named.kinds[0]  # its reader says what the first bytes look like instead
     elif kind == "unknown":  # let the suffix's reader say precisely what is wrong
         kind = kind_by_suffix(path)
     fmt = by_kind(kind)
     if fmt is None and kind != "index":
         refusal = _refusal(kind, where)
-        if torch_named and kind in FOREIGN:  # named like a torch file: say it is none
+        if named is not None and named.explains and kind in FOREIGN:  # say it is none
             refusal = refusal.replace(
-                f"{where} is ", f"{where} is not a torch.save archive: it is ", 1
+                f"{where} is ", f"{where} is not {named.called or named.description}: it is ", 1
             )
         raise FormatError(refusal)
     if dtype is not None and not (fmt is None or fmt.raw_dtype):
@@ -209,9 +223,10 @@ def _reader(
             f"({listing(lambda f: f.raw_dtype)}); {where} is {describe(kind)}: to cast "
             "values pass float_dtype= (command line: --float-dtype)"
         )
-    if dequantize is not None and (fmt is None or fmt.name != "gguf"):
+    if dequantize is not None and (fmt is None or not fmt.dequantizes):
+        readers = ", ".join(f.description for f in FORMATS if f.dequantizes)
         raise InvalidArgumentError(
-            f"dequantize= is read here for GGUF files only; {where} is {describe(kind)} "
+            f"dequantize= is read here for {readers} only; {where} is {describe(kind)} "
             "(open it with tb.open(path, dequantize=...))"
         )
     f: TensorFile
@@ -396,10 +411,13 @@ def save(
     if fmt.sharding:
         options.update(max_shard_size=max_shard_size, index=dst.sharded)
     if quantize is not None:
-        if fmt.name != "gguf":
+        if "quantize" not in fmt.save_options:
+            quantizing = [f for f in FORMATS if "quantize" in f.save_options]
             raise InvalidArgumentError(
-                f"quantize= writes GGUF's Q8_0 blocks; {suffix!r} files hold plain tensors "
-                "(save to a .gguf path, or leave out quantize=)"
+                f"quantize= writes {' or '.join(f.quantizes for f in quantizing)}; {suffix!r} "
+                f"files hold plain tensors (save to a "
+                f"{listing(lambda f: 'quantize' in f.save_options, ' or ')} path, or leave out "
+                "quantize=)"
             )
         options.update(quantize=quantize)
     if isinstance(obj, TensorFile):
@@ -561,75 +579,88 @@ def _save_chunked(
 ) -> None:
     """``tb.save`` of an opened chunked (DCP) checkpoint: see :func:`save`."""
     from . import assemble
-    from .dcp import DcpFile
+    from .dcp import DcpFile  # the one chunked reader assemble.save reads
 
     assert isinstance(f, DcpFile)
     text = os.fspath(path)
-    if format == "npy":
+    entries = entry_files(format)  # format="npy": a directory of NAME.npy files
+    if entries is not None:
         if max_shard_size is not None or metadata:
             raise InvalidArgumentError(
-                "a directory of .npy files has no shards and no metadata; leave out "
-                "max_shard_size= and metadata=, or save to a directory for safetensors"
+                f"a directory of {entries.suffixes[0]} files has no shards and no metadata; "
+                "leave out max_shard_size= and metadata=, or save to a directory for "
+                f"{DIRECTORY_FORMAT.name}"
             )
         target = Path(text)
         if target.exists() and not target.is_dir():
-            raise FormatError(f"{text} is a file; format='npy' writes a directory of .npy files")
+            raise FormatError(
+                f"{text} is a file; format={format!r} writes a directory of "
+                f"{entries.suffixes[0]} files"
+            )
         skipped = f.unsupported()
         names = [n for n in f if n not in skipped]
-        found = [target / f"{n}.npy" for n in names if (target / f"{n}.npy").exists()]
+        found = [
+            target / f"{n}{entries.suffixes[0]}"
+            for n in names
+            if (target / f"{n}{entries.suffixes[0]}").exists()
+        ]
         if found and not overwrite:
             raise DestinationExistsError(
                 f"{found[0]} exists; pass overwrite=True (command line: --overwrite) to replace it"
             )
         assemble.save(
-            f, target, fmt="npy", float_dtype=float_dtype, executor=executor, progress=progress
+            f, target, fmt=entries, float_dtype=float_dtype, executor=executor, progress=progress
         )
         return
-    if format not in (None, "safetensors"):
-        raise FormatError(
-            f"format={format!r}: a DCP checkpoint converts to 'safetensors' (a directory or a "
-            "NAME.safetensors path) or 'npy' (a directory of .npy files)"
-        )
     dst = destination(path)
-    if dst.format.name == "zarr":
-        dst.check_overwrite(overwrite)
-        if max_shard_size is not None:
-            raise InvalidArgumentError("a Zarr store has no shards; leave out max_shard_size=")
-        assemble.save(
-            f,
-            dst.path,
-            fmt="zarr",
-            float_dtype=float_dtype,
-            metadata={**(f.plain_values() if metadata is not False else {}), **(metadata or {})},
-            executor=executor,
-            progress=progress,
-        )
-        return
-    if dst.format.name != "safetensors":
+    fmt = dst.format
+    if not fmt.assembles:
         raise FormatError(
-            f"{text}: a DCP checkpoint converts to a directory (sharded safetensors), a "
-            "NAME.safetensors file, a NAME.zarr store, or a directory of .npy files "
-            "(format='npy'), not "
-            f"{dst.format.description}"
+            f"{text}: a DCP checkpoint converts to {_assembly_destinations()}, not "
+            f"{fmt.description}"
         )
     dst.check_overwrite(overwrite)
-    is_dir = Path(text).is_dir() or text.endswith(("/", os.sep))
-    if is_dir and max_shard_size is None:
-        max_shard_size = DEFAULT_SHARD_SIZE
+    if max_shard_size is not None and not fmt.sharding:
+        raise InvalidArgumentError(f"{fmt.description} has no shards; leave out max_shard_size=")
+    options: dict[str, Any] = {}
+    if fmt.sharding:
+        is_dir = Path(text).is_dir() or text.endswith(("/", os.sep))
+        if is_dir and max_shard_size is None:
+            max_shard_size = DEFAULT_SHARD_SIZE
+        options = {"max_shard_size": max_shard_size, "index": dst.sharded or is_dir}
     carried = f.plain_values() if metadata is not False else {}
-    meta = {str(k): str(v) for k, v in carried.items()}
-    meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
+    if fmt.text_metadata:
+        meta = {str(k): str(v) for k, v in carried.items()}
+        meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
+    else:
+        meta = {**carried, **(metadata or {})}
     assemble.save(
         f,
         dst.path,
-        fmt="safetensors",
+        fmt=fmt,
         float_dtype=float_dtype,
         metadata=meta,
-        max_shard_size=max_shard_size,
-        index=dst.sharded or is_dir,
         executor=executor,
         progress=progress,
+        **options,
     )
+
+
+def _assembly_destinations() -> str:
+    """What a chunked checkpoint converts to, in words (from the rows that assemble)."""
+    targets = [f for f in FORMATS if f.assembles]
+    words = [f"a directory (sharded {DIRECTORY_FORMAT.name})"]
+    words += [
+        f"a NAME{f.suffixes[0]} {'store' if f.directory else 'file'}"
+        for f in targets
+        if f.many_arrays
+    ]
+    words += [
+        f"a directory of {f.suffixes[0]} files (format={f.name!r})"
+        for f in targets
+        if not f.many_arrays
+    ]
+    return ", ".join(words[:-1]) + ", or " + words[-1]
 
 
 def load(
@@ -658,10 +689,20 @@ def load(
     config beside it does). ``follow_links=True`` follows links that lead out of the
     checkpoint's directory (see :func:`open`).
     """
-    with open(
-        path, dtype=dtype, dequantize=dequantize, scheme=scheme, follow_links=follow_links
-    ) as f:
-        return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
+    # written out (not ``loader(open, ...)``) so that the API reference reads its signature
+    return load_with(
+        open,
+        path,
+        framework=framework,
+        mmap=mmap,
+        device=device,
+        float_dtype=float_dtype,
+        keys=keys,
+        dtype=dtype,
+        dequantize=dequantize,
+        scheme=scheme,
+        follow_links=follow_links,
+    )
 
 
 def open(
@@ -704,11 +745,12 @@ def open(
     resolved = resolve(given)
     if resolved != given:  # a directory's file (or a .distcp's .metadata): the checkpoint's
         Links.of(given, follow=follow_links).check(resolved)
-    if detect(resolved) == "gguf":  # its tensors name their own block types
+    own = by_kind(detect(resolved))
+    if own is not None and own.dequantizes:  # its tensors name their own block types
         if scheme is not None:
             raise InvalidArgumentError(
-                "scheme= names the scheme of a safetensors checkpoint; a GGUF file's "
-                "tensors name their own types: leave out scheme="
+                "scheme= names the scheme of a safetensors checkpoint; "
+                f"{own.description}'s tensors name their own types: leave out scheme="
             )
         return _reader(resolved, dtype, dequantize, follow_links)
     f = _reader(resolved, dtype, None, follow_links)

@@ -61,7 +61,7 @@ from pathlib import Path
 
 from ..errors import FormatError, UncommittedCheckpointError
 from ._files import open_regular
-from ._formats import FORMATS, INDEX_SUFFIX, by_kind, by_suffix
+from ._formats import FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, version
 
 __all__ = [
     "FOREIGN",
@@ -69,6 +69,7 @@ __all__ = [
     "ZIP_ERRORS",
     "describe",
     "detect",
+    "directory_search",
     "is_legacy_pt",
     "kind_by_suffix",
     "mismatch_note",
@@ -211,7 +212,7 @@ def _directory_kind(path: Path) -> str | None:
         return "savedmodel"
     if (path / "Manifest.json").is_file() and (path / "Data" / "com.apple.CoreML").is_dir():
         return "mlpackage"
-    for fmt, pattern in _DIRECTORY_SEARCH:
+    for fmt, pattern in directory_search():
         if any(p.is_file() for p in path.glob(pattern)):
             return fmt.kinds[0] if fmt.file_per_entry else None
     return None
@@ -255,23 +256,31 @@ def mismatch_note(path: Path, kind: str) -> str:
     )
 
 
-# patterns a directory is searched for, best first: safetensors over pickles, as transformers,
-# model files over a loose .npz, and a directory of .npy files last
-_DIRECTORY_SEARCH = tuple(
-    (f, p)
-    for f in sorted(FORMATS, key=lambda f: f.directory_rank)  # stable: table order within a rank
-    for p in f.in_directory
-)
-_DIRECTORY_PATTERNS = tuple(p for _, p in _DIRECTORY_SEARCH)
+_SEARCH: dict[int, tuple[tuple[Format, str], ...]] = {}
 
 
-def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path:
+def directory_search() -> tuple[tuple[Format, str], ...]:
+    """The (format, pattern) pairs a directory is searched for, best first: safetensors over
+    pickles, as transformers, model files over a loose .npz, a directory of .npy files last."""
+    at = version()
+    if at not in _SEARCH:
+        _SEARCH.clear()
+        _SEARCH[at] = tuple(
+            (f, p)
+            # stable: table order within a rank
+            for f in sorted(FORMATS, key=lambda f: f.directory_rank)
+            for p in f.in_directory
+        )
+    return _SEARCH[at]
+
+
+def resolve(path: Path, patterns: tuple[str, ...] | None = None) -> Path:
     """The file to read for ``path``: itself, its shard index, or a directory's checkpoint.
 
-    A directory gives the one file matching the first of ``patterns`` that any file
-    matches (an index before the shards it names). ``model.safetensors`` or
-    ``pytorch_model.bin`` that was saved sharded, so only its index exists, gives that
-    index.
+    A directory gives the one file matching the first of ``patterns`` (by default
+    every registered format's, :func:`directory_search`) that any file matches (an
+    index before the shards it names). ``model.safetensors`` or ``pytorch_model.bin``
+    that was saved sharded, so only its index exists, gives that index.
 
     A directory that is itself a store (Zarr), or whose files are one entry each (a
     directory of ``NAME.npy`` files), gives itself.
@@ -283,6 +292,8 @@ def resolve(path: Path, patterns: tuple[str, ...] = _DIRECTORY_PATTERNS) -> Path
             .distcp files without their .metadata.
         FileNotFoundError: a directory holding none.
     """
+    if patterns is None:
+        patterns = tuple(p for _, p in directory_search())
     if path.suffix.lower() == ".distcp" and (path.parent / ".metadata").is_file():
         return path.parent / ".metadata"  # one file of a DCP checkpoint: the checkpoint
     if not path.is_dir():

@@ -28,6 +28,7 @@ own byte ranges, so the output is byte-identical to a serial run.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import os
 import re
@@ -52,7 +53,7 @@ from ._common import (
     releaser,
     remove_temps,
 )
-from ._detect import INDEX_SUFFIX
+from ._formats import FORMATS, Format, PlannedFile, StoreLayout, by_name
 from ._locks import Claim, commit_lock
 from .dcp import Chunk, DcpFile
 
@@ -61,7 +62,6 @@ __all__ = ["WINDOW", "Placement", "Task", "run", "save", "windows"]
 WINDOW = DEFAULT_CHUNK  # 64 MiB: the most bytes of one tensor held at once
 SLAB = 8 << 20  # mapped source bytes copied between two page releases
 TASK_BYTES = 256 << 20  # small tensors are batched into tasks of about this many bytes
-TARGETS = ("safetensors", "npy", "zarr")  # the formats a chunked checkpoint converts to
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,9 @@ class Placement:
     offset: int
     dtype: str  # the stored dtype row's name (after float_dtype)
     nbytes: int
-    zarr: bool = False  # ``file`` is a Zarr array (written by box) rather than a byte file
+    # the module whose ``open_region`` opens ``file`` as an array (written by box), a
+    # store format's (``StoreLayout``); empty: ``file`` is a byte file
+    region: str = ""
 
 
 @dataclass(frozen=True)
@@ -190,10 +192,8 @@ def write_tensor(f: DcpFile, p: Placement, window: int = WINDOW, bar: Any = None
     dst = resolve_dtype(p.dtype)
     chunks = [(c, f.chunk_array(p.name, c)) for c in f.chunks(p.name)]
     written = 0
-    if p.zarr:  # one task owns the whole array: no other writer shares its chunks
-        from .zarr import open_region
-
-        array = open_region(p.file)
+    if p.region:  # one task owns the whole array: no other writer shares its chunks
+        array = importlib.import_module(p.region).open_region(p.file)
         for w in windows(shape, src, dst, chunks, window):
             box = tuple(slice(s, s + n) for s, n in zip(w.start, w.size, strict=True))
             array[box] = w.values.reshape(w.size)
@@ -246,8 +246,8 @@ def run(task: Task) -> int:
     total = 0
     for p in task.items:
         total += write_tensor(f, p, task.window)
-    for file in sorted({p.file for p in task.items if not p.zarr}):
-        _fsync(file)  # Zarr arrays are fsynced by the commit
+    for file in sorted({p.file for p in task.items if not p.region}):
+        _fsync(file)  # a store's arrays are fsynced by its commit
     return total
 
 
@@ -262,18 +262,11 @@ def _fsync(path: str) -> None:
 # --- planning and committing -----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Out:
-    final: Path
-    header: bytes
-    size: int
-
-
 def save(
     f: DcpFile,
     path: str | os.PathLike[str],
     *,
-    fmt: str = "safetensors",
+    fmt: str | Format = "safetensors",
     keys: Sequence[str] | None = None,
     float_dtype: DTypeLike | None = None,
     metadata: Mapping[str, Any] | None = None,
@@ -285,74 +278,69 @@ def save(
 ) -> list[Path]:
     """Write ``f``'s tensors (or ``keys``) to ``path`` in flat memory; the files written.
 
-    ``fmt="safetensors"``: ``path`` is the ``.safetensors`` file whose stem names the
-    shards (``model.safetensors`` -> ``model-00001-of-0000N.safetensors`` and
-    ``model.safetensors.index.json``, the Hugging Face layout; ``index=False`` writes
-    one file when everything fits). ``fmt="npy"``: ``path`` is a directory that gets
-    ``NAME.npy`` per tensor. Replaces existing files of the same names (``tb.save``
-    asks first). ``fmt="zarr"``: ``path`` is a Zarr v3 store, one uncompressed array
-    per tensor, committed by the group's ``zarr.json`` (plain values become its
-    attributes).
+    ``fmt`` is a format (a row or its name) that ``assembles``; its module's
+    ``assembly`` lays the output out. ``fmt="safetensors"``: ``path`` is the
+    ``.safetensors`` file whose stem names the shards (``model.safetensors`` ->
+    ``model-00001-of-0000N.safetensors`` and ``model.safetensors.index.json``, the
+    Hugging Face layout; ``index=False`` writes one file when everything fits).
+    ``fmt="npy"``: ``path`` is a directory that gets ``NAME.npy`` per tensor. Replaces
+    existing files of the same names (``tb.save`` asks first). ``fmt="zarr"``: ``path``
+    is a Zarr v3 store, one uncompressed array per tensor, committed by the group's
+    ``zarr.json`` (plain values become its attributes).
 
     Raises:
         UnsupportedDtypeError: a dtype the format cannot hold.
-        FormatError: a tensor whose chunks do not tile it, or a truncated ``.distcp``.
+        FormatError: a tensor whose chunks do not tile it, or a truncated ``.distcp``;
+            a format that is no target of a chunked checkpoint.
     """
+    row = target_format(fmt)
     skipped = f.unsupported()
     names = [n for n in f if n not in skipped] if keys is None else list(keys)
     for n in names:
         f.chunks(n)  # every chunk list checked before a byte is written
     rows = {n: cast_target(f.info(n)[0], float_dtype) for n in names}
     target = Path(path).absolute()  # tasks may run in processes with another working dir
-    if fmt == "zarr":
-        return _save_zarr(f, names, rows, target, metadata, executor, progress, window)
-    outs, placements, index_bytes = _plan(
-        f, names, rows, target, fmt, metadata, max_shard_size, index
+    plan = row.assembly(
+        [(n, rows[n], f.info(n)[1]) for n in names],
+        target,
+        metadata=metadata,
+        max_shard_size=max_shard_size,
+        index=index,
     )
+    if isinstance(plan, StoreLayout):
+        return _save_store(f, plan, rows, target, executor, progress, window)
     temps: dict[Path, str] = {}
-    sharded = fmt == "safetensors" and index_bytes is not None
-    made = fmt == "npy" and not target.exists()  # the directory this save creates
+    made = plan.creates  # the directory this save creates
     claims: dict[Path, Claim] = {}  # this save's claims on its temporaries' directories
     try:
-        for out in outs:
-            with destination_errors(out.final, only_destination=True):
-                out.final.parent.mkdir(parents=True, exist_ok=True)
-                claim = claims.get(out.final.parent) or Claim(out.final.parent)
-                claims[out.final.parent] = claim
-                temps[out.final] = _preallocate(out, claim)
+        for out in plan.files:
+            with destination_errors(out.path, only_destination=True):
+                out.path.parent.mkdir(parents=True, exist_ok=True)
+                claim = claims.get(out.path.parent) or Claim(out.path.parent)
+                claims[out.path.parent] = claim
+                temps[out.path] = _preallocate(out, claim)
         items = [
             Placement(n, temps[final], off, rows[n].name, nbytes)
-            for n, final, off, nbytes in placements
+            for n, final, off, nbytes in plan.placements
         ]
         with destination_errors(target):
             _fill(f, items, executor, window, progress, target.name)
-        if sharded:  # the shards and their index, committed together
-            from .safetensors import stale_files
-
+        if plan.index is not None:  # the files and their index, committed together
             files = {final.name: Path(tmp) for final, tmp in temps.items()}
             temps.clear()  # the commit owns them now
-            index_name = target.name + INDEX_SUFFIX
-            with destination_errors(target.parent):
-                commit_files(
-                    target.parent,
-                    files,
-                    index_name,
-                    index_bytes or b"",
-                    lambda: stale_files(target),
-                )
-        directory = target.parent if fmt == "safetensors" else target
-        directory.mkdir(parents=True, exist_ok=True)
-        with commit_lock(directory):
+            index_name, index_bytes = plan.index
+            with destination_errors(plan.directory):
+                commit_files(plan.directory, files, index_name, index_bytes, plan.replaces or ())
+        plan.directory.mkdir(parents=True, exist_ok=True)
+        with commit_lock(plan.directory):
             for final, tmp in temps.items():  # every file of one save, or of the other
                 with destination_errors(final, tmp):
                     os.replace(tmp, final)
                 remove_temps(final)
             temps.clear()
-            if not sharded and fmt == "safetensors":
-                from .safetensors import remove_stale
-
-                remove_stale(target)
-            fsync_dir(target.parent if fmt == "safetensors" else target)
+            if plan.after is not None:
+                plan.after()
+            fsync_dir(plan.directory)
     except BaseException:
         if made:  # a failed save leaves no empty directory behind
             for tmp in temps.values():
@@ -370,11 +358,27 @@ def save(
                 os.unlink(tmp)
         for claim in claims.values():
             claim.release()
-    written = [out.final for out in outs]
-    if sharded:
-        written.append(target.parent / (target.name + INDEX_SUFFIX))
-    fsync_dir(target.parent if fmt == "safetensors" else target)
+    written = [out.path for out in plan.files]
+    if plan.index is not None:
+        written.append(plan.directory / plan.index[0])
+    fsync_dir(plan.directory)
     return written
+
+
+def target_format(fmt: str | Format) -> Format:
+    """The row ``fmt`` names, which must be a target of a chunked checkpoint's conversion.
+
+    Raises:
+        FormatError: no such format, or one that is no target.
+    """
+    try:
+        row = fmt if isinstance(fmt, Format) else by_name(fmt)
+    except KeyError:
+        row = None
+    if row is None or not row.assembles:
+        targets = " or ".join(f.name for f in FORMATS if f.assembles)
+        raise FormatError(f"a chunked checkpoint converts to {targets}, not {fmt}")
+    return row
 
 
 def _fill(
@@ -393,7 +397,7 @@ def _fill(
         if executor is None:
             for p in items:
                 write_tensor(f, p, window, bar)
-            for file in sorted({p.file for p in items if not p.zarr}):
+            for file in sorted({p.file for p in items if not p.region}):
                 _fsync(file)
         else:
             versions = tuple(sorted(f.file_versions().items()))
@@ -404,101 +408,37 @@ def _fill(
         bar.close()
 
 
-def _save_zarr(
+def _save_store(
     f: DcpFile,
-    names: list[str],
+    plan: StoreLayout,
     rows: dict[str, DTypeRow],
     target: Path,
-    metadata: Mapping[str, Any] | None,
     executor: Executor | None,
     progress: bool | None,
     window: int,
 ) -> list[Path]:
-    """One uncompressed Zarr array per tensor, staged, committed by the group's zarr.json."""
-    from ._commit import abandon, begin_store, new_save_id, publish_store
-    from .zarr import (
-        GROUP_FILE,
-        attributes,
-        check_names,
-        chunk_grid,
-        create_array,
-        existing_arrays,
-        group_document,
-    )
-
-    check_names(names, repr(str(target)))
-    attrs = attributes(metadata, names, repr(str(target)))
-    stale = existing_arrays(target)
-    with destination_errors(target, only_destination=True):  # a file in the way
-        staging = begin_store(target, new_save_id())
+    """Fill a staged store's arrays, then publish it (abandoned if anything fails)."""
     try:
         with destination_errors(target):  # a full disk, a file size limit
-            items = []
-            for n in names:
-                row, shape = rows[n], f.info(n)[1]
-                whole = [((0,) * len(shape), shape)]
-                create_array(staging, n, shape, row, chunk_grid(shape, whole, row.itemsize))
-                nbytes = math.prod(shape) * row.itemsize
-                items.append(Placement(n, str(staging / n), 0, row.name, nbytes, zarr=True))
+            items = [
+                Placement(n, file, 0, rows[n].name, nbytes, region=plan.region_module)
+                for n, file, nbytes in plan.placements
+            ]
             _fill(f, items, executor, window, progress, target.name)
-            publish_store(target, staging, names, GROUP_FILE, group_document(attrs), stale)
+        plan.publish()
     except BaseException:
-        abandon(staging)
+        plan.abandon()
         raise
-    return [target / n for n in names] + [target / GROUP_FILE]
-
-
-def _plan(
-    f: DcpFile,
-    names: list[str],
-    rows: dict[str, DTypeRow],
-    target: Path,
-    fmt: str,
-    metadata: Mapping[str, str] | None,
-    max_shard_size: int | str | None,
-    index: bool,
-) -> tuple[list[_Out], list[tuple[str, Path, int, int]], bytes | None]:
-    """The files to preallocate, each tensor's (name, file, offset, bytes), and the index."""
-    shapes = {n: f.info(n)[1] for n in names}
-    if fmt == "safetensors":
-        from .safetensors import layout
-
-        files, index_bytes = layout(
-            [(n, rows[n], shapes[n]) for n in names],
-            target,
-            metadata=metadata,
-            max_shard_size=max_shard_size,
-            index=index,
-        )
-        outs = [_Out(target.parent / fl.name, fl.header, fl.size) for fl in files]
-        placed = [
-            (n, target.parent / fl.name, off, math.prod(shapes[n]) * rows[n].itemsize)
-            for fl in files
-            for n, off in fl.offsets.items()
-        ]
-        return outs, placed, index_bytes
-    if fmt == "npy":
-        from .npy import DIRECTORY_NAMES, header_bytes
-
-        DIRECTORY_NAMES.check(names, repr(str(target)))
-        outs, placed = [], []
-        for n in names:
-            head = header_bytes(rows[n], shapes[n])
-            nbytes = math.prod(shapes[n]) * rows[n].itemsize
-            final = target / f"{n}.npy"
-            outs.append(_Out(final, head, len(head) + nbytes))
-            placed.append((n, final, len(head), nbytes))
-        return outs, placed, None
-    raise FormatError(f"a chunked checkpoint converts to {' or '.join(TARGETS)}, not {fmt}")
+    return list(plan.written)
 
 
 _SAFE_NAME = re.compile(r"[^/\\\x00]+")
 
 
-def _preallocate(out: _Out, claim: Claim) -> str:
-    """A temporary file beside ``out.final`` holding its header, extended to its size;
+def _preallocate(out: PlannedFile, claim: Claim) -> str:
+    """A temporary file beside ``out.path`` holding its header, extended to its size;
     its name carries the token of this save's ``claim``."""
-    tmp = str(claim.temp(out.final))
+    tmp = str(claim.temp(out.path))
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         umask = os.umask(0)

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from ..convert import to_numpy
-from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
+from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import (
     FormatError,
     InvalidArgumentError,
@@ -75,6 +75,7 @@ from ._common import (
     cast_target,
     check_unchanged,
     iter_bytes,
+    loader,
     progress_bar,
     row_of,
 )
@@ -588,19 +589,10 @@ def open(
     return GGUFFile(path, dequantize=dequantize, follow_links=follow_links)
 
 
-def load(
-    path: str | os.PathLike[str],
-    *,
-    framework: str = "numpy",
-    mmap: bool = True,
-    device: DeviceLike | None = None,
-    float_dtype: DTypeLike | None = None,
-    keys: Any = None,
-    dequantize: DTypeLike | None = None,
-) -> Any:
-    """Every tensor (or ``keys``) of a GGUF file; quantized ones need ``dequantize=``."""
-    with open(path, dequantize=dequantize) as f:
-        return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
+load = loader(
+    open,
+    """Every tensor (or ``keys``) of a GGUF file; quantized ones need ``dequantize=``.""",
+)
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -737,6 +729,10 @@ def check_architecture(
             f"{ARCHITECTURE_KEY!r} (the model family llama.cpp loads it as, e.g. 'llama'); "
             f"{fix}"
         )
+
+
+# the row's required_metadata check (tensorbridge.io._formats: ``Format.check_metadata``)
+check_metadata = check_architecture
 
 
 def metadata_value(value: Any, type_name: str) -> Any:

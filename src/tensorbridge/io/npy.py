@@ -45,7 +45,7 @@ import struct
 import tokenize
 import weakref
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from math import prod
@@ -60,7 +60,6 @@ from numpy.lib import format as npformat
 from .._versions import NUMPY_MAXDIMS
 from ..dtypes import (
     BY_NUMPY,
-    DeviceLike,
     DTypeLike,
     DTypeRow,
     dtype_table,
@@ -81,10 +80,12 @@ from ._common import (
     cast_target,
     check_unchanged,
     iter_bytes,
+    loader,
     open_reader,
     progress_bar,
     row_of,
 )
+from ._formats import Layout, PlannedFile
 from ._keys import NameRules, case_insensitive, no_nul, not_empty, one_file_name, valid_unicode
 
 __all__ = [
@@ -474,8 +475,8 @@ def save(
 
     The header is worked out first, then the data is written about ``chunk_bytes`` at
     a time (cast on the way when ``float_dtype`` asks), so a memory-mapped input larger
-    than RAM needs about one chunk of memory. A path ending in ``.npz`` is handed to
-    :func:`tensorbridge.io.npz.save` (this module held both formats once).
+    than RAM needs about one chunk of memory. It writes ``.npy`` bytes whatever the
+    path is called (``tb.save`` picks the format by suffix).
 
     >>> import os, tempfile, ml_dtypes, numpy as np
     >>> p = os.path.join(tempfile.mkdtemp(), "w.npy")
@@ -497,18 +498,6 @@ def save(
         ValueError: ``metadata`` given.
     """
     path = Path(path)
-    if _is_npz(path):
-        from . import npz
-
-        npz.save(
-            tensors,
-            path,
-            float_dtype=float_dtype,
-            metadata=metadata,
-            progress=progress,
-            chunk_bytes=chunk_bytes,
-        )
-        return
     no_metadata(metadata, path)
     if isinstance(tensors, Mapping):
         raise UnsupportedTensorError(
@@ -700,8 +689,8 @@ def open(path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> Ten
     """Open a ``.npy`` lazily (one key: the file's stem); its header is validated.
 
     ``dtype`` names the type of raw-byte data (``np.save`` of an ml_dtypes array
-    writes bfloat16 as ``|V2`` and float8_e5m2 as ``<f1``). A path ending in ``.npz``
-    is handed to :func:`tensorbridge.io.npz.open`.
+    writes bfloat16 as ``|V2`` and float8_e5m2 as ``<f1``). The bytes must be a
+    ``.npy``, whatever the name (``tb.open`` picks the reader by content).
 
     >>> import os, tempfile, numpy as np
     >>> p = os.path.join(tempfile.mkdtemp(), "a.npy")
@@ -713,16 +702,29 @@ def open(path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> Ten
     Raises:
         FormatError: the file is not a valid ``.npy``.
     """
-    p = Path(path)
-    if _is_npz(p):
-        from . import npz
-
-        return npz.open(p, dtype=dtype)
-    return NpyFile(p, dtype=dtype)
+    return NpyFile(Path(path), dtype=dtype)
 
 
-def _is_npz(path: Path) -> bool:
-    return path.suffix.lower() == ".npz"
+def assembly(
+    entries: list[tuple[str, DTypeRow, tuple[int, ...]]],
+    target: Path,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    max_shard_size: int | str | None = None,
+    index: bool = False,
+) -> Layout:
+    """A chunked checkpoint converted to the directory ``target`` (the row's ``assembles``,
+    ``format="npy"``): ``NAME.npy`` per tensor, its header first. No metadata, no shards:
+    the caller refuses them."""
+    DIRECTORY_NAMES.check([n for n, _, _ in entries], repr(str(target)))
+    files, placed = [], []
+    for n, row, shape in entries:
+        head = header_bytes(row, shape)
+        nbytes = prod(shape) * row.itemsize
+        final = target / f"{n}.npy"
+        files.append(PlannedFile(final, head, len(head) + nbytes))
+        placed.append((n, final, len(head), nbytes))
+    return Layout(target, tuple(files), tuple(placed), creates=not target.exists())
 
 
 def raw_row(dtype: Any) -> DTypeRow | None:
@@ -743,17 +745,9 @@ def raw_row(dtype: Any) -> DTypeRow | None:
     return row
 
 
-def load(
-    path: str | os.PathLike[str],
-    *,
-    framework: str = "numpy",
-    mmap: bool = True,
-    device: DeviceLike | None = None,
-    float_dtype: DTypeLike | None = None,
-    keys: Iterable[str] | None = None,
-    dtype: DTypeLike | None = None,
-) -> Any:
-    """Read a ``.npy``: its one array or tensor (``.npz`` paths go to :mod:`tensorbridge.io.npz`).
+load = loader(
+    open,
+    """Read a ``.npy``: its one array or tensor.
 
     With ``mmap=True`` NumPy results are read-only views of the mapped file and torch
     results copy-on-write mappings (writable; writes never reach the file).
@@ -771,6 +765,5 @@ def load(
         float_dtype: cast floating-point values (only) to this dtype.
         keys: ``None``, or the one key (the file's stem).
         dtype: the type of raw-byte data written by ``np.save`` from ml_dtypes arrays.
-    """
-    with open(path, dtype=dtype) as f:
-        return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
+    """,
+)

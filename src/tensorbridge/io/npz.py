@@ -38,16 +38,16 @@ import os
 import struct
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..dtypes import DeviceLike, DTypeLike, DTypeRow
+from ..dtypes import DTypeLike, DTypeRow
 from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError, UnsupportedTensorError
-from ._common import DEFAULT_CHUNK, TensorFile, atomic_write, progress_bar
+from ._common import DEFAULT_CHUNK, TensorFile, atomic_write, loader, progress_bar
 from ._detect import ZIP_ERRORS
 from ._keys import (
     NameRules,
@@ -349,16 +349,8 @@ def open(path: str | os.PathLike[str], *, dtype: DTypeLike | None = None) -> Ten
     return NpzFile(path, dtype=dtype)
 
 
-def load(
-    path: str | os.PathLike[str],
-    *,
-    framework: str = "numpy",
-    mmap: bool = True,
-    device: DeviceLike | None = None,
-    float_dtype: DTypeLike | None = None,
-    keys: Iterable[str] | None = None,
-    dtype: DTypeLike | None = None,
-) -> Any:
+load = loader(
+    open,
     """Read a ``.npz``: a dict of its arrays (or tensors) by name.
 
     With ``mmap=True`` NumPy results are read-only views of the mapped file and torch
@@ -377,6 +369,5 @@ def load(
         float_dtype: cast floating-point values (only) to this dtype.
         keys: the names to read.
         dtype: the type of raw-byte members written by ``np.save`` from ml_dtypes arrays.
-    """
-    with open(path, dtype=dtype) as f:
-        return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
+    """,
+)

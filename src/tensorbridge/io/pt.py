@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -59,14 +59,22 @@ import numpy as np
 import torch
 
 from ..convert import to_torch
-from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
+from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import (
     FormatError,
     TensorBridgeError,
     UnsupportedDtypeError,
     UnsupportedTensorError,
 )
-from ._common import TensorFile, atomic_write, cast_target, check_unchanged, progress_bar, row_of
+from ._common import (
+    TensorFile,
+    atomic_write,
+    cast_target,
+    check_unchanged,
+    loader,
+    progress_bar,
+    row_of,
+)
 from ._keys import NameRules, flatten, is_container, no_nul, skeleton, valid_unicode
 from .pickle_machine import DICTS, Opaque, TensorRef, itemsize
 from .torch_archive import TORCHSCRIPT_MESSAGE, Archive, open_archive
@@ -367,15 +375,8 @@ def open(path: str | os.PathLike[str]) -> PtFile:  # the verb every format has
     return PtFile(path)
 
 
-def load(
-    path: str | os.PathLike[str],
-    *,
-    framework: str = "numpy",
-    mmap: bool = True,
-    device: DeviceLike | None = None,
-    float_dtype: DTypeLike | None = None,
-    keys: Iterable[str] | None = None,
-) -> Any:
+load = loader(
+    open,
     """A dict of the archive's tensors by dotted key (the tensor itself for a single-tensor file).
 
     >>> import os, tempfile, torch
@@ -390,9 +391,8 @@ def load(
         device: where torch results go.
         float_dtype: cast floating-point values (only) to this dtype.
         keys: the dotted keys to read.
-    """
-    with open(path) as f:
-        return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
+    """,
+)
 
 
 # Leaves other than tensors that ``torch.load(weights_only=True)`` rebuilds (torch 2.13's

@@ -77,13 +77,14 @@ from ._common import (
     destination_errors,
     fsync_dir,
     iter_bytes,
+    loader,
     progress_bar,
     remove_temps,
     row_of,
 )
 from ._detect import INDEX_SUFFIX, resolve
 from ._files import Links, open_fd
-from ._formats import by_name
+from ._formats import Layout, PlannedFile, by_name
 from ._keys import NameRules, no_nul, reserved_name, valid_unicode
 from ._locks import commit_lock
 from ._pipeline import STREAM_CHUNK, pipelined
@@ -515,6 +516,37 @@ def layout(
     return files, _index_text(weight_map, sum(it.nbytes for it in items))
 
 
+def assembly(
+    entries: list[tuple[str, DTypeRow, tuple[int, ...]]],
+    target: Path,
+    *,
+    metadata: Mapping[str, str] | None,
+    max_shard_size: int | str | None,
+    index: bool,
+) -> Layout:
+    """A chunked checkpoint converted to ``target`` (the row's ``assembles``): the files of
+    :func:`layout`, the shards committed with their index and replacing an earlier save's.
+    """
+    files, index_bytes = layout(
+        entries, target, metadata=metadata, max_shard_size=max_shard_size, index=index
+    )
+    nbytes = {n: math.prod(shape) * row.itemsize for n, row, shape in entries}
+    where = target.parent
+    planned = tuple(PlannedFile(where / fl.name, fl.header, fl.size) for fl in files)
+    placed = tuple(
+        (n, where / fl.name, off, nbytes[n]) for fl in files for n, off in fl.offsets.items()
+    )
+    if index_bytes is None:
+        return Layout(where, planned, placed, after=lambda: remove_stale(target))
+    return Layout(
+        where,
+        planned,
+        placed,
+        index=(target.name + INDEX_SUFFIX, index_bytes),
+        replaces=lambda: stale_files(target),
+    )
+
+
 def stale_files(target: Path) -> list[str]:
     """The files a sharded save of ``target`` replaces: its shards (named, or left hidden
     by a killed save) and the single file ``target``."""
@@ -765,15 +797,8 @@ def open(
     return SafetensorsFile(p)
 
 
-def load(
-    path: str | os.PathLike[str],
-    *,
-    framework: str = "numpy",
-    mmap: bool = True,
-    device: DeviceLike | None = None,
-    float_dtype: DTypeLike | None = None,
-    keys: Any = None,
-) -> Any:
+load = loader(
+    open,
     """Load every tensor (or ``keys``) of a safetensors file, index or directory.
 
     With ``mmap=True`` NumPy arrays are read-only views of the file and tensors are
@@ -784,6 +809,5 @@ def load(
     >>> save({"x": torch.arange(3)}, path)
     >>> load(path, framework="torch")
     {'x': tensor([0, 1, 2])}
-    """
-    with open(path) as f:
-        return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
+    """,
+)

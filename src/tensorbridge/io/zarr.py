@@ -64,7 +64,7 @@ import numpy as np
 import torch
 
 from ..convert import to_numpy, to_torch
-from ..dtypes import PACKED_BY_NUMPY, PACKED_BY_TORCH, DeviceLike, DTypeLike, DTypeRow
+from ..dtypes import PACKED_BY_NUMPY, PACKED_BY_TORCH, DTypeLike, DTypeRow
 from ..errors import (
     FormatError,
     MissingExtraError,
@@ -87,10 +87,12 @@ from ._common import (
     check_same_version,
     destination_errors,
     identity,
+    loader,
     progress_bar,
     row_of,
 )
 from ._files import Links, read_limited, read_regular
+from ._formats import StoreLayout
 from ._keys import (
     NameRules,
     case_insensitive,
@@ -402,6 +404,47 @@ def existing_arrays(path: Path) -> list[str]:
     if not (path / GROUP_FILE).is_file() and not (path.is_dir() and _only_staging(path)):
         raise FormatError(f"{path} exists and is no Zarr store; remove it or save to another path")
     return [p.name for p in path.iterdir() if p.is_dir() and (p / GROUP_FILE).is_file()]
+
+
+def assembly(
+    entries: list[tuple[str, DTypeRow, tuple[int, ...]]],
+    target: Path,
+    *,
+    metadata: Mapping[str, Any] | None,
+    max_shard_size: int | str | None = None,
+    index: bool = False,
+) -> StoreLayout:
+    """A chunked checkpoint converted to the store ``target`` (the row's ``assembles``): one
+    uncompressed array per tensor, staged, committed by the group's zarr.json (plain
+    values its attributes), the arrays of an earlier save removed."""
+    names = [n for n, _, _ in entries]
+    check_names(names, repr(str(target)))
+    attrs = attributes(metadata, names, repr(str(target)))
+    stale = existing_arrays(target)
+    with destination_errors(target, only_destination=True):  # a file in the way
+        staging = begin_store(target, new_save_id())
+    try:
+        with destination_errors(target):  # a full disk, a file size limit
+            placed = []
+            for n, row, shape in entries:
+                whole = [((0,) * len(shape), shape)]
+                create_array(staging, n, shape, row, chunk_grid(shape, whole, row.itemsize))
+                placed.append((n, str(staging / n), math.prod(shape) * row.itemsize))
+    except BaseException:
+        abandon(staging)
+        raise
+
+    def publish() -> None:
+        with destination_errors(target):
+            publish_store(target, staging, names, GROUP_FILE, group_document(attrs), stale)
+
+    return StoreLayout(
+        __name__,
+        tuple(placed),
+        publish,
+        lambda: abandon(staging),
+        tuple([target / n for n in names] + [target / GROUP_FILE]),
+    )
 
 
 def _only_staging(path: Path) -> bool:
@@ -916,19 +959,11 @@ def open(
     return ZarrFile(path, max_fill_bytes=max_fill_bytes, follow_links=follow_links)
 
 
-def load(
-    path: str | os.PathLike[str],
-    *,
-    framework: str = "numpy",
-    mmap: bool = True,
-    device: DeviceLike | None = None,
-    float_dtype: DTypeLike | None = None,
-    keys: Iterable[str] | None = None,
-) -> Any:
+load = loader(
+    open,
     """Read a Zarr store: a dict of its arrays (or tensors) by name.
 
     Arrays are read into memory (chunks are files); with ``mmap=True`` NumPy results
     are read-only, as every format's are.
-    """
-    with open(path) as f:
-        return f.read(keys, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype)
+    """,
+)
