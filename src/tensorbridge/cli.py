@@ -710,7 +710,6 @@ def _inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 def _inspect_file(path: str, args: argparse.Namespace) -> dict[str, Any]:
     """One file's entry of inspect's report."""
-    from . import diagnostics
     from .io._common import progress_bar
 
     with _open(path, args) as f:
@@ -739,6 +738,8 @@ def _inspect_file(path: str, args: argparse.Namespace) -> dict[str, Any]:
                 if name in f.aliases:
                     entry["tied_to"] = f.aliases[name]
                 if args.stats:
+                    from . import diagnostics  # torch's reductions: only for --stats
+
                     entry["stats"] = diagnostics.stats(f[name]).to_dict()
                     bar.update(entry["nbytes"])
                 tensors.append(entry)

@@ -30,9 +30,14 @@ dequantizing view that ``tb.open(path, dequantize="bf16")`` returns.
 
 from __future__ import annotations
 
-from .api import DequantizedFile, dequantize, quantize
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .base import Config, Group, Scheme
 from .detect import SCHEMES, Plan, plan, read_config, scheme_named
+
+if TYPE_CHECKING:
+    from .api import DequantizedFile, dequantize, quantize
 
 __all__ = [
     "SCHEMES",
@@ -47,3 +52,13 @@ __all__ = [
     "read_config",
     "scheme_named",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """:mod:`.api`'s names, imported on first use (PEP 562): detecting a checkpoint's scheme
+    (``tensorbridge inspect``) needs neither torch nor the file formats that api loads."""
+    if name not in ("DequantizedFile", "dequantize", "quantize"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(".api", __name__), name)
+    globals()[name] = value
+    return value

@@ -17,9 +17,7 @@ can differ by one bf16 ulp).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..errors import QuantizationError
 from .base import (
@@ -33,6 +31,9 @@ from .base import (
     row_pieces,
     shape_text,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ACTIVATION_SCALES", "FP8Scaled", "activation_scales"]
 
@@ -130,11 +131,15 @@ class FP8Scaled(Scheme):
             yield {"codes": parts["codes"][at], "scale": scale if per_tensor else scale[at]}
 
     def block_index(self, group: Group, flat: torch.Tensor) -> torch.Tensor:
+        import torch
+
         if group.options["granularity"] == "tensor" or len(group.shape) < 1:
             return torch.zeros_like(flat)
         return flat // group.shape[-1]  # one scale a row (output channel)
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
+        import torch
+
         w, factor = fp8_to_f32_shifted(parts["codes"])
         s = fold_factor(w, factor, parts["scale"].to(torch.float32))
         if group.options["granularity"] == "tensor":

@@ -30,10 +30,9 @@ divided by the scale, clamped, and rounded to nearest even.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..errors import QuantizationError
 from . import base
@@ -50,6 +49,9 @@ from .base import (
     shape_text,
 )
 from .fp8_scaled import activation_scales
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ELEMENTS", "MX", "element_name"]
 
@@ -241,6 +243,8 @@ class MX(Scheme):
         ``float8_e5m2``); ``layout="gpt-oss"`` takes an ``[E, in, out]`` weight and
         gives gpt-oss blocks ``[E, out, G, 16]`` and ``uint8`` scales ``[E, out, G]``.
         """
+        import torch
+
         layout = options.get("layout", "ocp")
         xf = x.detach().to(torch.float32).cpu()
         if layout == "gpt-oss":

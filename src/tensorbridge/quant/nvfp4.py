@@ -25,9 +25,7 @@ Quantizing follows torchao's ``nvfp4_quantize`` with a per-tensor scale
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..errors import QuantizationError
 from . import base
@@ -42,6 +40,9 @@ from .base import (
     shape_text,
 )
 from .fp8_scaled import activation_scales
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["NVFP4"]
 
@@ -169,6 +170,8 @@ class NVFP4(Scheme):
         return flat // BLOCK
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
+        import torch
+
         values = fp4_codes_to_f32(parts["codes"], group.options["packed"])
         s = parts["scale"].to(torch.float32)
         g = parts["global_scale"].to(torch.float32).reshape(())
@@ -185,6 +188,8 @@ class NVFP4(Scheme):
         scale in this convention (ModelOpt: ``scale_2 = amax / 2688``;
         compressed-tensors: ``global_scale = 2688 / amax``, its reciprocal).
         """
+        import torch
+
         xf = x.detach().to(torch.float32).cpu().contiguous()
         require(
             xf.ndim >= 1 and xf.shape[-1] % BLOCK == 0,
