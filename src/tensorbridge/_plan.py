@@ -774,8 +774,6 @@ def _sparse_to_numpy(
     return Plan("numpy", steps, reason, reason is not None or bool(copy), row, row, False, run)
 
 
-
-
 def _to_scipy(t: torch.Tensor, dtype: Any, copy: bool | None, readonly: bool) -> Any:
     import scipy.sparse as sp
     import torch

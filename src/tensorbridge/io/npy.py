@@ -131,8 +131,7 @@ def disk_dtype(row: DTypeRow) -> np.dtype[Any]:
 
 
 _DISK: dict[DTypeRow, np.dtype[Any]] = {
-    r: np.dtype([(r.name, f"<u{r.itemsize}")]) if r.carried else r.numpy
-    for r in dtype_table()
+    r: np.dtype([(r.name, f"<u{r.itemsize}")]) if r.carried else r.numpy for r in dtype_table()
 }
 _BY_DISK: dict[np.dtype[Any], DTypeRow] = {d: r for r, d in _DISK.items()}
 # What np.save writes for ml_dtypes arrays: raw void of the width, except float8_e5m2
