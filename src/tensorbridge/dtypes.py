@@ -100,7 +100,7 @@ class DTypeRow:
     def itemsize(self) -> int:
         return self.numpy.itemsize
 
-    @property
+    @cached_property
     def carrier_numpy(self) -> np.dtype[Any]:
         """The NumPy dtype of the carrier (the row's own dtype when native)."""
         return _CARRIER_NUMPY[self.itemsize] if self.carried else self.numpy
