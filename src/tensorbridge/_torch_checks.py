@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import sys
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["is_module", "is_tensor", "is_torch_dtype", "loaded"]
 
@@ -25,19 +28,19 @@ def loaded() -> ModuleType | None:
     return sys.modules.get("torch")
 
 
-def is_tensor(x: Any) -> bool:
+def is_tensor(x: Any) -> TypeGuard[torch.Tensor]:
     """``isinstance(x, torch.Tensor)``, False without an import while torch is not loaded."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def is_module(x: Any) -> bool:
+def is_module(x: Any) -> TypeGuard[torch.nn.Module]:
     """``isinstance(x, torch.nn.Module)``, without importing torch."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.nn.Module)
 
 
-def is_torch_dtype(x: Any) -> bool:
+def is_torch_dtype(x: Any) -> TypeGuard[torch.dtype]:
     """``isinstance(x, torch.dtype)``, without importing torch."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(x, torch.dtype)
