@@ -304,6 +304,7 @@ def test_progress_bar_reports_bytes(tmp_path: Path, capsys: pytest.CaptureFixtur
 _RSS_CHILD = textwrap.dedent(
     """
     import sys, numpy as np
+    import torch  # the cast imports it: loaded before the measure, which is of the save
     from tensorbridge.io import npy
 
     m = np.load(sys.argv[1], mmap_mode="r")

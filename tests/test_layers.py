@@ -83,9 +83,6 @@ KNOWN: dict[tuple[str, str], str] = {
     # moves the infrastructure out of io; these edges then go.
     ("quant.api", "io"): "io._common / io._keys / io._pipeline are io's until section 4",
     ("quant.detect", "io"): "io._files is io's until section 4",
-    # npy.py hands .npz paths to npz.py, which reads members with npy.py's parser:
-    # section 1 (formats as plug-ins) removes npy's forwarding by suffix.
-    ("io.npy", "io.npz"): "npy forwards .npz paths by suffix until section 1",
 }
 
 
@@ -250,7 +247,7 @@ def test_the_graph_sees_imports_at_both_levels() -> None:
     """The reader finds what it must: a module-level import, a function-level one, a
     package's ``__init__`` run by importing its module, and not a TYPE_CHECKING one."""
     got = {(short(e.source), short(e.target), e.lazy) for e in ALL}
-    assert ("_plan", "_memory", False) in got
+    assert ("_plan", "dtypes", False) in got and ("_plan", "_memory", True) in got
     assert ("_quantized", "quant.registry", True) in got
     assert ("quant.detect", "quant.base", False) in got
     assert ("quant.detect", "io", False) in got  # io/__init__ runs before io._files

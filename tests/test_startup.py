@@ -3,8 +3,10 @@
 The public names are imported on first use (PEP 562), and the command line imports
 torch, NumPy, ml_dtypes and the library's own heavy modules only inside the commands
 that need them, so ``tensorbridge --help`` answers in the time of a bare interpreter
-(the benchmark report times it; ``benchmarks/startup.py``). Each check runs a fresh
-interpreter with ``-X importtime``, which lists every module the process imported.
+(the benchmark report times it; ``benchmarks/startup.py``). Inspecting a safetensors
+file and converting it to ``.npz`` load NumPy and ml_dtypes but never torch
+(``tests/test_no_torch.py`` covers every format). Each check runs a fresh interpreter
+with ``-X importtime``, which lists every module the process imported.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tensorbridge as tb
@@ -74,3 +78,20 @@ def test_lazy_names_are_the_real_objects() -> None:
     assert not {"importlib", "TYPE_CHECKING", "Any"} & set(dir(tb))
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         tb.nope  # noqa: B018 - the attribute access is the test
+
+
+@pytest.mark.parametrize("command", ["inspect", "convert"])
+def test_inspect_and_convert_of_a_safetensors_file_import_no_torch(
+    tmp_path: Path, command: str
+) -> None:
+    src = tmp_path / "model.safetensors"
+    tb.save({"w": np.ones((2, 3), np.float32)}, src)
+    argv = (
+        ["inspect", str(src)] if command == "inspect" else ["convert", str(src), str(src) + ".npz"]
+    )
+    modules, out = imported_by("-m", "tensorbridge", *argv)
+    assert "numpy" in modules and "tensorbridge.io.safetensors" in modules
+    assert sorted(m for m in modules if m.split(".")[0] == "torch") == []
+    assert (
+        (str(src) in out) if command == "inspect" else (tmp_path / "model.safetensors.npz").exists()
+    )

@@ -26,20 +26,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from . import _dlpack as dlpack
-from . import _dtensor as dtensor
-from . import _memory as mem
-from . import _quantized as quantized
+from ._torch_checks import is_tensor
+from ._torch_checks import loaded as _loaded_torch
 from .dtypes import (
     BY_NUMPY,
-    BY_TORCH,
     PACKED_BY_NUMPY,
-    PACKED_BY_TORCH,
     DTypeRow,
     PackedRow,
     explain_numpy,
@@ -57,6 +52,11 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedTensorError,
 )
+
+if TYPE_CHECKING:
+    import torch
+
+    from . import _quantized as quantized
 
 Run = Callable[[Any, Any], Any]  # (value, out) -> result
 
@@ -109,8 +109,14 @@ def signature(x: Any) -> Hashable | None:
     cls = type(x)
     if cls is np.ndarray or cls is np.memmap:
         return (cls, x.dtype, x.flags.writeable, strides_state(x))
-    if isinstance(x, torch.Tensor):
+    torch = _loaded_torch()  # no tensor exists before torch is imported
+    if torch is not None and isinstance(x, torch.Tensor):
+        from . import _memory as mem
+
         if cls is not torch.Tensor and cls not in mem.PLAIN_SUBCLASSES:
+            from . import _dtensor as dtensor
+            from . import _quantized as quantized
+
             if dtensor.is_dtensor(x):
                 return dtensor.signature(x)
             kind = quantized.kind_of(x)
@@ -171,12 +177,15 @@ def plan_numpy(
         QUICK_SHARES.clear()
         QUICK_VIEWS.clear()
     _NUMPY_PLANS[key] = plan
-    if plan.quick is not None and not into and type(x) is torch.Tensor:
-        QUICK_NUMPY[(x.dtype, dtype, copy, readonly)] = plan.quick
-        if not plan.copies:
-            QUICK_SHARES[(x.dtype, dtype, copy, readonly)] = plan.quick
-        if dtype is None and copy is None and not readonly:
-            QUICK_VIEWS[x.dtype] = plan.quick  # to_numpy asks for it with those defaults only
+    if plan.quick is not None and not into:  # a tensor's plan: torch is loaded
+        import torch
+
+        if type(x) is torch.Tensor:
+            QUICK_NUMPY[(x.dtype, dtype, copy, readonly)] = plan.quick
+            if not plan.copies:
+                QUICK_SHARES[(x.dtype, dtype, copy, readonly)] = plan.quick
+            if dtype is None and copy is None and not readonly:
+                QUICK_VIEWS[x.dtype] = plan.quick  # to_numpy asks for it with those defaults
     return plan
 
 
@@ -255,9 +264,20 @@ def run_numpy(
             f"to_numpy: out= is a {type(out).__qualname__}, not a np.ndarray; pass "
             "out=np.empty(shape, dtype), or use tb.to_torch(x, out=tensor) for a tensor"
         )
-    if dlpack.is_producer(x):  # JAX, CuPy, MLX, ... or a capsule: import once, then plan
-        return dlpack.numpy_from(x, _numpy_call, dtype=dtype, copy=copy, readonly=readonly, out=out)
+    if _maybe_producer(x):  # JAX, CuPy, MLX, ... or a capsule: import once, then plan
+        from . import _dlpack as dlpack
+
+        if dlpack.is_producer(x):
+            return dlpack.numpy_from(
+                x, _numpy_call, dtype=dtype, copy=copy, readonly=readonly, out=out
+            )
     return plan_numpy(x, dtype, copy, readonly, out is not None, gather).run(x, out)
+
+
+def _maybe_producer(x: Any) -> bool:
+    """False for what has a path of its own (an array, a NumPy scalar, a tensor): only the
+    rest may be a DLPack producer, asked of :mod:`tensorbridge._dlpack` (which imports torch)."""
+    return not isinstance(x, (np.ndarray, np.generic)) and not is_tensor(x)
 
 
 def _numpy_call(x: Any, *, dtype: Any, copy: bool | None, readonly: bool, out: Any) -> Any:
@@ -292,16 +312,21 @@ def run_torch(
 
     ``to_torch`` tries the quick plan first.
     """
+    import torch
+
     if out is not None and not isinstance(out, torch.Tensor):
         raise UnsupportedTensorError(
             f"to_torch: out= is a {type(out).__qualname__}, not a torch.Tensor; pass "
             "out=torch.empty(shape, dtype=...), or use tb.to_numpy(x, out=array) for an array"
         )
-    if dlpack.is_producer(x):  # JAX, CuPy, MLX, ... or a capsule: import once, then plan
-        return dlpack.torch_from(
-            x, _torch_call, dtype=dtype, device=device, copy=copy,
-            requires_grad=requires_grad, out=out,
-        )  # fmt: skip
+    if _maybe_producer(x):  # JAX, CuPy, MLX, ... or a capsule: import once, then plan
+        from . import _dlpack as dlpack
+
+        if dlpack.is_producer(x):
+            return dlpack.torch_from(
+                x, _torch_call, dtype=dtype, device=device, copy=copy,
+                requires_grad=requires_grad, out=out,
+            )  # fmt: skip
     if not isinstance(x, (np.ndarray, torch.Tensor)):
         if x is None or isinstance(x, (Mapping, str, bytes)):
             raise UnsupportedTensorError(
@@ -337,6 +362,8 @@ def check_cast(src: DTypeRow, dst: DTypeRow) -> None:
 
 def device_of(device: Any) -> torch.device | None:
     """``device=`` as a ``torch.device``, or the error naming the devices this torch has."""
+    import torch
+
     if device is None:
         return None
     try:
@@ -373,6 +400,11 @@ def numpy_row(a: np.ndarray) -> DTypeRow:
 
 def plain_tensor(x: Any) -> torch.Tensor:
     """Unwrap the tensor types whose storage holds their values; refuse the rest."""
+    import torch
+
+    from . import _dtensor as dtensor
+    from . import _memory as mem
+
     cls = type(x)
     if cls is torch.Tensor:
         return x.detach() if x.requires_grad else x  # type: ignore[no-any-return]
@@ -435,6 +467,12 @@ def decide_numpy(
     decisions[0] += 1
     if isinstance(x, np.ndarray):
         return _array_to_numpy(x, dtype, copy, readonly, into)
+    import torch  # a tensor (or not convertible): torch is loaded already, or needed
+
+    from . import _dtensor as dtensor
+    from . import _quantized as quantized
+    from .dtypes import PACKED_BY_TORCH
+
     if type(x) is not torch.Tensor and dtensor.is_dtensor(x):
         return _dtensor_to_numpy(x, dtype, copy, readonly, into, gather)
     kind = quantized.kind_of(x) if type(x) is not torch.Tensor else None
@@ -472,6 +510,8 @@ def _strided_to_numpy(
     into: bool,
 ) -> Plan:
     """A plain strided tensor of a table dtype: the heart of ``to_numpy``."""
+    from . import _memory as mem
+
     on_host = t.is_cpu
     resolve = bool(t.is_conj() or t.is_neg())
     detach = "detach" in steps
@@ -545,6 +585,10 @@ def _fresh(
     cast from a source torch converts itself is written out inline: it is every
     ``dtype=`` call's hot path.
     """
+    import torch
+
+    from . import _memory as mem
+
     if src is not None and not (detach or readonly or keep_order):
         ndt, tdt = dst.numpy, dst.torch
         if not mem.plain_cast(src):
@@ -591,6 +635,8 @@ def _fresh(
 
 def _view(row: DTypeRow, detach: bool, readonly: bool) -> Run:
     """The zero-copy executors, written out: this is every call's hot path."""
+    from . import _memory as mem
+
     if row.carrier is None and not detach and not readonly:
         return lambda x, out: x.numpy()
     carrier, ndt = row.carrier, row.numpy
@@ -602,6 +648,9 @@ def _view(row: DTypeRow, detach: bool, readonly: bool) -> Run:
 
 
 def _into_numpy(t: torch.Tensor, src: DTypeRow, dst: DTypeRow, out: np.ndarray) -> np.ndarray:
+    from . import _memory as mem
+    from .dtypes import BY_TORCH
+
     check_out(out, tuple(t.shape), "to_numpy")
     if not out.flags.writeable:
         raise UnsupportedTensorError("out= is read-only; pass a writable array")
@@ -625,7 +674,11 @@ def _into_numpy(t: torch.Tensor, src: DTypeRow, dst: DTypeRow, out: np.ndarray) 
 def _array_to_numpy(
     a: np.ndarray, dtype: Any, copy: bool | None, readonly: bool, into: bool
 ) -> Plan:
-    """Arrays given to ``to_numpy`` (as tree leaves often are) follow the same contract."""
+    """Arrays given to ``to_numpy`` (as tree leaves often are) follow the same contract.
+
+    Only a cast imports torch (its kernel makes the new values): a view, or a plain copy,
+    of an array needs none of it.
+    """
     dst = _spec_row(dtype)
     src = native_row(a.dtype)
     plain_type = type(a) in (np.ndarray, np.memmap)
@@ -636,6 +689,7 @@ def _array_to_numpy(
         src = numpy_row(a)
         check_cast(src, dst)
         cast_to = dst
+        from . import _memory as mem
 
         def run_cast(x: np.ndarray) -> np.ndarray:
             return mem.fresh_copy(mem.host_tensor(x, src), cast_to, keep_order=False)
@@ -656,6 +710,8 @@ def _array_to_numpy(
             "numpy", ("into out",), None, True, src, src, False, lambda x, out: _fill_out(x, out)
         )
     if copy:
+        from . import _memory as mem
+
         run: Run = _finishing(mem.fresh_array_copy, readonly, False)
         return Plan("numpy", ("copy",), None, True, src, src, viewable and src is not None, run)
     if readonly:
@@ -682,6 +738,10 @@ def _sparse_to_numpy(
     t: torch.Tensor, dtype: Any, copy: bool | None, readonly: bool, into: bool
 ) -> Plan:
     """COO/CSR/CSC/BSR tensors -> the matching scipy.sparse array; indices and values shared."""
+    import torch
+
+    from .dtypes import BY_TORCH
+
     try:
         import scipy.sparse  # noqa: F401
     except ImportError:
@@ -690,7 +750,7 @@ def _sparse_to_numpy(
         ) from None
     if into:
         raise UnsupportedTensorError(f"out= is not supported for {t.layout} tensors; omit it")
-    if t.layout not in _SPARSE:
+    if t.layout not in (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr):
         raise UnsupportedTensorError(
             f"{t.layout} tensors have no scipy.sparse counterpart; pass x.to_sparse_csr() or "
             "x.to_dense()"
@@ -714,11 +774,9 @@ def _sparse_to_numpy(
     return Plan("numpy", steps, reason, reason is not None or bool(copy), row, row, False, run)
 
 
-_SPARSE = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr)
-
-
 def _to_scipy(t: torch.Tensor, dtype: Any, copy: bool | None, readonly: bool) -> Any:
     import scipy.sparse as sp
+    import torch
 
     if t.device.type != "cpu":
         t = t.cpu()
@@ -751,6 +809,10 @@ def _to_scipy(t: torch.Tensor, dtype: Any, copy: bool | None, readonly: bool) ->
 def _quantized_to_numpy(
     t: torch.Tensor, dtype: Any, copy: bool | None, readonly: bool, into: bool
 ) -> Plan:
+    import torch
+
+    from .dtypes import BY_TORCH
+
     if dtype is None:
         raise UnsupportedDtypeError(
             f"quantized {t.dtype} has no NumPy dtype; pass dtype=np.float32 to dequantize, "
@@ -773,6 +835,10 @@ def _quantized_to_numpy(
 
 def _dequantizing(x: Any, kind: quantized.Kind, dtype: Any, where: str) -> tuple[str, torch.device]:
     """The reason a quantized subclass is copied, and where its float32 values are made."""
+    import torch
+
+    from . import _quantized as quantized
+
     if dtype is None:
         raise quantized.refusal(x, kind, where)
     if kind.scheme is None and not kind.call:
@@ -792,6 +858,11 @@ def _subclass_to_numpy(
     x: Any, kind: quantized.Kind, dtype: Any, copy: bool | None, readonly: bool, into: bool
 ) -> Plan:
     """A quantized tensor subclass: refused without dtype=, else dequantized (float32) and cast."""
+    import torch
+
+    from . import _quantized as quantized
+    from .dtypes import BY_TORCH
+
     reason, made_on = _dequantizing(x, kind, dtype, "to_numpy")
     needs_copy("to_numpy", reason, copy)
     src = BY_TORCH[torch.float32]
@@ -810,6 +881,8 @@ def _subclass_to_numpy(
 def _unpack_to_numpy(
     packed: PackedRow, t: torch.Tensor, dtype: Any, copy: bool | None, readonly: bool, into: bool
 ) -> Plan:
+    import torch
+
     reason = f"is packed {packed.name} (unpacking makes a new array)"
     needs_copy("to_numpy", reason, copy)
     if dtype is None:
@@ -843,6 +916,8 @@ def _dtensor_to_numpy(
     x: Any, dtype: Any, copy: bool | None, readonly: bool, into: bool, gather: bool
 ) -> Plan:
     """A DTensor: refused, or gathered whole (a collective) and then planned as a host tensor."""
+    from . import _dtensor as dtensor
+
     if not gather:
         raise dtensor.refusal(x, "to_numpy")
     dtensor.check_placements(x)
@@ -870,6 +945,12 @@ def decide_torch(
     gather: bool = False,
 ) -> Plan:
     """Decide :func:`plan_torch` (uncached)."""
+    import torch
+
+    from . import _dtensor as dtensor
+    from . import _memory as mem
+    from . import _quantized as quantized
+
     decisions[0] += 1
     if type(x) is not torch.Tensor and dtensor.is_dtensor(x):
         return _dtensor_to_torch(x, dtype, device, copy, requires_grad, into, gather)
@@ -978,6 +1059,10 @@ def decide_torch(
 
 def _tensor_view(row: DTypeRow, subclass: bool, requires_grad: bool) -> Run:
     """The zero-copy executors, written out: this is every call's hot path."""
+    import torch
+
+    from . import _memory as mem
+
     if not subclass and not requires_grad and row.carrier is None:
         return lambda x, out: torch.from_numpy(x)
     if not subclass and not requires_grad:
@@ -1003,6 +1088,10 @@ def _tensor_view(row: DTypeRow, subclass: bool, requires_grad: bool) -> Run:
 def _pack_to_torch(
     packed: PackedRow, dtype: Any, device: Any, copy: bool | None, requires_grad: bool, into: bool
 ) -> Plan:
+    import torch
+
+    from . import _memory as mem
+
     if packed_target(dtype) is not packed:  # widen first, then the usual cast
         dst = resolve_dtype(dtype)
         reason = f"is {packed.numpy} and a cast to {dst.name} makes new values"
@@ -1043,6 +1132,11 @@ def _tensor_to_torch(
     t: torch.Tensor, dtype: Any, device: Any, copy: bool | None, requires_grad: bool, into: bool
 ) -> Plan:
     """A tensor given to ``to_torch`` follows the same copy contract (useful inside trees)."""
+    import torch
+
+    from . import _memory as mem
+    from .dtypes import BY_TORCH
+
     dst = None if dtype is None else resolve_dtype(dtype)
     row = BY_TORCH.get(t.dtype)
     cast = dst is not None and dst.torch is not t.dtype
@@ -1090,6 +1184,10 @@ def _subclass_to_torch(
     into: bool,
 ) -> Plan:
     """A quantized tensor subclass: as :func:`_subclass_to_numpy`, on ``x``'s device by default."""
+    import torch
+
+    from . import _quantized as quantized
+
     reason, made_on = _dequantizing(x, kind, dtype, "to_torch")
     needs_copy("to_torch", reason, copy)
     if device is None and x.device != made_on:
@@ -1115,6 +1213,8 @@ def _dtensor_to_torch(
     gather: bool,
 ) -> Plan:
     """A DTensor: refused, or gathered whole (a collective), back on its device by default."""
+    from . import _dtensor as dtensor
+
     if not gather:
         raise dtensor.refusal(x, "to_torch")
     dtensor.check_placements(x)
@@ -1133,6 +1233,8 @@ def _dtensor_to_torch(
 
 def finish_tensor(t: torch.Tensor, requires_grad: bool, out: torch.Tensor | None) -> torch.Tensor:
     """Fill ``out=`` and set ``requires_grad=``: the last steps of every ``to_torch``."""
+    import torch
+
     if out is not None:
         check_out(out, tuple(t.shape), "to_torch")
         with torch.no_grad():  # filling a caller's buffer is not an op to differentiate

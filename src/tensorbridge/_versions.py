@@ -10,8 +10,12 @@ looking at a version. The tests check each flag against the library it describes
 (Which dtypes exist is the dtype table's business: a row whose dtype the installed torch
 or ml_dtypes lacks is left out when :mod:`tensorbridge.dtypes` builds the table.)
 
+The torch flags (``TORCH``, ``TORCH_DLPACK_READ_ONLY``) are computed when first asked
+for, so that the modules which read files without torch can ask this one too.
+
 >>> release("2.15.0+cu132")
 (2, 15, 0)
+>>> from tensorbridge._versions import TORCH
 >>> TORCH >= (2, 4)
 True
 """
@@ -24,10 +28,10 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import ml_dtypes
 import numpy as np
-import torch
 
 __all__ = [
     "ML_DTYPES",
@@ -55,7 +59,6 @@ def release(version: str) -> tuple[int, ...]:
 
 
 NUMPY = release(np.__version__)
-TORCH = release(str(torch.__version__))
 ML_DTYPES = release(ml_dtypes.__version__)
 
 # The largest rank of a NumPy array (NPY_MAXDIMS): 64 from NumPy 2.0, 32 before.
@@ -81,9 +84,29 @@ def _numpy_exports_read_only() -> bool:
 # before, it takes no keywords and refuses to export a read-only array at all (BufferError).
 NUMPY_DLPACK_READ_ONLY = _numpy_exports_read_only()
 
-# Tensor.__dlpack__ takes read_only= from torch 2.14, so an exported capsule can carry
-# DLPack's read-only flag; before, the flag cannot be asked for.
-TORCH_DLPACK_READ_ONLY = "read_only" in inspect.signature(torch.Tensor.__dlpack__).parameters
+
+def _torch_flags() -> dict[str, Any]:
+    import torch
+
+    return {
+        "TORCH": release(str(torch.__version__)),
+        # Tensor.__dlpack__ takes read_only= from torch 2.14, so an exported capsule can
+        # carry DLPack's read-only flag; before, the flag cannot be asked for.
+        "TORCH_DLPACK_READ_ONLY": "read_only"
+        in inspect.signature(torch.Tensor.__dlpack__).parameters,
+    }
+
+
+if TYPE_CHECKING:  # computed (importing torch) when first asked for, by __getattr__
+    TORCH: tuple[int, ...]
+    TORCH_DLPACK_READ_ONLY: bool
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("TORCH", "TORCH_DLPACK_READ_ONLY"):
+        globals().update(_torch_flags())
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @cache
@@ -95,9 +118,12 @@ def torch_e4m3fn_saturates() -> bool:
     float16 cast is the same from torch 2.10 to 2.15). Probed with one cast, on first use
     (a first torch op costs milliseconds, too much for every import).
 
+    >>> from tensorbridge._versions import TORCH
     >>> torch_e4m3fn_saturates() == (TORCH >= (2, 13))
     True
     """
+    import torch
+
     return float(torch.tensor([1e6]).to(torch.float8_e4m3fn).float()[0]) == 448.0
 
 

@@ -10,7 +10,14 @@ reinterpretation of the same bytes (zero-copy, bit-exact).
 Rows whose dtype the installed ml_dtypes lacks (``complex32`` before ml_dtypes
 0.7) are skipped when the table is built, by asking for the dtype rather than
 comparing versions; behaviour that differs between releases is decided in
-:mod:`tensorbridge._versions`.
+:mod:`tensorbridge._versions`. Every row's torch dtype exists in the oldest torch
+supported (2.10), so only ml_dtypes decides which rows exist.
+
+The table is built without importing torch (about 2.7 s): a row names its torch
+dtype, which is looked up the first time ``row.torch`` (or ``row.carrier``) is
+asked for, and the lookups by torch dtype (``BY_TORCH``, ``PACKED_BY_TORCH``) are
+made on first use. Reading a file's header, or copying its arrays to another file,
+never needs torch.
 
 Identity, never ``dtype.kind``: ml_dtypes reports bfloat16 as kind ``'V'`` (like
 a structured or void dtype), float8_e5m2 as ``'f'`` and complex32 as ``'c'``.
@@ -25,17 +32,22 @@ torch.float32
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias, Union
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, Union
 
 import ml_dtypes
 import numpy as np
-import torch
 
+from ._torch_checks import is_torch_dtype
 from .errors import UnsupportedDtypeError
+
+if TYPE_CHECKING:
+    import torch
+
+    TorchDType: TypeAlias = torch.dtype
 
 __all__ = ["DTypeRow", "dtype_table", "numpy_dtype", "resolve_dtype", "torch_dtype"]
 
-TorchDType = torch.dtype
 Category = Literal["bool", "int", "uint", "float", "complex"]
 
 
@@ -45,7 +57,7 @@ class DTypeRow:
 
     Attributes:
         name: the canonical name, shared by torch and NumPy/ml_dtypes ("bfloat16").
-        torch: the torch dtype.
+        torch: the torch dtype (torch is imported when it is first asked for).
         numpy: the NumPy dtype (NumPy's own or an ml_dtypes one).
         carrier: ``None`` when ``Tensor.numpy()`` / ``torch.from_numpy`` handle the
             dtype natively; otherwise a same-width torch integer dtype that both
@@ -53,24 +65,45 @@ class DTypeRow:
         safetensors: the dtype code in the safetensors header, or ``None``.
         category: what the values are ("bool", "int", "uint", "float", "complex").
         aliases: other names accepted wherever a dtype is given ("bf16").
+        carried: whether the bits cross through ``carrier`` (``carrier is not None``,
+            answered without torch).
+        torch_name: torch's name for the dtype, where it is not ``name``.
     """
 
     name: str
-    torch: TorchDType
     numpy: np.dtype[Any]
-    carrier: TorchDType | None
     safetensors: str | None
     category: Category
     aliases: tuple[str, ...] = ()
+    carried: bool = False
+    torch_name: str | None = None
+
+    @cached_property
+    def torch(self) -> TorchDType:
+        """The torch dtype (imports torch on first use; then a plain attribute)."""
+        import torch
+
+        dtype: TorchDType = getattr(torch, self.torch_name or self.name)
+        return dtype
+
+    @cached_property
+    def carrier(self) -> TorchDType | None:
+        """The same-width torch integer dtype the bits cross through, or None (native)."""
+        if not self.carried:
+            return None
+        import torch
+
+        dtype: TorchDType = getattr(torch, self.carrier_numpy.name)
+        return dtype
 
     @property
     def itemsize(self) -> int:
         return self.numpy.itemsize
 
-    @property
+    @cached_property
     def carrier_numpy(self) -> np.dtype[Any]:
         """The NumPy dtype of the carrier (the row's own dtype when native)."""
-        return self.numpy if self.carrier is None else _CARRIER_NUMPY[self.carrier]
+        return _CARRIER_NUMPY[self.itemsize] if self.carried else self.numpy
 
     @property
     def is_floating(self) -> bool:
@@ -80,18 +113,17 @@ class DTypeRow:
         return f"DTypeRow({self.name})"
 
 
-_CARRIER_NUMPY: dict[torch.dtype, np.dtype[Any]] = {
-    torch.uint8: np.dtype(np.uint8),
-    torch.int16: np.dtype(np.int16),
-    torch.int32: np.dtype(np.int32),
+# A carried row's carrier by item size: the integer type NumPy and torch both name so.
+_CARRIER_NUMPY: dict[int, np.dtype[Any]] = {
+    1: np.dtype(np.uint8),
+    2: np.dtype(np.int16),
+    4: np.dtype(np.int32),
 }
 # What every ``dtype=`` / ``float_dtype=`` accepts: a torch dtype, a NumPy dtype (or type), a
 # name ("bfloat16", "bf16", "torch.float8_e4m3fn") or a row of the table.
-DTypeLike: TypeAlias = Union[torch.dtype, "np.dtype[Any]", type, str, DTypeRow]
+DTypeLike: TypeAlias = Union["torch.dtype", "np.dtype[Any]", type, str, DTypeRow]
 # What every ``device=`` accepts, as torch does.
-DeviceLike: TypeAlias = Union[torch.device, str, int]  # noqa: UP007
-
-_CARRIER_BY_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+DeviceLike: TypeAlias = Union["torch.device", str, int]
 
 # (name, category, safetensors code, aliases); the NumPy side is NumPy's own type.
 _NATIVE: tuple[tuple[str, Category, str | None, tuple[str, ...]], ...] = (
@@ -125,33 +157,27 @@ _EXTENDED: tuple[tuple[str, Category, str | None, tuple[str, ...]], ...] = (
 def _build() -> tuple[DTypeRow, ...]:
     rows = []
     for name, category, code, aliases in _NATIVE:
-        rows.append(
-            DTypeRow(name, getattr(torch, name), np.dtype(name), None, code, category, aliases)
-        )
+        rows.append(DTypeRow(name, np.dtype(name), code, category, aliases))
     for name, category, code, aliases in _EXTENDED:
-        tdt = getattr(torch, name, None)
         ndt = getattr(ml_dtypes, name, None)
-        if tdt is None or ndt is None:
-            continue  # the installed torch or ml_dtypes lacks it
-        ndt = np.dtype(ndt)
-        carrier = _CARRIER_BY_SIZE[ndt.itemsize]
-        rows.append(DTypeRow(name, tdt, ndt, carrier, code, category, aliases))
+        if ndt is None:
+            continue  # the installed ml_dtypes lacks it
+        rows.append(DTypeRow(name, np.dtype(ndt), code, category, aliases, carried=True))
     return tuple(rows)
 
 
 _TABLE = _build()
-BY_TORCH: dict[torch.dtype, DTypeRow] = {r.torch: r for r in _TABLE}
 BY_NUMPY: dict[np.dtype[Any], DTypeRow] = {r.numpy: r for r in _TABLE}
 BY_SAFETENSORS: dict[str, DTypeRow] = {r.safetensors: r for r in _TABLE if r.safetensors}
 BY_NAME: dict[str, DTypeRow] = {
-    key: r for r in _TABLE for key in (r.name, str(r.torch), *r.aliases)
+    key: r for r in _TABLE for key in (r.name, f"torch.{r.name}", *r.aliases)
 }
-# Every common spelling of a dtype in one dict, for the hot paths' single lookup.
+# Every common spelling of a dtype in one dict, for the hot paths' single lookup; the torch
+# dtypes join it when BY_TORCH is made (the first time a torch dtype is looked up).
 BY_SPEC: dict[Any, DTypeRow] = {
     **BY_NAME,
     **{r.numpy.type: r for r in _TABLE},
     **BY_NUMPY,
-    **BY_TORCH,
     **{r: r for r in _TABLE},
 }
 
@@ -173,11 +199,18 @@ class PackedRow:
     """
 
     name: str
-    torch: TorchDType
     numpy: np.dtype[Any]  # one value a byte
     per_byte: int
     safetensors: str | None
     category: Category
+
+    @cached_property
+    def torch(self) -> TorchDType:
+        """The packed torch dtype (imports torch on first use)."""
+        import torch
+
+        dtype: TorchDType = getattr(torch, self.name)
+        return dtype
 
     @property
     def bits(self) -> int:
@@ -215,23 +248,44 @@ _PACKED_SPEC: tuple[tuple[str, str, int, str | None, Category], ...] = (
 def _build_packed() -> tuple[PackedRow, ...]:
     rows = []
     for name, unpacked, per_byte, code, category in _PACKED_SPEC:
-        tdt = getattr(torch, name, None)
         ndt = getattr(ml_dtypes, unpacked, None)
-        if tdt is not None and ndt is not None:
-            rows.append(PackedRow(name, tdt, np.dtype(ndt), per_byte, code, category))
+        if ndt is not None:
+            rows.append(PackedRow(name, np.dtype(ndt), per_byte, code, category))
     return tuple(rows)
 
 
 # Packed dtypes are not rows of the table above (their two sides differ in size).
 PACKED: tuple[PackedRow, ...] = _build_packed()
-PACKED_BY_TORCH: dict[torch.dtype, PackedRow] = {r.torch: r for r in PACKED}
 PACKED_BY_NUMPY: dict[np.dtype[Any], PackedRow] = {r.numpy: r for r in PACKED}
+
+if TYPE_CHECKING:  # made on first use by __getattr__ below, which imports torch
+    BY_TORCH: dict[torch.dtype, DTypeRow]
+    PACKED_BY_TORCH: dict[torch.dtype, PackedRow]
+
+
+def __getattr__(name: str) -> Any:
+    """``BY_TORCH`` and ``PACKED_BY_TORCH``, made (importing torch) when first asked for."""
+    if name in ("BY_TORCH", "PACKED_BY_TORCH"):
+        _by_torch()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _by_torch() -> dict[torch.dtype, DTypeRow]:
+    """The rows by torch dtype; made once, when it also joins ``BY_SPEC``."""
+    made: dict[torch.dtype, DTypeRow] | None = globals().get("BY_TORCH")
+    if made is None:
+        made = {r.torch: r for r in _TABLE}
+        globals()["PACKED_BY_TORCH"] = {r.torch: r for r in PACKED}
+        BY_SPEC.update(made)
+        globals()["BY_TORCH"] = made
+    return made
 
 
 def packed_target(spec: Any) -> PackedRow | None:
     """The packed row that ``spec`` (a ``dtype=`` as given) names on the torch side."""
-    if isinstance(spec, torch.dtype):
-        return PACKED_BY_TORCH.get(spec)
+    if is_torch_dtype(spec):
+        return next((r for r in PACKED if r.torch is spec), None)
     if isinstance(spec, str):
         name = spec.removeprefix("torch.")
         return next((r for r in PACKED if r.name == name), None)
@@ -240,7 +294,7 @@ def packed_target(spec: Any) -> PackedRow | None:
 
 def unpacked_target(spec: Any) -> PackedRow | None:
     """The packed row whose one-a-byte NumPy dtype ``spec`` names (``ml_dtypes.float4_e2m1fn``)."""
-    if spec is None or isinstance(spec, (torch.dtype, DTypeRow)):
+    if spec is None or isinstance(spec, DTypeRow) or is_torch_dtype(spec):
         return None
     try:
         return PACKED_BY_NUMPY.get(np.dtype(spec))
@@ -279,8 +333,8 @@ def resolve_dtype(spec: DTypeLike) -> DTypeRow:
         return BY_SPEC[spec]
     except (KeyError, TypeError):  # TypeError: unhashable specs
         pass
-    if isinstance(spec, torch.dtype):
-        row = BY_TORCH.get(spec)
+    if is_torch_dtype(spec):
+        row = _by_torch().get(spec)
         if row is None:
             raise UnsupportedDtypeError(_explain_torch(spec))
         return row
@@ -391,7 +445,7 @@ _TIMES = {2: "doubles", 4: "quadruples", 8: "grows eightfold"}
 
 def _explain_torch(tdt: torch.dtype) -> str:
     name = str(tdt).removeprefix("torch.")
-    packed = PACKED_BY_TORCH.get(tdt)
+    packed = next((r for r in PACKED if r.torch is tdt), None)
     if packed is not None:
         return (
             f"{tdt} packs {_COUNT[packed.per_byte]} values a byte and has no NumPy dtype; pass "

@@ -20,10 +20,6 @@ def quantize_arg(
     args: argparse.Namespace, dequantize: Any, float_dtype: Any, block_size: Any
 ) -> str | None:
     """``--quantize``'s scheme, checked against the options it cannot go with."""
-    from ..errors import QuantizationError
-    from ..quant.registry import SCHEMES
-    from ..quant.write import writable
-
     if args.quantize is None:
         if args.ignore:
             raise UsageError("--ignore says which weights --quantize leaves; pass --quantize")
@@ -40,6 +36,10 @@ def quantize_arg(
         )
     if args.scheme is not None:
         raise UsageError("--quantize names the scheme; leave out --scheme")
+    from ..errors import QuantizationError
+    from ..quant.registry import SCHEMES
+    from ..quant.write import writable  # imports torch: only when quantizing
+
     try:
         scheme = writable(args.quantize, args.layout, args.element)
     except QuantizationError as e:

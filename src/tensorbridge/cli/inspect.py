@@ -109,7 +109,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _inspect_file(path: str, args: argparse.Namespace) -> dict[str, Any]:
     """One file's entry of inspect's report."""
-    from .. import diagnostics
     from ..io._common import progress_bar
 
     with open_file(path, args) as f:
@@ -138,6 +137,8 @@ def _inspect_file(path: str, args: argparse.Namespace) -> dict[str, Any]:
                 if name in f.aliases:
                     entry["tied_to"] = f.aliases[name]
                 if args.stats:
+                    from .. import diagnostics  # torch's reductions: only for --stats
+
                     entry["stats"] = diagnostics.stats(f[name]).to_dict()
                     bar.update(entry["nbytes"])
                 tensors.append(entry)

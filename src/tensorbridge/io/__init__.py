@@ -42,18 +42,18 @@ format is one new module and one row.
 
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
 from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 
-from .. import _quantized as quantized
+from .._torch_checks import is_module, is_tensor
 from ..dtypes import DeviceLike, DTypeLike
 from ..errors import (
     DestinationExistsError,
@@ -63,7 +63,7 @@ from ..errors import (
     UnsupportedDtypeError,
     UnsupportedTensorError,
 )
-from . import dcp, gguf, npy, npz, pt, safetensors, zarr  # noqa: F401 - tb.io.<format> without an import
+from . import gguf, npy, npz, safetensors, zarr  # noqa: F401 - tb.io.<format> without an import
 from ._common import Deferred, TensorFile, load_with
 from ._detect import FOREIGN, describe, detect, kind_by_suffix, mismatch_note, resolve
 from ._files import Links
@@ -81,8 +81,27 @@ from ._formats import (
     unregister_format,
 )
 from ._keys import flatten, is_container, rebuild
-from .pickle_machine import Opaque
 from .sharded import ShardedFile
+
+if TYPE_CHECKING:
+    import torch
+
+    from . import dcp, pt  # noqa: F401 - loaded on first use by __getattr__ below
+    from .pickle_machine import Opaque
+
+
+def __getattr__(name: str) -> Any:
+    """The torch formats' modules, which import torch, loaded when first used (PEP 562):
+    reading and writing the NumPy formats does not import torch."""
+    if name in ("dcp", "pt"):
+        value = importlib.import_module(f".{name}", __name__)
+    elif name == "Opaque":
+        value = importlib.import_module(".pickle_machine", __name__).Opaque
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Destination",
@@ -255,8 +274,10 @@ def _refusal(kind: str, where: str) -> str:
             f"{where} is {FOREIGN[kind]}, a format tensorbridge does not read; it reads "
             f"{readable} and shard indexes"
         )
+    from .pt import TORCHSCRIPT_MESSAGE
+
     return {
-        "torchscript": pt.TORCHSCRIPT_MESSAGE.format(where=where),
+        "torchscript": TORCHSCRIPT_MESSAGE.format(where=where),
         "pickle": f"{where} is a plain pickle, not a torch.save archive; tensorbridge never "
         "runs a pickle (torch.save archives are read by its own pickle machine)",
         "zip": f"{where} is a zip archive that is neither a .npz (only .npy members) nor a "
@@ -274,7 +295,7 @@ def _tensors(obj: Any, where: str, plain: bool = False) -> dict[str, Any]:
     indices joined with ``.``. ``plain``: other leaves are left for the format to judge
     (``.pt`` keeps plain values among the tensors).
     """
-    if isinstance(obj, torch.nn.Module):
+    if is_module(obj):
         obj = obj.state_dict()
     if not isinstance(obj, Mapping):
         raise UnsupportedTensorError(
@@ -285,11 +306,9 @@ def _tensors(obj: Any, where: str, plain: bool = False) -> dict[str, Any]:
     for name, value in flat.items():
         if isinstance(value, np.generic):
             flat[name] = np.asarray(value)
-        elif type(value) is not torch.Tensor and isinstance(value, torch.Tensor):
+        elif is_tensor(value):
             _refuse_quantized(value, f"at {name!r}: ")
-        elif not plain and not isinstance(
-            value, (torch.Tensor, np.ndarray, Deferred, npy.NpyBytes)
-        ):
+        elif not plain and not isinstance(value, (np.ndarray, Deferred, npy.NpyBytes)):
             raise UnsupportedTensorError(
                 f"at {name!r}: {type(value).__qualname__} is not a tensor or array; file "
                 "formats store tensors only (put other values in metadata=)"
@@ -299,6 +318,12 @@ def _tensors(obj: Any, where: str, plain: bool = False) -> dict[str, Any]:
 
 def _refuse_quantized(value: torch.Tensor, at: str) -> None:
     """A quantized tensor subclass (torchao's ``MXTensor``, ...) is not saved as its storage."""
+    import torch
+
+    from .. import _quantized as quantized
+
+    if type(value) is torch.Tensor:
+        return
     kind = quantized.kind_of(value)
     if kind is not None:
         error = quantized.refusal(value, kind, "save")
@@ -425,11 +450,11 @@ def save(
     if given is not None and fmt.text_metadata:  # the file's own metadata too
         given = {str(k): str(v) for k, v in given.items()}
     single = fmt.single_array and (
-        not fmt.many_arrays or isinstance(obj, (torch.Tensor, np.ndarray))
+        not fmt.many_arrays or isinstance(obj, np.ndarray) or is_tensor(obj)
     )
-    if single and type(obj) is not torch.Tensor and isinstance(obj, torch.Tensor):
+    if single and is_tensor(obj):
         _refuse_quantized(obj, "")
-    if isinstance(obj, torch.nn.Module):
+    if is_module(obj):
         obj = obj.state_dict()
     where = repr(str(dst.path))
     nested = fmt.nested and is_container(obj)

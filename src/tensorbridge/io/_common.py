@@ -24,25 +24,26 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
-import torch
 
-from .. import _memory as mem
-from .._plan import numpy_row
+from .._plan import numpy_row, run_numpy
 from .._progress import SHOW_AFTER as SHOW_AFTER  # the formats' progress, re-exported
 from .._progress import WORK_RATES as WORK_RATES
 from .._progress import NoBar
 from .._progress import expected_seconds as expected_seconds
 from .._progress import progress_bar as progress_bar
+from .._torch_checks import is_tensor
 from .._versions import byte_bounds
-from ..convert import to_numpy, to_torch
 from ..dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
 from ..errors import DestinationError, FormatError, InvalidArgumentError, UnsupportedDtypeError
 from ._files import Links, open_fd, open_regular, read_limited
 from ._locks import Claim, alive, commit_lock, is_claim_name, remove_dead_claims
 from ._pipeline import STREAM_CHUNK, Task, pipelined
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_CHUNK = 64 << 20
 _PAGE = mmap.PAGESIZE
@@ -301,7 +302,7 @@ def read_small(path: Path, limit: int, what: str, links: Links | None = None) ->
 
 def row_of(x: Any) -> DTypeRow:
     """The table row of a tensor's or array's dtype (byte-swapped arrays: their native row)."""
-    if isinstance(x, torch.Tensor):
+    if is_tensor(x):
         return resolve_dtype(x.dtype)
     return numpy_row(x)
 
@@ -330,14 +331,22 @@ def iter_bytes(
     """
     src = row_of(x)
     dst = dst or src
-    if isinstance(x, torch.Tensor) and x.device.type != "cpu":
-        yield from _iter_device(x, src, dst, chunk_bytes)
-        return
-    a = to_numpy(x) if isinstance(x, torch.Tensor) else np.asarray(x)
+    if is_tensor(x):
+        if x.device.type != "cpu":
+            yield from _iter_device(x, src, dst, chunk_bytes)
+            return
+        from ..convert import to_numpy
+
+        a = to_numpy(x)
+    else:
+        a = np.asarray(x)
     if a.size == 0:
         return
     per_elem = max(src.itemsize, dst.itemsize)
     step = max(1, chunk_bytes // per_elem)
+    if dst is not src:
+        from .. import _memory as mem  # a cast: torch's kernel
+
     release = releaser(a)
     buf: np.ndarray | None = None
     if a.flags.c_contiguous:
@@ -365,6 +374,8 @@ def iter_bytes(
 def _iter_device(
     t: torch.Tensor, src: DTypeRow, dst: DTypeRow, chunk_bytes: int
 ) -> Iterator[memoryview]:
+    from ..convert import to_numpy
+
     flat = t.reshape(-1)
     step = max(1, chunk_bytes // max(src.itemsize, dst.itemsize))
     for i in range(0, flat.numel(), step):
@@ -709,8 +720,10 @@ class TensorFile(abc.ABC):
             copy = True
         dst = cast_target(row_of(a), float_dtype)
         if as_torch:
+            from ..convert import to_torch
+
             return to_torch(a, dtype=dst, device=device, copy=copy)
-        return to_numpy(a, dtype=dst, copy=copy, readonly=mmap)
+        return run_numpy(a, dst, copy, mmap)  # to_numpy's plan for an array, without torch
 
     def read(self, keys: Any = None, **options: Any) -> Any:
         """Every entry (or ``keys``) converted by :meth:`get`: what ``tb.load`` returns.

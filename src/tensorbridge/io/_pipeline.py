@@ -36,7 +36,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
 import numpy as np
-import torch
 
 __all__ = ["MAX_WORKERS", "STREAM_CHUNK", "Slot", "Task", "pipelined", "serial_workers", "workers"]
 
@@ -74,6 +73,8 @@ def workers() -> int:
     """How many worker threads a pipeline runs: torch's intra-op thread count, at most
     :data:`MAX_WORKERS` (``OMP_NUM_THREADS=1`` or ``torch.set_num_threads(1)``: one
     worker, which still overlaps its compute with the writes)."""
+    import torch  # the tasks run torch's kernels
+
     return max(1, min(MAX_WORKERS, torch.get_num_threads()))
 
 
@@ -81,6 +82,8 @@ def _serial() -> None:
     # Settle this thread's torch thread count before making it 1: torch initialises a
     # thread's count from the process-wide one at its first parallel kernel, which
     # would undo the 1 once the caller restores that (see serial_workers).
+    import torch
+
     torch.empty(1 << 16).fill_(0)
     torch.arange(2)
     torch.set_num_threads(1)
@@ -95,6 +98,8 @@ def serial_workers(count: int) -> Iterator[ThreadPoolExecutor]:
     sets its own to 1, then the caller's count is put back as the default once all
     of them are running, so that no other thread is changed.
     """
+    import torch
+
     restore = torch.get_num_threads()
     started = threading.Barrier(count)
     pool = ThreadPoolExecutor(count, thread_name_prefix="tensorbridge-stream", initializer=_serial)

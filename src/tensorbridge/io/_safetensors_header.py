@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
-
 from .._versions import NUMPY_MAXDIMS
 from ..dtypes import BY_SAFETENSORS, PACKED, DTypeRow, PackedRow
 from ..errors import FormatError
@@ -49,7 +47,7 @@ LAYOUT_RANK = {code: i for i, code in enumerate(LAYOUT_ORDER)}
 # their NumPy side holds one, so they are no bit-cast. A pseudo-row names each for headers,
 # info() and float_dtype; PACKED_ROWS gives its packing (values a byte, pack / unpack).
 PACKED_ROWS: dict[DTypeRow, PackedRow] = {
-    DTypeRow(p.numpy.name, p.torch, p.numpy, torch.uint8, p.safetensors, p.category): p
+    DTypeRow(p.numpy.name, p.numpy, p.safetensors, p.category, carried=True, torch_name=p.name): p
     for p in PACKED
     if p.safetensors
 }

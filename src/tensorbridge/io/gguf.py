@@ -52,12 +52,11 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from ..convert import to_numpy
+from .._torch_checks import is_tensor
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import (
     FormatError,
@@ -101,6 +100,9 @@ from ._gguf_header import (
     parse,
 )
 from ._keys import NameRules, at_most_bytes, no_nul, valid_unicode
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "GGUFFile",
@@ -266,6 +268,10 @@ def dequantize_blocks(
             f"{gtype.name} blocks of shape {list(shape)} take {nbytes} bytes in rows of whole "
             f"{gtype.block_size}-value blocks; got {blocks.nbytes} bytes for rows of {width}"
         )
+    import torch  # dequantizing: rounded by torch's kernel
+
+    from ..convert import to_numpy
+
     out = torch.empty(count, dtype=row.torch)
     result: np.ndarray = to_numpy(out.reshape(shape))  # a view: filled below
     if count == 0:
@@ -794,8 +800,9 @@ def _wanted(quantize: Quantize, name: str, value: Any) -> str | None:
     if quantize is None:
         return None
     if isinstance(quantize, str):
-        ndim = value.ndim if isinstance(value, (torch.Tensor, np.ndarray)) else 0
-        floating = isinstance(value, (torch.Tensor, np.ndarray)) and row_of(value).is_floating
+        array = isinstance(value, np.ndarray) or is_tensor(value)
+        ndim = value.ndim if array else 0
+        floating = array and row_of(value).is_floating
         return quantize if ndim >= 2 and floating else None
     if isinstance(quantize, Mapping):
         return quantize.get(name)
@@ -805,7 +812,9 @@ def _wanted(quantize: Quantize, name: str, value: Any) -> str | None:
 def _item(name: Any, value: Any, float_dtype: Any, quantize: str | None) -> _Item:
     if not isinstance(name, str):
         raise TypeError(f"tensor names must be str, got {type(name).__qualname__}; pass str(name)")
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
+        import torch
+
         if value.layout is not torch.strided:
             raise UnsupportedTensorError(
                 f"a {value.layout} tensor has no dense bytes to store; pass x.to_dense()"
@@ -883,7 +892,12 @@ def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
     quants = _gguf_quants()
     qtype = _qtype(it.type)
     v = it.value
-    a = to_numpy(v.detach().cpu()) if isinstance(v, torch.Tensor) else np.asarray(v)
+    if is_tensor(v):
+        from ..convert import to_numpy
+
+        a = to_numpy(v.detach().cpu())
+    else:
+        a = np.asarray(v)
     width = it.shape[-1] if it.shape else 1
     rows = a.reshape(-1, width)
     step = max(1, chunk_bytes // 4 // width)

@@ -54,9 +54,9 @@ from tokenize import TokenError
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
-import torch
 from numpy.lib import format as npformat
 
+from .._torch_checks import is_tensor
 from .._versions import NUMPY_MAXDIMS
 from ..dtypes import (
     BY_NUMPY,
@@ -132,8 +132,7 @@ def disk_dtype(row: DTypeRow) -> np.dtype[Any]:
 
 
 _DISK: dict[DTypeRow, np.dtype[Any]] = {
-    r: r.numpy if r.carrier is None else np.dtype([(r.name, f"<u{r.itemsize}")])
-    for r in dtype_table()
+    r: np.dtype([(r.name, f"<u{r.itemsize}")]) if r.carried else r.numpy for r in dtype_table()
 }
 _BY_DISK: dict[np.dtype[Any], DTypeRow] = {d: r for r, d in _DISK.items()}
 # What np.save writes for ml_dtypes arrays: raw void of the width, except float8_e5m2
@@ -141,7 +140,7 @@ _BY_DISK: dict[np.dtype[Any], DTypeRow] = {d: r for r, d in _DISK.items()}
 # the type is lost, so only the reader's dtype= can restore it.
 _RAW_ROWS: dict[int, list[DTypeRow]] = {}
 for _r in _DISK:
-    if _r.carrier is not None:
+    if _r.carried:
         _RAW_ROWS.setdefault(_r.itemsize, []).append(_r)
 _RAW = {np.dtype(f"V{w}") for w in _RAW_ROWS}
 _RAW_DESCR = {d: np.dtype(f"V{w}") for d, w in (("<f1", 1), ("|f1", 1), ("<c4", 4))}
@@ -310,11 +309,11 @@ def _row_of_stored(stored: np.dtype[Any], where: str, raw: DTypeRow | None) -> D
         return row
     if stored.names is None and stored.kind != "V":
         row = BY_NUMPY.get(stored.newbyteorder("="))
-        if row is not None and row.carrier is None:
+        if row is not None and not row.carried:
             return row  # byte-swapped: read as stored, converted on the way out
     if stored in _RAW:
         width = stored.itemsize
-        if raw is not None and raw.carrier is not None and raw.itemsize == width:
+        if raw is not None and raw.carried and raw.itemsize == width:
             return raw
         kinds = ", ".join(r.name for r in _RAW_ROWS[width])
         if raw is not None:
@@ -334,7 +333,7 @@ def _row_of_stored(stored: np.dtype[Any], where: str, raw: DTypeRow | None) -> D
 def view_data(buf: Any, start: int, h: Header) -> np.ndarray:
     """A zero-copy array of ``h``'s data at ``start`` of ``buf`` (a mapping or bytes)."""
     flat = np.frombuffer(buf, h.stored, count=prod(h.shape), offset=start)
-    if h.row.carrier is not None:
+    if h.row.carried:
         flat = flat.view(h.row.numpy)  # the bit-carrier convention, or raw bytes named by dtype=
     shaped: np.ndarray = flat.reshape(h.shape[::-1]).T if h.fortran else flat.reshape(h.shape)
     return shaped
@@ -368,7 +367,9 @@ class Entry(NamedTuple):
 
 def prepare(x: Any, float_dtype: Any) -> Entry:
     """Everything a header needs, worked out before a byte is written."""
-    if isinstance(x, torch.Tensor):
+    if is_tensor(x):
+        import torch
+
         if x.layout is not torch.strided or x.is_nested:
             raise UnsupportedTensorError(
                 f"a {x.layout}{' nested' if x.is_nested else ''} tensor has no .npy layout; "
@@ -736,7 +737,7 @@ def raw_row(dtype: Any) -> DTypeRow | None:
     if dtype is None:
         return None
     row = resolve_dtype(dtype)
-    if row.carrier is None:
+    if not row.carried:
         raise UnsupportedDtypeError(
             f"dtype={dtype!r} names raw bytes that np.save wrote from an ml_dtypes array, so it "
             f"is one of {', '.join(r.name for rs in _RAW_ROWS.values() for r in rs)}; to cast "

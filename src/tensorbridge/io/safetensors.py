@@ -44,15 +44,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from ..convert import to_numpy, to_torch
+from .._torch_checks import is_tensor
 from ..dtypes import (
     PACKED_BY_NUMPY,
-    PACKED_BY_TORCH,
     DeviceLike,
     DTypeLike,
     DTypeRow,
@@ -99,6 +97,9 @@ from ._safetensors_header import (
 )
 from ._safetensors_header import MAX_HEADER as MAX_HEADER  # the limit on a header's JSON
 from .sharded import ShardedFile
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["FileLayout", "SafetensorsFile", "layout", "load", "open", "remove_stale", "save"]
 
@@ -253,7 +254,7 @@ def _alias_key(it: _Item) -> tuple[Any, ...] | None:
     v = it.value
     if it.nbytes == 0:
         return None
-    if isinstance(v, torch.Tensor):
+    if is_tensor(v):
         where: tuple[Any, ...] = (str(v.device), v.data_ptr(), tuple(v.stride()))
     elif isinstance(v, np.ndarray):
         where = ("cpu", v.__array_interface__["data"][0], v.strides)
@@ -265,7 +266,11 @@ def _alias_key(it: _Item) -> tuple[Any, ...] | None:
 def _item(name: Any, value: Any, float_dtype: Any) -> _Item:
     if not isinstance(name, str):
         raise TypeError(f"tensor names must be str, got {type(name).__qualname__}; pass str(name)")
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
+        import torch
+
+        from ..dtypes import PACKED_BY_TORCH
+
         if value.layout is not torch.strided:
             raise UnsupportedTensorError(
                 f"a {value.layout} tensor has no dense bytes to store; pass x.to_dense()"
@@ -426,12 +431,18 @@ def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
         yield from iter_bytes(it.value, it.row, chunk_bytes)
         return
     v = it.value
-    if isinstance(v, torch.Tensor) and it.row is it.src:
+    if is_tensor(v) and it.row is it.src:
+        import torch
+
         yield from iter_bytes(v.view(torch.uint8), None, chunk_bytes)  # already packed
         return
     k = packing.per_byte  # values a piece: whole bytes, and their float32 fit a chunk
     step = max(k, chunk_bytes // 4 // k * k)
-    if isinstance(v, torch.Tensor):
+    if is_tensor(v):
+        import torch
+
+        from ..convert import to_numpy
+
         packed = to_numpy(v.view(torch.uint8).cpu()).reshape(-1)
         pieces = (
             packing.unpack(packed[i : i + step // k]) for i in range(0, packed.size, step // k)
@@ -736,6 +747,8 @@ class SafetensorsFile(TensorFile):
         as_torch = framework == "torch"
         dst = cast_target(e.row, float_dtype)
         if dst is not e.row:  # float4 values are exact in float32; torch's kernel does the rest
+            from ..convert import to_numpy, to_torch
+
             values = self._array(name, copy_on_write=False).astype(np.float32)
             if as_torch:
                 return to_torch(values, dtype=dst, device=device)
@@ -750,6 +763,10 @@ class SafetensorsFile(TensorFile):
                 f"{list(e.shape)}; torch's {packing.name} {pairs} last dimension; pass "
                 f"framework='numpy' for ml_dtypes.{packing.numpy} values"
             )
+        import torch
+
+        from ..convert import to_torch
+
         raw = self._bytes(name, copy_on_write=True if mmap else None)
         packed = torch.from_numpy(raw).view(packing.torch)
         t = packed.reshape(*e.shape[:-1], e.shape[-1] // k)

@@ -61,10 +61,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from ..convert import to_numpy, to_torch
-from ..dtypes import PACKED_BY_NUMPY, PACKED_BY_TORCH, DTypeLike, DTypeRow
+from .._torch_checks import is_tensor, is_torch_dtype
+from ..dtypes import PACKED_BY_NUMPY, DTypeLike, DTypeRow
 from ..errors import (
     FormatError,
     MissingExtraError,
@@ -315,12 +314,16 @@ def write_region(
 
 def _host(x: Any, dst: DTypeRow) -> np.ndarray:
     """A piece of a block as a host NumPy array of ``dst`` (bit-exact, or cast when asked)."""
-    if isinstance(x, torch.Tensor):
+    if is_tensor(x):
+        from ..convert import to_numpy
+
         out: np.ndarray = to_numpy(x, dtype=None if x.dtype is dst.torch else dst)
         return out
     a = np.asarray(x)
     if row_of(a) is dst:
         return a
+    from ..convert import to_numpy, to_torch  # a cast: torch's kernel
+
     cast: np.ndarray = to_numpy(to_torch(a), dtype=dst)
     return cast
 
@@ -329,10 +332,13 @@ def storable(dtype: Any) -> DTypeRow:
     """The table row for ``dtype``, refusing the packed types no Zarr array holds as such."""
     from ..dtypes import resolve_dtype
 
-    if isinstance(dtype, torch.dtype) and dtype in PACKED_BY_TORCH:
-        raise UnsupportedDtypeError(_PACKED_MESSAGE.format(PACKED_BY_TORCH[dtype].name))
+    if is_torch_dtype(dtype):
+        from ..dtypes import PACKED_BY_TORCH
+
+        if dtype in PACKED_BY_TORCH:
+            raise UnsupportedDtypeError(_PACKED_MESSAGE.format(PACKED_BY_TORCH[dtype].name))
     try:
-        if not isinstance(dtype, (torch.dtype, str, DTypeRow)):
+        if not isinstance(dtype, (str, DTypeRow)) and not is_torch_dtype(dtype):
             packed = PACKED_BY_NUMPY.get(np.dtype(dtype))
             if packed is not None:
                 raise UnsupportedDtypeError(_PACKED_MESSAGE.format(packed.name))
@@ -610,7 +616,9 @@ class StoreWriter:
 
 
 def _source_row(x: Any) -> DTypeRow:
-    if isinstance(x, torch.Tensor):
+    if is_tensor(x):
+        import torch
+
         if x.layout is not torch.strided or x.is_nested:
             raise UnsupportedTensorError(
                 f"a {x.layout} tensor has no dense Zarr layout; pass x.to_dense()"

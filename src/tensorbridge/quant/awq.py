@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..errors import QuantizationError
 from . import base
 from .base import Config, Group, Index, Scheme, group_scale_, int_codes_f32, require, shape_text
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["AWQ", "AWQ_ORDER"]
 
@@ -121,6 +122,8 @@ class AWQ(Scheme):
             }
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
+        import torch
+
         gs = group.options["group_size"]
         q = int_codes_f32(parts["codes"], 4, 0, AWQ_ORDER)  # [in, cols]
         z = int_codes_f32(parts["zeros"], 4, 0, AWQ_ORDER)  # [groups, cols]

@@ -33,19 +33,21 @@ product can itself round (an fp32 scale product, subnormals).
 from __future__ import annotations
 
 import abc
+import functools
 import math
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import ml_dtypes
 import numpy as np
-import torch
 
-from .._memory import host_tensor
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import FormatError, QuantizationError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "FP4_VALUES",
@@ -91,11 +93,25 @@ _FP4_PAIRS_U64 = (
     .view(np.uint64)
     .reshape(256)
 )
-_FP4_ONE = torch.from_numpy(FP4_VALUES.copy())
 # e8m0 byte -> 2**(byte - 127) in float32 (byte 0: 2**-127, a subnormal; 255: NaN)
-_E8M0 = torch.from_numpy(
-    np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
-)
+_E8M0_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+
+# (their tensors are made on first use: detecting a scheme, for which this module is
+# imported, needs no torch)
+
+
+@functools.cache
+def _fp4_one() -> torch.Tensor:
+    import torch
+
+    return torch.from_numpy(FP4_VALUES.copy())
+
+
+@functools.cache
+def _e8m0() -> torch.Tensor:
+    import torch
+
+    return torch.from_numpy(_E8M0_VALUES.copy())
 
 
 @dataclass(frozen=True)
@@ -321,6 +337,8 @@ class Scheme(abc.ABC):
         self, parts: Mapping[str, Any], group: Group, dtype: torch.dtype
     ) -> torch.Tensor:
         """The whole weight as ``dtype``: each piece in float32, rounded once."""
+        import torch
+
         out = torch.empty(group.shape, dtype=dtype)
         flat = out.view(-1)
         at = 0
@@ -342,6 +360,10 @@ def as_torch(x: Any) -> torch.Tensor:
     >>> t.dtype, t.data_ptr() == a.ctypes.data
     (torch.bfloat16, True)
     """
+    import torch
+
+    from .._memory import host_tensor
+
     if isinstance(x, torch.Tensor):
         return x
     a = np.asarray(x)
@@ -368,11 +390,13 @@ def torchao_parts(
 
 def fp4_codes_to_f32(codes: torch.Tensor, packed: bool) -> torch.Tensor:
     """fp4 e2m1 codes as float32: packed bytes (2j low nibble) or one code a byte."""
+    import torch
+
     u8 = codes.view(torch.uint8) if codes.dtype != torch.uint8 else codes
     if packed:
         pairs = _FP4_PAIRS_U64[u8.contiguous().numpy()].view(np.float32)
         return torch.from_numpy(pairs).reshape(*u8.shape[:-1], u8.shape[-1] * 2)
-    return _FP4_ONE[u8.long() & 0xF]
+    return _fp4_one()[u8.long() & 0xF]
 
 
 def fp8_to_f32(codes: torch.Tensor) -> torch.Tensor:
@@ -398,6 +422,8 @@ def fp8_to_f32_shifted(codes: torch.Tensor) -> tuple[torch.Tensor, float]:
     >>> (v * k).tolist(), k
     ([1.5, -448.0], 256.0)
     """
+    import torch
+
     if codes.dtype == torch.float8_e5m2:
         y = codes.view(torch.uint8).to(torch.int16).bitwise_left_shift_(8)
         return y.view(torch.float16).to(torch.float32), 1.0
@@ -415,6 +441,8 @@ def fp8_to_f32_shifted(codes: torch.Tensor) -> tuple[torch.Tensor, float]:
 def fold_factor(values: torch.Tensor, factor: float, scale: torch.Tensor) -> torch.Tensor:
     """``scale * factor`` (exact: a power of two), so that ``values * result`` is ``code x
     scale`` rounded once; where that would overflow, ``values`` takes the factor instead."""
+    import torch
+
     if factor == 1:
         return scale
     folded = scale * factor
@@ -436,6 +464,8 @@ def unpack_int32(
     bits ``[j * bits, (j + 1) * bits)`` (AWQ interleaves; GPTQ and compressed-tensors
     do not). 4- and 8-bit codes are split from the words' little-endian bytes.
     """
+    import torch
+
     if 32 % bits:
         return _unpack_straddling(packed, bits)
     per = 32 // bits
@@ -459,6 +489,8 @@ def _unpack_straddling(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """Codes of a width that does not divide 32 (AutoGPTQ's 3 bits): each run of
     ``bits`` words is one little-endian bit stream of 32 codes, code ``k`` at bits
     ``[k * bits, (k + 1) * bits)``, straddling a word boundary where it falls on one."""
+    import torch
+
     words = packed.contiguous().to(torch.int64) & 0xFFFFFFFF
     n = words.shape[-1]
     if n % bits:
@@ -491,6 +523,8 @@ def int_codes_f32(
     two bytes are its low and high nibble in order; the offset is subtracted in int8
     and one widening copy gives float32 (exact: the codes are small integers).
     """
+    import torch
+
     if bits not in (4, 8) or sys.byteorder != "little" or not -128 <= offset <= 255:
         return unpack_int32(packed, bits, order).to(torch.float32).sub_(offset)
     words = packed.contiguous().to(torch.int32)
@@ -527,6 +561,8 @@ def group_index(g_idx: torch.Tensor, groups: int, name: str) -> torch.Tensor:
     Raises:
         FormatError: an entry out of range, or a ``g_idx`` that is not integers.
     """
+    import torch
+
     if g_idx.is_floating_point() or g_idx.is_complex() or g_idx.dtype == torch.bool:
         raise FormatError(f"{name} is {g_idx.dtype}; a g_idx holds integer group indices")
     idx = g_idx.long()
@@ -548,6 +584,8 @@ def group_scale_(
     ``g`` is the group size (contiguous groups: a broadcast, no gather) or each column's
     group (act-order ``g_idx``: a gather).
     """
+    import torch
+
     w = w.contiguous()
     cols = w.shape[1]
     if isinstance(g, int) and cols % g == 0 and scale.shape[1] == cols // g:
@@ -564,12 +602,16 @@ def group_scale_(
 
 def e8m0_to_f32(scale: torch.Tensor) -> torch.Tensor:
     """e8m0 scales (``float8_e8m0fnu`` or its ``uint8`` exponent bytes) as float32 powers of 2."""
+    import torch
+
     u8 = scale.view(torch.uint8) if scale.dtype != torch.uint8 else scale
-    return _E8M0[u8.long()]
+    return _e8m0()[u8.long()]
 
 
 def fp4_encode(x: torch.Tensor) -> torch.Tensor:
     """float32 -> e2m1 codes one a byte (round to nearest even, saturating at +-6)."""
+    import torch
+
     a = x.detach().to(torch.float32).cpu().numpy()
     return torch.from_numpy(a.astype(ml_dtypes.float4_e2m1fn).view(np.uint8))
 

@@ -17,9 +17,7 @@ dtype; compressed-tensors computes in the scale's dtype, one rounding too: bit-e
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..errors import QuantizationError
 from . import base
@@ -35,6 +33,9 @@ from .base import (
     require,
     shape_text,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["PackQuantized"]
 
@@ -141,6 +142,8 @@ class PackQuantized(Scheme):
             yield piece
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
+        import torch
+
         bits, gs = group.options["bits"], group.options["group_size"]
         offset = 1 << (bits - 1)
         w = int_codes_f32(parts["codes"], bits, offset)[:, : group.shape[1]]

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import QuantizationError
@@ -36,6 +34,9 @@ from .base import (
     row_pieces,
     shape_text,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["FP8Block"]
 
@@ -168,6 +169,8 @@ class FP8Block(Scheme):
         return index
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
+        import torch
+
         br, bc = group.options["block_size"]
         out, factor = fp8_to_f32_shifted(parts["codes"])
         s = fold_factor(out, factor, parts["scale"].to(torch.float32))
@@ -185,6 +188,8 @@ class FP8Block(Scheme):
 
     def quantize(self, x: torch.Tensor, **options: Any) -> dict[str, torch.Tensor]:
         """transformers' ``Fp8Quantize`` (float32 scales), partial edge blocks included."""
+        import torch
+
         br, bc = (int(b) for b in options.get("block_size") or (128, 128))
         xf = x.detach().to(torch.float32).cpu()
         require(

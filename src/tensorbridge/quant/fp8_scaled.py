@@ -17,9 +17,7 @@ can differ by one bf16 ulp).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..dtypes import DTypeRow
 from ..errors import QuantizationError
@@ -36,6 +34,9 @@ from .base import (
     shape_text,
     torchao_parts,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ACTIVATION_SCALES", "FP8Scaled", "activation_scales"]
 
@@ -66,6 +67,8 @@ class FP8Scaled(Scheme):
         self, x: torch.Tensor, inner: Mapping[str, torch.Tensor], attributes: Mapping[str, Any]
     ) -> dict[str, torch.Tensor] | None:
         """torchao's ``Float8Tensor`` scaled per tensor or per row."""
+        import torch  # a subclass exists: torch is loaded
+
         found = torchao_parts(x, inner)
         if found is None or type(x).__name__ != "Float8Tensor" or set(inner) != {"qdata", "scale"}:
             return None
@@ -155,11 +158,15 @@ class FP8Scaled(Scheme):
             yield {"codes": parts["codes"][at], "scale": scale if per_tensor else scale[at]}
 
     def block_index(self, group: Group, flat: torch.Tensor) -> torch.Tensor:
+        import torch
+
         if group.options["granularity"] == "tensor" or len(group.shape) < 1:
             return torch.zeros_like(flat)
         return flat // group.shape[-1]  # one scale a row (output channel)
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
+        import torch
+
         w, factor = fp8_to_f32_shifted(parts["codes"])
         s = fold_factor(w, factor, parts["scale"].to(torch.float32))
         if group.options["granularity"] == "tensor":

@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..errors import QuantizationError
 from . import base
@@ -49,6 +47,9 @@ from .base import (
     shape_text,
     unpack_int32,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["GPTQ"]
 
@@ -205,6 +206,8 @@ class GPTQ(Scheme):
             yield piece
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
+        import torch
+
         bits, gs, fmt = (group.options[k] for k in ("bits", "group_size", "format"))
         cols = parts["scale"].shape[1]
         q = unpack_int32(parts["codes"].t().contiguous(), bits)  # [cols, in]

@@ -30,10 +30,9 @@ divided by the scale, clamped, and rounded to nearest even.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import QuantizationError
@@ -55,6 +54,9 @@ from .base import (
 )
 from .fp8_scaled import activation_scales
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["ELEMENTS", "GPT_OSS_NOT_CONVERTED", "MX", "element_name"]
 
 BLOCK = 32
@@ -65,7 +67,6 @@ _ELEMENT = {
     "fp4": (2, 6.0),
 }
 _FORMAT = {"mxfp8": "mxfp8-quantized", "mxfp4": "mxfp4-pack-quantized"}
-_FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
 # openai/gpt-oss-20b's config.json: what its MXFP4 loader leaves unquantized
 GPT_OSS_NOT_CONVERTED = (
     "model.layers.*.self_attn",
@@ -152,6 +153,9 @@ class MX(Scheme):
         self, x: torch.Tensor, inner: Mapping[str, torch.Tensor], attributes: Mapping[str, Any]
     ) -> dict[str, torch.Tensor] | None:
         """torchao's ``MXTensor`` with 32-element blocks and plain (unswizzled) scales."""
+        import torch  # a subclass exists: torch is loaded
+
+        fp4x2 = getattr(torch, "float4_e2m1fn_x2", None)
         found = torchao_parts(x, inner)
         if found is None or type(x).__name__ != "MXTensor":
             return None
@@ -160,7 +164,7 @@ class MX(Scheme):
         qdata, scale = found
         elem = attributes.get("elem_dtype")
         if self.fp4:
-            fits = elem is not None and elem == _FP4X2 and qdata.dtype in (torch.uint8, _FP4X2)
+            fits = elem is not None and elem == fp4x2 and qdata.dtype in (torch.uint8, fp4x2)
         else:
             fits = elem in (torch.float8_e4m3fn, torch.float8_e5m2) and qdata.dtype == elem
         return {"codes": qdata, "scale": scale} if fits else None
@@ -352,6 +356,8 @@ class MX(Scheme):
         ``layout="compressed-tensors"`` gives the scales as ``uint8`` exponents
         (compressed-tensors reads them as integers: ``decompress_mx_scale``).
         """
+        import torch
+
         layout = options.get("layout", "ocp")
         xf = x.detach().to(torch.float32).cpu()
         if layout == "gpt-oss":

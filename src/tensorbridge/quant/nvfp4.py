@@ -25,9 +25,7 @@ Quantizing follows torchao's ``nvfp4_quantize`` with a per-tensor scale
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import QuantizationError
@@ -46,6 +44,9 @@ from .base import (
 )
 from .fp8_scaled import activation_scales
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["NVFP4"]
 
 BLOCK = 16
@@ -54,7 +55,6 @@ _NAMES = {  # convention -> (codes suffix, global-scale suffix)
     "modelopt": ("", "_scale_2"),
     "compressed-tensors": ("_packed", "_global_scale"),
 }
-_FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
 
 
 class NVFP4(Scheme):
@@ -98,6 +98,9 @@ class NVFP4(Scheme):
     ) -> dict[str, torch.Tensor] | None:
         """torchao's ``NVFP4Tensor`` (16-element blocks, plain scales, none or one
         per-tensor scale, which multiplies: ModelOpt's convention)."""
+        import torch  # a subclass exists: torch is loaded
+
+        fp4x2 = getattr(torch, "float4_e2m1fn_x2", None)
         found = torchao_parts(x, inner)
         if found is None or type(x).__name__ != "NVFP4Tensor" or self.convention != "modelopt":
             return None
@@ -106,7 +109,7 @@ class NVFP4(Scheme):
         if (
             attributes.get("block_size") != BLOCK
             or attributes.get("is_swizzled_scales")
-            or qdata.dtype not in (torch.uint8, _FP4X2)
+            or qdata.dtype not in (torch.uint8, fp4x2)
             or (glob is not None and glob.numel() != 1)
         ):
             return None
@@ -247,6 +250,8 @@ class NVFP4(Scheme):
         return flat // BLOCK
 
     def kernel(self, parts: Mapping[str, torch.Tensor], group: Group) -> torch.Tensor:
+        import torch
+
         values = fp4_codes_to_f32(parts["codes"], group.options["packed"])
         s = parts["scale"].to(torch.float32)
         g = parts["global_scale"].to(torch.float32).reshape(())
@@ -263,6 +268,8 @@ class NVFP4(Scheme):
         scale in this convention (ModelOpt: ``scale_2 = amax / 2688``;
         compressed-tensors: ``global_scale = 2688 / amax``, its reciprocal).
         """
+        import torch
+
         xf = x.detach().to(torch.float32).cpu().contiguous()
         require(
             xf.ndim >= 1 and xf.shape[-1] % BLOCK == 0,
