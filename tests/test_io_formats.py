@@ -321,6 +321,7 @@ def test_cli_messages_come_from_the_table(
         "tensorbridge.io._keys",
         "tensorbridge.io.assemble",
         "tensorbridge.io.dcp",
+        "tensorbridge.io.dcp.reader",
         "tensorbridge.io.npz",
     ],
 )
