@@ -480,9 +480,13 @@ def test_aligned_regions_from_separate_writers_make_the_whole(tmp_path: Path) ->
     assert bits(zarr.open_array(str(tmp_path / "w"))[...]) == bits(tb.to_numpy(full))
 
 
-@pytest.mark.parametrize("module", [zd, tbz], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "module", [zd, tbz, tbz.store, tbz.writer, tbz.reader], ids=lambda m: m.__name__
+)
 def test_docstring_examples_run(module: Any) -> None:
-    failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    # the package's modules' examples use its public names (save, load, write_region) as one
+    public = {name: getattr(tbz, name) for name in tbz.__all__}
+    failures, tried = doctest.testmod(module, extraglobs=public, optionflags=doctest.ELLIPSIS)
     assert tried > 0 and failures == 0
 
 
