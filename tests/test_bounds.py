@@ -32,8 +32,10 @@ import tensorbridge as tb
 from _peak_rss import run_child
 from tensorbridge import _boxes
 from tensorbridge.dcp._tiling import check_tiles
-from tensorbridge.io import _gguf_header, dcp
-from tensorbridge.io.dcp import Chunk, _disjoint
+from tensorbridge.io import _gguf_header
+from tensorbridge.io.dcp import Chunk
+from tensorbridge.io.dcp import reader as dcp_reader
+from tensorbridge.io.dcp.reader import _disjoint
 
 # --- builders --------------------------------------------------------------------------------
 
@@ -169,7 +171,7 @@ def test_a_value_is_read_up_to_its_decompressed_cap(
 ) -> None:
     d = dcp_value_bomb(tmp_path / "ck", 1 << 20)
     total = (1 << 20) + len(b"little") + len(b"3\n")  # the item's members, decompressed
-    monkeypatch.setattr(dcp, "MAX_VALUE", total - over)
+    monkeypatch.setattr(dcp_reader, "MAX_VALUE", total - over)  # read by DcpFile
     with tb.open(d) as f:
         if over:
             assert f.metadata == {} and "once decompressed" in f.unsupported()["step"]

@@ -169,15 +169,15 @@ def test_unrecognised_layouts_go_through_dcps_reader(
     """An item this module cannot map (compressed, transformed) is read by DCP's reader."""
     import torch.distributed.checkpoint as dcp
 
-    from tensorbridge.io import dcp as tbdcp
+    from tensorbridge.io.dcp import items, reader
 
     t = _bits((33, 5), torch.bfloat16, 9)
     dcp.save({"w": t}, checkpoint_id=tmp_path / "c", no_dist=True)
 
     def unrecognised(*args: Any) -> Any:
-        raise tbdcp._Unrecognised("as if compressed")
+        raise items.Unrecognised("as if compressed")
 
-    monkeypatch.setattr(tbdcp, "_locate", unrecognised)
+    monkeypatch.setattr(reader, "locate", unrecognised)
     with tb.open(tmp_path / "c") as f:
         a = f["w"]
         assert a.flags.owndata or a.base is not None

@@ -24,7 +24,10 @@ from tensorbridge.dtypes import PACKED
 from tensorbridge.errors import FormatError, UnsupportedDtypeError, UnsupportedTensorError
 from tensorbridge.io import gguf as tbg
 from tensorbridge.io._detect import detect
-from tensorbridge.io._gguf_header import TYPES
+from tensorbridge.io.gguf import reader as tbg_reader
+from tensorbridge.io.gguf import writer as tbg_writer
+from tensorbridge.quant import ggml
+from tensorbridge.quant.ggml import TYPES
 
 gguf = pytest.importorskip("gguf", reason="the gguf package (llama.cpp's) is the oracle")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
@@ -220,7 +223,7 @@ def test_quantized_types_dequantize_as_gguf_does(
         ]
     with pytest.raises(UnsupportedDtypeError, match=rf"tensor 'q' is {name}, ggml's"):
         tb.load(path)
-    monkeypatch.setattr(tbg, "_DEQUANTIZE_CHUNK", 4 * 32 * 3)  # 1-3 blocks a step
+    monkeypatch.setattr(ggml, "_DEQUANTIZE_CHUNK", 4 * 32 * 3)  # 1-3 blocks a step
     got = tb.load(path, dequantize="f32")
     assert got["q"].dtype == np.float32 and got["q"].shape == (rows, width)
     assert got["q"].tobytes() == reference.tobytes()  # bit for bit, NaN payloads included
@@ -247,14 +250,14 @@ def test_mxfp4_nibble_order_is_the_layouts_not_a_global_rule(tmp_path: Path) -> 
     interleaved = f4.unpack(packed).astype(np.float32)
     assert interleaved.tolist() == e2m1[np.stack([codes[:16], codes[16:]], 1).reshape(-1)].tolist()
     assert interleaved.tolist() != expected.tolist()
-    assert "element j in the low nibble and element j + 16" in tbg.BY_NAME["MXFP4"].layout
+    assert "element j in the low nibble and element j + 16" in ggml.BY_NAME["MXFP4"].layout
     assert [t.name for t in TYPES if t.nibbles] == ["Q4_0", "Q4_1", "IQ4_NL", "MXFP4", "NVFP4"]
     assert {t.nibbles for t in TYPES if t.nibbles} == {"halves"}
     # the kernel follows the row: told "pairs", the same bytes give safetensors' order
     pairs = np.empty((1, 32), np.float32)
-    codes_, where = tbg._nibbles(block[:, 1:], "pairs")
+    codes_, where = ggml._nibbles(block[:, 1:], "pairs")
     for half, at in zip(codes_, where, strict=True):
-        pairs[:, at] = tbg._KVALUES[half] * 0.5
+        pairs[:, at] = ggml._KVALUES[half] * 0.5
     assert pairs[0].tolist() == interleaved.tolist()
 
 
@@ -393,7 +396,7 @@ def test_save_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
         yield b"\0" * 8
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(tbg, "_chunks", broken)
+    monkeypatch.setattr(tbg_writer, "_chunks", broken)
     with pytest.raises(RuntimeError, match="disk on fire"):
         tb.save({"w": np.zeros(4, np.float32)}, path, metadata=ARCH, overwrite=True)
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
@@ -614,11 +617,13 @@ def test_own_kernels_match_gguf_on_every_bit_pattern(name: str) -> None:
     )
 
 
-@pytest.mark.parametrize("module", [tbg, tb.io])
+@pytest.mark.parametrize("module", [tbg, tbg_reader, tbg_writer, ggml, tb.io])
 def test_docstring_examples_run(module: Any) -> None:
     import doctest
 
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    # the package's submodules' examples use its public names (save, open) as one
+    public = {name: getattr(tbg, name) for name in tbg.__all__}
+    result = doctest.testmod(module, extraglobs=public, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0
 
 

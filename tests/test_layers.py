@@ -22,9 +22,10 @@ The rules (the layering of ``docs/dev/design.md``, bottom up):
 * the kernels reach neither ``io`` nor ``quant``'s upper modules (``api``,
   ``detect``, ``write``), nor the public converter: ``quant.base.as_torch``
   bit-casts through ``_memory``;
-* ``io`` imports nothing of ``quant`` (its reach into the kernels is through
-  ``_quantized``, which refuses or dequantizes subclasses when saving), and ``quant``
-  of ``io`` only the shared infrastructure (:data:`SHARED`);
+* ``io`` imports nothing of ``quant`` but its kernels (the GGUF reader's ggml blocks in
+  ``quant.ggml``; its other reach into them is through ``_quantized``, which refuses or
+  dequantizes subclasses when saving), and ``quant`` of ``io`` only the shared
+  infrastructure (:data:`SHARED`);
 * ``open(..., dequantize=)`` lives above both, in ``_open``: the one module that
   imports ``quant.api``'s ``DequantizedFile`` for ``io.open``.
 
@@ -59,6 +60,7 @@ KERNELS = (
     "quant.gptq",
     "quant.awq",
     "quant.ct_packed",
+    "quant.ggml",
 )
 # quant's upper layer: checkpoints (names and configs), the public API, writing
 QUANT_UPPER = ("quant.api", "quant.detect", "quant.write")
@@ -303,10 +305,11 @@ def test_as_torch_bit_casts_through_memory_not_the_converter() -> None:
 
 
 def test_io_and_quant_do_not_import_each_other() -> None:
-    """io imports nothing of quant; quant imports only io's shared infrastructure."""
+    """io imports nothing of quant but its kernels; quant imports only io's shared
+    infrastructure."""
     wrong = []
     for e in _without_known(ALL):
-        if under(e.source, "io") and under(e.target, "quant"):
+        if under(e.source, "io") and under(e.target, "quant") and short(e.target) not in KERNELS:
             wrong.append(e)
         shared = e.target == full("io") or short(e.target) in SHARED
         if under(e.source, "quant") and under(e.target, "io") and not shared:

@@ -587,3 +587,15 @@ def test_read_value_of_an_archive_in_memory() -> None:
 
     value = read_value(buf.getvalue(), "value")
     assert value["a"] == 1 and isinstance(value["t"], TensorRef) and value["t"].shape == (2,)
+
+
+def test_the_records_example_runs() -> None:
+    """``Opaque``'s example (in ``pickle_machine.values``) runs with the package's names."""
+    import doctest
+
+    from tensorbridge.io import pickle_machine
+    from tensorbridge.io.pickle_machine import values
+
+    public = {name: getattr(pickle_machine, name) for name in pickle_machine.__all__}
+    result = doctest.testmod(values, extraglobs=public)
+    assert result.attempted > 0 and result.failed == 0

@@ -38,6 +38,7 @@ from tensorbridge.errors import (  # noqa: E402
     UnsupportedDtypeError,
 )
 from tensorbridge.io import zarr as tbz  # noqa: E402
+from tensorbridge.io._commit import begin_store  # noqa: E402
 
 SRC = Path(tb.__file__).resolve().parent.parent
 ROOT = SRC.parent
@@ -397,7 +398,7 @@ def test_an_uncommitted_store_is_refused(tmp_path: Path) -> None:
     p = tmp_path / "u.zarr"
     tb.save({"a": np.ones(2)}, p)
     # the fallback commit (no atomic exchange) died after removing the previous index
-    staging = tbz.begin_store(p, "deadbeef" * 4)
+    staging = begin_store(p, "deadbeef" * 4)
     tbz.create_array(staging, "a", (2,), "float64", (2,))
     (p / "zarr.json").unlink()
     with pytest.raises(UncommittedCheckpointError, match=r"still running or died before"):
@@ -479,9 +480,13 @@ def test_aligned_regions_from_separate_writers_make_the_whole(tmp_path: Path) ->
     assert bits(zarr.open_array(str(tmp_path / "w"))[...]) == bits(tb.to_numpy(full))
 
 
-@pytest.mark.parametrize("module", [zd, tbz], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "module", [zd, tbz, tbz.store, tbz.writer, tbz.reader], ids=lambda m: m.__name__
+)
 def test_docstring_examples_run(module: Any) -> None:
-    failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    # the package's modules' examples use its public names (save, load, write_region) as one
+    public = {name: getattr(tbz, name) for name in tbz.__all__}
+    failures, tried = doctest.testmod(module, extraglobs=public, optionflags=doctest.ELLIPSIS)
     assert tried > 0 and failures == 0
 
 

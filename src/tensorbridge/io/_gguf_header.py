@@ -1,4 +1,4 @@
-"""Reading a GGUF header without trusting it, and writing one: the ggml types, the values.
+"""Reading a GGUF header without trusting it, and writing one: the values, the entries.
 
 A GGUF file (llama.cpp's ``gguf.cpp`` and the ``gguf`` package are the reference) is,
 all little-endian:
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError
+from ..quant.ggml import BY_CODE, GgmlType
 
 MAGIC = b"GGUF"
 VERSION = 3  # what the writer writes; the reader takes 2 and 3 (the same layout)
@@ -49,91 +50,6 @@ ARCHITECTURE_KEY = "general.architecture"
 SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
 SPLIT_KEYS = (SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS)
 
-
-@dataclass(frozen=True)
-class GgmlType:
-    """One ggml tensor type: ``block_size`` values take ``type_size`` bytes.
-
-    ``plain`` names the dtype-table row of a type stored one value per element
-    (F32, BF16, I8, ...), ``None`` for a block-quantized one. ``layout`` says, for
-    the quantized types this module documents, where the values sit in a block.
-    """
-
-    name: str
-    code: int
-    block_size: int
-    type_size: int
-    plain: str | None = None
-    layout: str = ""
-    # where a 4-bit type's block puts its values: "halves" (element j in the low nibble
-    # of byte j, element j + n/2 in the high one, n = 32 or NVFP4's groups of 16), or
-    # "pairs" (2j low, 2j + 1 high: safetensors' F4, torchao, gpt-oss); "" otherwise
-    nibbles: str = ""
-
-    @property
-    def quantized(self) -> bool:
-        return self.plain is None
-
-
-_MXFP4_LAYOUT = (
-    "blocks of 32: one e8m0 scale byte, then 16 bytes holding element j in the low "
-    "nibble and element j + 16 in the high nibble of byte j (safetensors F4, torchao "
-    "and gpt-oss put element 2j low and 2j + 1 high)"
-)
-_NVFP4_LAYOUT = (
-    "blocks of 64: four ue4m3 scale bytes (one per 16 values), then four groups of 8 "
-    "bytes, byte j of group g holding element 16g + j in the low nibble and 16g + j + 8 "
-    "in the high one; no per-tensor global scale in the block"
-)
-_Q4_LAYOUT = (
-    "blocks of 32: an f16 scale{extra}, then 16 bytes holding element j in the low "
-    "nibble and element j + 16 in the high nibble of byte j"
-)
-
-# The codes and sizes of ggml's types (ggml.h's enum ggml_type and ggml.c's type_traits;
-# the gguf package's GGML_QUANT_SIZES agrees, tests/test_io_gguf.py checks). Codes 4, 5 and
-# 31-33, 36-38 were removed from ggml and are unknown here.
-TYPES: tuple[GgmlType, ...] = (
-    GgmlType("F32", 0, 1, 4, "float32"),
-    GgmlType("F16", 1, 1, 2, "float16"),
-    GgmlType("Q4_0", 2, 32, 18, layout=_Q4_LAYOUT.format(extra=""), nibbles="halves"),
-    GgmlType(
-        "Q4_1", 3, 32, 20, layout=_Q4_LAYOUT.format(extra=" and an f16 minimum"), nibbles="halves"
-    ),
-    GgmlType("Q5_0", 6, 32, 22),
-    GgmlType("Q5_1", 7, 32, 24),
-    GgmlType("Q8_0", 8, 32, 34, layout="blocks of 32: an f16 scale, then 32 int8 codes"),
-    GgmlType("Q8_1", 9, 32, 40),
-    GgmlType("Q2_K", 10, 256, 84),
-    GgmlType("Q3_K", 11, 256, 110),
-    GgmlType("Q4_K", 12, 256, 144),
-    GgmlType("Q5_K", 13, 256, 176),
-    GgmlType("Q6_K", 14, 256, 210),
-    GgmlType("Q8_K", 15, 256, 292),
-    GgmlType("IQ2_XXS", 16, 256, 66),
-    GgmlType("IQ2_XS", 17, 256, 74),
-    GgmlType("IQ3_XXS", 18, 256, 98),
-    GgmlType("IQ1_S", 19, 256, 50),
-    GgmlType("IQ4_NL", 20, 32, 18, nibbles="halves"),
-    GgmlType("IQ3_S", 21, 256, 110),
-    GgmlType("IQ2_S", 22, 256, 82),
-    GgmlType("IQ4_XS", 23, 256, 136),
-    GgmlType("I8", 24, 1, 1, "int8"),
-    GgmlType("I16", 25, 1, 2, "int16"),
-    GgmlType("I32", 26, 1, 4, "int32"),
-    GgmlType("I64", 27, 1, 8, "int64"),
-    GgmlType("F64", 28, 1, 8, "float64"),
-    GgmlType("IQ1_M", 29, 256, 56),
-    GgmlType("BF16", 30, 1, 2, "bfloat16"),
-    GgmlType("TQ1_0", 34, 256, 54),
-    GgmlType("TQ2_0", 35, 256, 66),
-    GgmlType("MXFP4", 39, 32, 17, layout=_MXFP4_LAYOUT, nibbles="halves"),
-    GgmlType("NVFP4", 40, 64, 36, layout=_NVFP4_LAYOUT, nibbles="halves"),
-    GgmlType("Q1_0", 41, 128, 18),
-)
-BY_CODE = {t.code: t for t in TYPES}
-BY_NAME = {t.name: t for t in TYPES}
-BY_PLAIN = {t.plain: t for t in TYPES if t.plain}
 
 # --- key-value types --------------------------------------------------------------------------
 

@@ -1,40 +1,12 @@
-"""The pickle machine: an opcode interpreter that builds values, never runs a file's code.
+"""The pickle machine's interpreter: protocol 0-5 opcodes over bytes, bounded in work.
 
-Every pickle tensorbridge reads (a ``torch.save`` archive's ``data.pkl``, a legacy
-torch file's records, a DCP ``.metadata`` and its items) goes through :func:`unpickle`,
-written here rather than borrowed from :mod:`pickle`: it is an interpreter of the
-protocol 0-5 opcodes over bytes in memory, with no import, no attribute lookup on a
-module, and no call of anything a file names. Its promises:
-
-* **A fixed table.** ``GLOBAL`` / ``STACK_GLOBAL`` resolve a name against
-  :data:`TABLE` (value constructors written here, each checking its arguments:
-  ``collections.OrderedDict`` (its plain attributes, a state dict's ``_metadata``,
-  kept), ``torch.Size``, ``set``, ``frozenset``,
-  ``complex``, ``bytearray`` of bytes, ``_codecs.encode`` of latin-1 text, torch
-  dtypes and layouts by name, storage types, and the ``torch._utils`` rebuild
-  functions of dense tensors, which give a :class:`TensorRef`) and nothing else.
-* **Placeholders.** Any other global becomes an :class:`Opaque` (the dotted name; a
-  call or ``NEWOBJ`` gives one holding the arguments, ``BUILD`` / ``SETITEMS`` /
-  ``APPENDS`` record state and items in it), when the caller allows it; for DCP
-  metadata, only the names the caller lists. Globals of :data:`REFUSED` modules
-  (``builtins``, ``os``, ``sys``, ``subprocess``, ``importlib``, ``torch`` outside
-  its ``nn`` and ``optim`` classes, ...) are never placeholders: naming one to call,
-  or leaving it in the result, is a :class:`~tensorbridge.errors.FormatError`.
-* **Nothing outside is changed.** ``BUILD``, ``SETITEM(S)``, ``APPEND(S)`` and
-  ``ADDITEMS`` apply only to containers and placeholders this run created; aimed at
-  anything else (a class, a dtype, a tuple) they are a ``FormatError``.
-* **Bounded.** Every length is checked against the bytes left before anything is
-  allocated; tuples nest at most :data:`MAX_DEPTH` deep while the stream runs (their
-  hashes recurse) and every result is walked once, iteratively, for its depth and for
-  a container that holds itself, shared references counted each time (text, bytes and
-  integers by length); the memo grows by at most one entry per opcode; a work budget
-  (:data:`WORK_PER_BYTE` units a byte plus :data:`WORK_BASE`) pays for containers made
-  and for table calls by the size of their arguments, so time and memory are linear in
-  the input.
-* **Plain results.** ``str``, ``int``, ``float``, ``bool``, ``None``, ``bytes``,
-  ``complex``, tuples, lists, dicts, sets, ``torch.Size``, ``torch.dtype``,
-  :class:`TensorRef` and :class:`Opaque`; never an object whose methods came from
-  the file.
+:func:`unpickle` runs a pickle's instructions over bytes in memory, every length
+checked against the bytes left; each global is resolved against :mod:`.table` (a
+value constructor, a constant, a placeholder, or a refusal), so nothing a file names
+is imported or called. The work budget (:data:`WORK_PER_BYTE`, :data:`WORK_BASE`),
+the nesting limit (:data:`MAX_DEPTH`) and the walk of the result
+(:func:`_check_result`) keep time and memory linear in the input. The promises are
+listed in :mod:`tensorbridge.io.pickle_machine`.
 """
 
 from __future__ import annotations
@@ -43,415 +15,19 @@ import re
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+from ...errors import FormatError
+from .rebuilds import CONSTANTS, PLAIN_TENSOR_TYPES
+from .table import RENAMED, TABLE, plain_attributes, refused
+from .values import DICTS, Global, Opaque, TensorRef
 
-from ..errors import FormatError
+__all__ = ["MAX_DEPTH", "MAX_LONG_BYTES", "WORK_BASE", "WORK_PER_BYTE", "unpickle", "unpickle_at"]
 
-__all__ = [
-    "DICTS",
-    "MAX_DEPTH",
-    "REFUSED",
-    "TABLE",
-    "Opaque",
-    "StorageRef",
-    "StorageType",
-    "TensorRef",
-    "unpickle",
-]
-
-DICTS = (dict, OrderedDict)  # the mappings the machine builds: test with type(x) in DICTS
 MAX_DEPTH = 200  # containers nested deeper than this are no checkpoint's
-MAX_RANK = 64  # NumPy's limit on dimensions
 WORK_PER_BYTE = 16  # the work budget: units (about a byte of memory each) per pickle byte ...
 WORK_BASE = 1 << 20  # ... plus this, for any pickle
 MAX_LONG_BYTES = 1024  # a LONG4 integer wider than this (2,466 digits) is no checkpoint's
-
-
-@dataclass(frozen=True, eq=False)
-class Opaque:
-    """An object of a class the pickle machine does not build: its name and data, inert.
-
-    ``name`` is the dotted global (``"argparse.Namespace"``); ``args`` the arguments it
-    was called with (``None``: the global itself, never called); ``state`` what
-    ``BUILD`` gave it (an object's ``__dict__``, usually a dict); ``items`` /
-    ``listitems`` what ``SETITEMS`` / ``APPENDS`` added (a dict or list subclass).
-    Nothing of it is ever imported or called.
-
-    >>> import pickle, argparse
-    >>> o = unpickle(pickle.dumps(argparse.Namespace(lr=0.1), protocol=2))
-    >>> o.name, o.state
-    ('argparse.Namespace', {'lr': 0.1})
-    """
-
-    name: str
-    args: tuple[Any, ...] | None = None
-    state: Any = None
-    items: list[tuple[Any, Any]] = field(default_factory=list)
-    listitems: list[Any] = field(default_factory=list)
-    kwargs: dict[str, Any] | None = None
-
-    def __repr__(self) -> str:
-        return f"<Opaque {self.name}>"
-
-
-@dataclass(frozen=True, eq=False)
-class StorageType:
-    """``torch.FloatStorage`` and friends in a persistent id: the dtype (``None``: untyped)."""
-
-    name: str
-    dtype: torch.dtype | None
-
-
-@dataclass(frozen=True, eq=False)
-class StorageRef:
-    """A storage a persistent id named, checked by the archive reader: ``numel`` elements of
-    ``dtype`` (``None``: untyped, counted in bytes) under the archive's key ``key``."""
-
-    key: str
-    dtype: torch.dtype | None
-    numel: int
-
-
-@dataclass(frozen=True, eq=False)
-class TensorRef:
-    """A dense tensor a rebuild function describes, checked against its storage.
-
-    Every element it reaches (``offset + sum((n - 1) * s)``) lies inside the
-    storage's ``storage_numel`` elements of ``dtype``.
-    """
-
-    storage: StorageRef
-    dtype: torch.dtype
-    storage_numel: int  # in elements of dtype
-    offset: int
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-
-
-class _Global:
-    """A table constructor or a refused global, named by the stream: a token, never callable."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-def _fail(what: str) -> FormatError:
-    return FormatError(what)
-
-
-# --- the table ---------------------------------------------------------------------------------
-
-
-def _ints(x: Any, what: str) -> tuple[int, ...]:
-    if type(x) not in (tuple, list, torch.Size) or len(x) > MAX_RANK:
-        raise _fail(f"{what} is not a tuple of at most {MAX_RANK} integers")
-    for v in x:
-        if type(v) is not int or not 0 <= v < 1 << 62:
-            raise _fail(f"{what} holds {type(v).__name__} {v!r:.40}, not a size")
-    return tuple(x)
-
-
-def itemsize(dtype: torch.dtype) -> int:
-    """Bytes per element of ``dtype`` (sub-byte packed dtypes count their carrier byte).
-
-    ``torch.dtype.itemsize``: nothing is allocated, so no dtype makes torch warn.
-    """
-    return int(dtype.itemsize)
-
-
-def _tensor(storage: Any, offset: Any, size: Any, stride: Any, dtype: Any) -> TensorRef:
-    if not isinstance(storage, StorageRef):
-        raise _fail("a tensor is rebuilt from something other than a storage in the file")
-    if not isinstance(dtype, torch.dtype):
-        raise _fail("a tensor is rebuilt without a dtype")
-    shape, strides = _ints(size, "a tensor's size"), _ints(stride, "a tensor's stride")
-    if type(offset) is not int or not 0 <= offset < 1 << 62:
-        raise _fail("a tensor's storage offset is not a non-negative integer")
-    if len(shape) != len(strides):
-        raise _fail(f"a tensor's size {list(shape)} and stride {list(strides)} differ in rank")
-    numel = storage.numel
-    if storage.dtype is None:  # an untyped storage counts bytes
-        width = itemsize(dtype)
-        if numel % width:
-            raise _fail(f"an untyped storage of {numel} bytes holds no whole {dtype} values")
-        numel //= width
-    elif storage.dtype != dtype:
-        raise _fail(f"a {dtype} tensor is rebuilt on a {storage.dtype} storage")
-    count = 1
-    for n in shape:  # an empty tensor's other dimensions still count (NumPy's limit)
-        count *= max(n, 1)
-    if 0 in shape and count * itemsize(dtype) >= 1 << 62:
-        raise _fail(
-            f"a tensor of size {list(shape)} would take over 2**62 bytes, more than NumPy can index"
-        )
-    if 0 not in shape:
-        last = offset + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
-        if last >= numel:
-            raise _fail(
-                f"a tensor of size {list(shape)}, stride {list(strides)} at offset {offset} "
-                f"reaches element {last} of a storage of {numel}"
-            )
-    return TensorRef(storage, dtype, numel, offset, shape, strides)
-
-
-def _rebuild_v2(args: tuple[Any, ...]) -> TensorRef:
-    # torch/_utils.py: _rebuild_tensor_v2(storage, storage_offset, size, stride,
-    # requires_grad, backward_hooks, metadata=None)
-    if not 4 <= len(args) <= 7:
-        raise _fail(f"_rebuild_tensor_v2 given {len(args)} arguments")
-    storage = args[0]
-    dtype = storage.dtype if isinstance(storage, StorageRef) else None
-    return _tensor(storage, args[1], args[2], args[3], dtype)
-
-
-def _rebuild_v3(args: tuple[Any, ...]) -> TensorRef:
-    # _rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad,
-    # backward_hooks, dtype, metadata=None)
-    if not 7 <= len(args) <= 8:
-        raise _fail(f"_rebuild_tensor_v3 given {len(args)} arguments")
-    return _tensor(args[0], args[1], args[2], args[3], args[6])
-
-
-def _rebuild_parameter(args: tuple[Any, ...]) -> TensorRef:
-    # _rebuild_parameter(data, requires_grad, backward_hooks) and
-    # _rebuild_parameter_with_state(data, requires_grad, backward_hooks, state)
-    if not 3 <= len(args) <= 4 or not isinstance(args[0], TensorRef):
-        raise _fail("a parameter is rebuilt from something other than a tensor")
-    return args[0]
-
-
-def _rebuild_from_type(args: tuple[Any, ...]) -> Any:
-    # torch/_tensor.py: _rebuild_from_type_v2(func, new_type, args, state): a tensor
-    # subclass, or a tensor with attributes; plain tensors and parameters only
-    if len(args) != 4 or not isinstance(args[0], _Global) or type(args[2]) is not tuple:
-        raise _fail("_rebuild_from_type_v2 given arguments it never takes")
-    build = TABLE.get(args[0].name)
-    if build is None or args[0].name not in _TENSOR_BUILDERS:
-        raise _fail(f"_rebuild_from_type_v2 of {args[0].name}, which builds no tensor")
-    tensor = build(args[2])
-    kind = args[1]
-    if isinstance(kind, (_Global, Opaque)) and kind.name in _PLAIN_TENSOR_TYPES:
-        return tensor
-    name = kind.name if isinstance(kind, (_Global, Opaque)) else type(kind).__name__
-    return Opaque(name, (tensor,), args[3])
-
-
-def _ordered_dict(args: tuple[Any, ...]) -> OrderedDict[Any, Any]:
-    if args == ():
-        return OrderedDict()
-    if len(args) == 1 and type(args[0]) is list:
-        out: OrderedDict[Any, Any] = OrderedDict()
-        for pair in args[0]:
-            if type(pair) not in (tuple, list) or len(pair) != 2:
-                raise _fail("OrderedDict given something other than key-value pairs")
-            out[pair[0]] = pair[1]
-        return out
-    raise _fail("OrderedDict given arguments it never takes")
-
-
-def _attributes(state: dict[Any, Any]) -> bool:
-    """Whether ``state`` may become an OrderedDict's attributes: plain names (no dunder),
-    plain values (text, numbers, None, and dicts, lists and tuples of them)."""
-    if not all(type(k) is str and k.isidentifier() and not k.startswith("__") for k in state):
-        return False
-    todo, seen = list(state.values()), 0
-    while todo:
-        x = todo.pop()
-        seen += 1
-        if seen > 1 << 20:
-            return False
-        t = type(x)
-        if t is dict or t is OrderedDict:
-            todo.extend(x.keys())
-            todo.extend(x.values())
-        elif t is list or t is tuple:
-            todo.extend(x)
-        elif t not in (str, int, float, bool, type(None)):
-            return False
-    return True
-
-
-def _size(args: tuple[Any, ...]) -> torch.Size:
-    if len(args) != 1:
-        raise _fail("torch.Size given arguments it never takes")
-    return torch.Size(_ints(args[0], "torch.Size"))
-
-
-def _device(args: tuple[Any, ...]) -> str:
-    # torch.device("cuda:0") or torch.device("cuda", 0): kept as its name, "cuda:0"
-    name = args[0] if args and type(args[0]) is str else None
-    if len(args) == 2 and type(args[1]) is int and 0 <= args[1] < 1 << 16:
-        name = f"{name}:{args[1]}"
-    elif len(args) != 1:
-        name = None
-    if name is None or not re.fullmatch(r"[a-z_]{1,32}(:[0-9]{1,5})?", name):
-        raise _fail("torch.device given arguments other than a device's name")
-    return name
-
-
-def _layout(args: tuple[Any, ...]) -> str:
-    # torch/serialization.py: _get_layout("torch.strided")
-    if len(args) != 1 or args[0] not in _LAYOUT_NAMES:
-        raise _fail("torch.serialization._get_layout given no layout's name")
-    result: str = args[0]
-    return result
-
-
-def _set(args: tuple[Any, ...]) -> set[Any]:
-    if args == ():
-        return set()
-    if len(args) == 1 and type(args[0]) in (list, tuple):
-        return set(args[0])
-    raise _fail("set given arguments it never takes")
-
-
-def _frozenset(args: tuple[Any, ...]) -> frozenset[Any]:
-    return frozenset(_set(args))
-
-
-def _complex(args: tuple[Any, ...]) -> complex:
-    if not 1 <= len(args) <= 2 or not all(type(v) in (int, float) for v in args):
-        raise _fail("complex given arguments other than two numbers")
-    return complex(*args)
-
-
-def _bytearray(args: tuple[Any, ...]) -> bytes:
-    # bytearray(n) allocates n zero bytes: a size bomb; only bytes the file holds
-    if args == ():
-        return b""
-    if len(args) == 1 and type(args[0]) is bytes:
-        return args[0]
-    if len(args) == 2 and type(args[0]) is str and args[1] in ("latin1", "latin-1"):
-        return _encode(args)
-    raise _fail("bytearray given something other than bytes the file holds")
-
-
-def _bytes(args: tuple[Any, ...]) -> bytes:
-    if args == ():
-        return b""
-    return _bytearray(args)
-
-
-def _encode(args: tuple[Any, ...]) -> bytes:
-    # protocol 2 pickles bytes as _codecs.encode(text, "latin1")
-    if len(args) != 2 or type(args[0]) is not str or args[1] not in ("latin1", "latin-1"):
-        raise _fail("_codecs.encode given arguments other than text and 'latin1'")
-    try:
-        return args[0].encode("latin-1")
-    except UnicodeEncodeError:
-        raise _fail("_codecs.encode of text that is not latin-1") from None
-
-
-def _reconstructor(args: tuple[Any, ...]) -> Opaque:
-    # protocols 0 and 1 pickle an object as copyreg._reconstructor(cls, object, None)
-    if (
-        len(args) != 3
-        or not isinstance(args[0], Opaque)
-        or args[0].args is not None
-        or refused(args[0].name)
-    ):
-        raise _fail("copyreg._reconstructor given arguments it never takes")
-    return Opaque(args[0].name, ())
-
-
-_TENSOR_BUILDERS = {
-    "torch._utils._rebuild_tensor_v2": _rebuild_v2,
-    "torch._utils._rebuild_tensor_v3": _rebuild_v3,
-    "torch._utils._rebuild_parameter": _rebuild_parameter,
-    "torch._utils._rebuild_parameter_with_state": _rebuild_parameter,
-}
-_PLAIN_TENSOR_TYPES = {"torch.Tensor", "torch._tensor.Tensor", "torch.nn.parameter.Parameter"}
-
-TABLE: dict[str, Callable[[tuple[Any, ...]], Any]] = {
-    **_TENSOR_BUILDERS,
-    "torch._tensor._rebuild_from_type_v2": _rebuild_from_type,
-    "collections.OrderedDict": _ordered_dict,
-    "torch.Size": _size,
-    "torch.device": _device,
-    "torch.serialization._get_layout": _layout,
-    "builtins.set": _set,
-    "builtins.frozenset": _frozenset,
-    "builtins.complex": _complex,
-    "builtins.bytearray": _bytearray,
-    "builtins.bytes": _bytes,
-    "_codecs.encode": _encode,
-    "copyreg._reconstructor": _reconstructor,
-}
-"""The value constructors: a global's dotted name -> a function of its checked arguments."""
-
-# the storage classes torch.save names in persistent ids (torch/storage.py's legacy names)
-_STORAGE_DTYPES = {
-    "DoubleStorage": torch.float64,
-    "FloatStorage": torch.float32,
-    "HalfStorage": torch.float16,
-    "BFloat16Storage": torch.bfloat16,
-    "LongStorage": torch.int64,
-    "IntStorage": torch.int32,
-    "ShortStorage": torch.int16,
-    "CharStorage": torch.int8,
-    "ByteStorage": torch.uint8,
-    "BoolStorage": torch.bool,
-    "ComplexDoubleStorage": torch.complex128,
-    "ComplexFloatStorage": torch.complex64,
-    # quantized tensors' storages: known, so the file reads; their tensors (rebuilt by
-    # torch._utils._rebuild_qtensor, a placeholder) are listed as unsupported
-    "QInt8Storage": torch.qint8,
-    "QUInt8Storage": torch.quint8,
-    "QInt32Storage": torch.qint32,
-    "QUInt4x2Storage": torch.quint4x2,
-    "QUInt2x4Storage": torch.quint2x4,
-}
-
-
-def _constants() -> dict[str, Any]:
-    """Globals that name a value, not a constructor: dtypes, layouts, storage types."""
-    out: dict[str, Any] = {}
-    for name, value in vars(torch).items():  # vars(): no lazy-import __getattr__ runs
-        if isinstance(value, torch.dtype):
-            out[f"torch.{name}"] = value
-        elif isinstance(value, torch.layout):
-            out[f"torch.{name}"] = f"torch.{name}"
-    for name, dtype in _STORAGE_DTYPES.items():
-        out[f"torch.{name}"] = StorageType(name, dtype)
-    for name in ("torch.UntypedStorage", "torch.storage.UntypedStorage"):
-        out[name] = StorageType("UntypedStorage", None)
-    return out
-
-
-CONSTANTS = _constants()
-_LAYOUT_NAMES = {k for k, v in CONSTANTS.items() if v == k}
-
-# modules whose globals no checkpoint holds as data: a call of one (or one left in the
-# result) is refused, never made a placeholder
-REFUSED = (
-    "builtins", "os", "posix", "nt", "sys", "subprocess", "importlib", "functools",
-    "operator", "codecs", "_codecs", "io", "_io", "pickle", "_pickle", "copyreg", "runpy",
-    "types", "shutil", "socket", "ctypes", "marshal", "code", "inspect", "pty", "signal",
-    "multiprocessing", "threading", "asyncio", "webbrowser", "pdb", "gc", "weakref",
-    "torch", "pathlib", "posixpath", "ntpath", "tempfile", "glob", "zipimport", "pkgutil",
-)  # fmt: skip
-# torch classes a pickled module or optimizer is made of: placeholders, like user classes
-_TORCH_DATA = (
-    "torch.nn.modules.",
-    "torch.optim.",
-    "torch.nn.utils.",
-    "torch.distributed.",
-    "torch._utils._rebuild_",  # sparse, quantized, nested tensors: reported, never built
-)
-
-_RENAMED = {"__builtin__": "builtins", "copy_reg": "copyreg"}  # Python 2's module names
-
-
-def refused(name: str) -> bool:
-    """Whether the dotted global ``name`` lies in a module no placeholder may stand for."""
-    if name.startswith(_TORCH_DATA):
-        return False
-    return any(name == m or name.startswith(m + ".") for m in REFUSED)
 
 
 _ESCAPES = {b"\\": b"\\", b"'": b"'", b'"': b'"', b"a": b"\a", b"b": b"\b", b"f": b"\f",
@@ -477,8 +53,6 @@ def _unescape(text: bytes) -> bytes:
 
     return _ESCAPE.sub(one, text)
 
-
-# --- the interpreter ---------------------------------------------------------------------------
 
 _MARK = object()
 
@@ -605,24 +179,24 @@ def _run(
     def resolve(module: str, name: str) -> Any:
         if type(module) is not str or type(name) is not str:
             raise FormatError("STACK_GLOBAL given something other than two strings")
-        module = _RENAMED.get(module, module)
+        module = RENAMED.get(module, module)
         dotted = f"{module}.{name}"
         if dotted in CONSTANTS:
             return CONSTANTS[dotted]
         if dotted in TABLE:
-            return _Global(dotted)
+            return Global(dotted)
         if placeholders is True:  # a refused one is refused when called, not when named
             return Opaque(dotted)
         if isinstance(placeholders, frozenset) and dotted in placeholders:
             return Opaque(dotted)
-        if refused(dotted) or dotted in _PLAIN_TENSOR_TYPES:
-            return _Global(dotted)  # refused when called or left in the result
+        if refused(dotted) or dotted in PLAIN_TENSOR_TYPES:
+            return Global(dotted)  # refused when called or left in the result
         raise FormatError(f"the global {dotted} is not one this file may hold")
 
     def call(fn: Any, args: Any, how: str) -> Any:
         if type(args) is not tuple:
             raise FormatError(f"{how} given arguments that are not a tuple")
-        if isinstance(fn, _Global):
+        if isinstance(fn, Global):
             build = TABLE.get(fn.name)
             if build is None:
                 raise FormatError(f"the file calls {fn.name}, which tensorbridge never calls")
@@ -641,7 +215,7 @@ def _run(
             raise FormatError(f"BUILD aimed at {obj.name} itself, a class the file names")
         if isinstance(obj, Opaque):
             object.__setattr__(obj, "state", state)
-        elif type(obj) is OrderedDict and type(state) is dict and _attributes(state):
+        elif type(obj) is OrderedDict and type(state) is dict and plain_attributes(state):
             obj.__dict__.update(state)  # a state dict's _metadata: module versions
         elif type(obj) in DICTS or isinstance(obj, TensorRef):
             # a dict's or a tensor's attributes: not data, dropped
@@ -909,7 +483,7 @@ def _check_result(root: Any, budget: int) -> None:
     and at most ``budget`` values when shared references are counted each time and text,
     bytes and integers by their length (a walk of the result as a tree, as flattening and
     rendering metadata do, must stay linear in the input)."""
-    if isinstance(root, _Global):
+    if isinstance(root, Global):
         raise FormatError(f"the file holds the global {root.name} itself; no checkpoint does")
     size: dict[int, int] = {}  # id -> values beneath, counted as a tree
     active: set[int] = set()
@@ -918,7 +492,7 @@ def _check_result(root: Any, budget: int) -> None:
     while stack:
         obj, it, total = stack[-1]
         for child in it:
-            if isinstance(child, _Global):
+            if isinstance(child, Global):
                 raise FormatError(
                     f"the file holds the global {child.name} itself; no checkpoint does"
                 )
