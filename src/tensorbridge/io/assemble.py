@@ -41,20 +41,15 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import _memory as mem
+from .._atomic import destination_errors, fsync_dir, remove_temps
+from .._chunks import DEFAULT_CHUNK, releaser
+from .._commit import commit_files
+from .._locks import Claim, commit_lock
+from .._progress import progress_bar
+from .._tensorfile import cast_target
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import FormatError
-from ._commit import commit_files
-from ._common import (
-    DEFAULT_CHUNK,
-    cast_target,
-    destination_errors,
-    fsync_dir,
-    progress_bar,
-    releaser,
-    remove_temps,
-)
 from ._formats import FORMATS, Format, PlannedFile, StoreLayout, by_name
-from ._locks import Claim, commit_lock
 from .dcp import Chunk, DcpFile
 
 __all__ = ["WINDOW", "Placement", "Task", "run", "save", "windows"]

@@ -66,12 +66,13 @@ import numpy as np
 import torch
 
 from .._boxes import TooIrregular, first_overlap
+from .._filemap import check_same_version, identity, read_small
+from .._files import Links
+from .._keys import broken, no_nul, not_empty, one_file_name, valid_unicode
+from .._tensorfile import TensorFile
 from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError
-from ._common import TensorFile, check_same_version, identity, read_small
 from ._detect import ZIP_ERRORS
-from ._files import Links
-from ._keys import broken, no_nul, not_empty, one_file_name, valid_unicode
 from .pickle_machine import DICTS, Opaque, StorageRef, StorageType, TensorRef, unpickle
 from .torch_archive import read_value
 
@@ -82,7 +83,7 @@ MAX_METADATA = 1 << 30  # a .metadata larger than this is no checkpoint's
 MAX_VALUE = 64 << 20  # a non-tensor value's bytes (stored, and each item decompressed), at most
 OPEN_FILES = 64  # .distcp files mapped at once (each map holds a descriptor)
 
-# a .distcp file an item names: one file of the checkpoint's directory (tensorbridge.io._keys)
+# a .distcp file an item names: one file of the checkpoint's directory (tensorbridge._keys)
 _FILE_NAME = (not_empty, no_nul, valid_unicode, one_file_name)
 
 _DCP = "torch.distributed.checkpoint.metadata"
@@ -493,7 +494,7 @@ class _Mapped:
             self.map: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
 
     def check_unchanged(self) -> None:
-        """Refuse a view of a file truncated since it was mapped (SIGBUS: see _common)."""
+        """Refuse a view of a file truncated since it was mapped (SIGBUS: see _filemap)."""
         now = self.map.size() if isinstance(self.map, mmap.mmap) else 0  # the mapped file's
         if now != self.size:
             raise FormatError(

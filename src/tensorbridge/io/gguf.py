@@ -56,6 +56,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._atomic import atomic_write
+from .._chunks import DEFAULT_CHUNK, iter_bytes
+from .._filemap import array_at, check_unchanged
+from .._files import Links, open_regular
+from .._keys import NameRules, at_most_bytes, no_nul, valid_unicode
+from .._progress import progress_bar
+from .._tensorfile import TensorFile, cast_target, row_of
 from .._torch_checks import is_tensor
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import (
@@ -66,19 +73,7 @@ from ..errors import (
     UnsupportedDtypeError,
     UnsupportedTensorError,
 )
-from ._common import (
-    DEFAULT_CHUNK,
-    TensorFile,
-    array_at,
-    atomic_write,
-    cast_target,
-    check_unchanged,
-    iter_bytes,
-    loader,
-    progress_bar,
-    row_of,
-)
-from ._files import Links, open_regular
+from ._common import loader
 from ._gguf_header import (
     ALIGNMENT_KEY,
     ARCHITECTURE_KEY,
@@ -99,7 +94,6 @@ from ._gguf_header import (
     encode_value,
     parse,
 )
-from ._keys import NameRules, at_most_bytes, no_nul, valid_unicode
 
 if TYPE_CHECKING:
     import torch
@@ -616,7 +610,7 @@ class _Item:
 
 
 # llama.cpp's reader refuses a tensor name of GGML_MAX_NAME (64) bytes or more, and ends a
-# name at a NUL (ggml_set_name copies a C string): the rules of tensorbridge.io._keys
+# name at a NUL (ggml_set_name copies a C string): the rules of tensorbridge._keys
 NAMES = NameRules(
     (no_nul, valid_unicode, at_most_bytes(63, "llama.cpp (GGML_MAX_NAME is 64 with the final NUL)"))
 )

@@ -29,7 +29,7 @@ back in ``metadata`` as strings and typed in ``plain_values()``); the key
 
 **Commit.** The new store is built, group ``zarr.json`` included, in a hidden sibling
 staging directory ``.tensorbridge-tmp-<id>.OUT.zarr``, then swapped with ``OUT.zarr``
-in one atomic exchange (the protocol of :mod:`tensorbridge.io._commit`): a save that
+in one atomic exchange (the protocol of :mod:`tensorbridge._commit`): a save that
 dies leaves the previous store (or none) under ``OUT.zarr``, never a partial one.
 
 **Writing regions.** Parallel writers (DCP ranks, conversion workers) share a store
@@ -62,6 +62,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._atomic import destination_errors
+from .._chunks import DEFAULT_CHUNK
+from .._commit import abandon, begin_store, new_save_id, pending, publish_store, require_committed
+from .._filemap import check_same_version, identity
+from .._files import Links, read_limited, read_regular
+from .._keys import (
+    NameRules,
+    case_insensitive,
+    no_nul,
+    not_empty,
+    one_file_name,
+    reserved_prefix,
+    valid_unicode,
+)
+from .._progress import progress_bar
+from .._tensorfile import TensorFile, cast_target, row_of
 from .._torch_checks import is_tensor, is_torch_dtype
 from ..dtypes import PACKED_BY_NUMPY, DTypeLike, DTypeRow
 from ..errors import (
@@ -71,36 +87,8 @@ from ..errors import (
     UnsupportedDtypeError,
     UnsupportedTensorError,
 )
-from ._commit import (
-    abandon,
-    begin_store,
-    new_save_id,
-    pending,
-    publish_store,
-    require_committed,
-)
-from ._common import (
-    DEFAULT_CHUNK,
-    TensorFile,
-    cast_target,
-    check_same_version,
-    destination_errors,
-    identity,
-    loader,
-    progress_bar,
-    row_of,
-)
-from ._files import Links, read_limited, read_regular
+from ._common import loader
 from ._formats import StoreLayout
-from ._keys import (
-    NameRules,
-    case_insensitive,
-    no_nul,
-    not_empty,
-    one_file_name,
-    reserved_prefix,
-    valid_unicode,
-)
 
 if TYPE_CHECKING:
     import zarr as zarr_module
@@ -133,7 +121,7 @@ MAX_FILL_CHUNKS = 1024  # absent chunks a read may fill (zarr looks up each one)
 RESERVED = "tensorbridge"  # the group attribute that holds the tensors' order
 _CONFIG = {"write_empty_chunks": True}
 
-# each name is a directory of the store: the rules of tensorbridge.io._keys that apply
+# each name is a directory of the store: the rules of tensorbridge._keys that apply
 NAMES = NameRules(
     (not_empty, no_nul, valid_unicode, one_file_name, reserved_prefix("__", "the Zarr spec")),
     same=case_insensitive,
@@ -873,7 +861,7 @@ def _confined_store(path: Path, links: Links) -> Any:
     zarr's ``LocalStore`` reads a key with ``Path.read_bytes()``: a chunk or a
     ``zarr.json`` that is ``/dev/zero`` is read until memory runs out, a FIFO hangs
     the read, a link is followed anywhere. This store reads each key through
-    :class:`~tensorbridge.io._files.Links` (a regular file, confined to the store
+    :class:`~tensorbridge._files.Links` (a regular file, confined to the store
     unless links are followed) and by the bytes it holds.
     """
     return _store_class()(path, links)
