@@ -28,8 +28,6 @@ from typing import BinaryIO
 from ._locks import Claim, alive, commit_lock, is_claim_name, remove_dead_claims
 from .errors import DestinationError
 
-# --- writing ----------------------------------------------------------------------------------
-
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
@@ -263,7 +261,7 @@ def fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
-def fsync_file(path: Path) -> None:
+def fsync_file(path: str | os.PathLike[str]) -> None:
     """Make a written file's bytes durable (by path: the writer's descriptor is closed)."""
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -40,9 +40,6 @@ def read_small(path: Path, limit: int, what: str, links: Links | None = None) ->
     return read_limited(path, limit, what)
 
 
-# --- reading ----------------------------------------------------------------------------------
-
-
 def map_file(path: str | os.PathLike[str], *, copy_on_write: bool = False) -> mmap.mmap | bytes:
     """Map a whole file read-only (or copy-on-write); empty files give ``b""``."""
     with open_regular(path) as f:
