@@ -21,7 +21,7 @@ that); where a previous version existed, that is a lost checkpoint. An index nev
 names a missing, partial or foreign shard. What a killed save may leave behind,
 and readers ignore: hidden ``.NAME.<random>.tmp`` files (which an index committed
 by the killed save may name, until its final names are linked),
-``.tensorbridge-tmp-<id>`` staging directories, the lock files of ``io/_locks.py``
+``.tensorbridge-tmp-<id>`` staging directories, the lock files of ``_locks.py``
 (``.tensorbridge.lock``, ``.tensorbridge-save-<token>.lock``), and the previous
 save's shards once the new index is committed. A quarter of the killed trials then save the new
 version again, unkilled: it must read as the new version and leave none of that
@@ -35,7 +35,7 @@ the other then too). Run by hand::
     PYTHONPATH=src python tests/crash.py --trials 400 [--kinds npy,zarr] [--seed 1]
 
 ``--no-links`` runs every save as on a filesystem without hard links (``os.link``
-fails with ``EPERM``), so the copying commit of ``io/_commit.py`` is the one killed.
+fails with ``EPERM``), so the copying commit of ``_commit.py`` is the one killed.
 
 ``tests/test_crash_safety.py`` runs a bounded slice in CI.
 """
@@ -95,7 +95,7 @@ INDEXED = {"sharded", "convert-sharded", "convert-dcp", "dcp-safetensors"}  # a 
 INDEX = "model.safetensors.index.json"
 TEMP = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")  # atomic writes' temporaries
 STAGING = ".tensorbridge-tmp-"
-LOCK = re.compile(r"\.tensorbridge\.lock|\.tensorbridge-save-[0-9a-z_]+\.lock")  # io/_locks.py
+LOCK = re.compile(r"\.tensorbridge\.lock|\.tensorbridge-save-[0-9a-z_]+\.lock")  # _locks.py
 HANG_S = 180  # a save not done after this long is killed and counted as a hang
 
 
@@ -569,7 +569,7 @@ def indexed_files_differ(root: Path, new: Version) -> str:
     """
     import json
 
-    from tensorbridge.io._commit import final_name
+    from tensorbridge._commit import final_name
 
     index = next(k for k in new.files if k.endswith(".index.json"))  # named after the source
     weight_map = json.loads((root / index).read_bytes())["weight_map"]

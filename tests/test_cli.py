@@ -1164,9 +1164,9 @@ def test_nothing_to_write_is_an_error(
 
 def test_progress_is_estimated_from_the_work(monkeypatch: pytest.MonkeyPatch) -> None:
     from tensorbridge._progress import SHOW_AFTER, expected_seconds, progress_bar
-    from tensorbridge.io import _common
+    from tensorbridge.io import safetensors
 
-    assert _common.progress_bar is progress_bar  # the formats' bar is the one estimate's
+    assert safetensors.progress_bar is progress_bar  # the formats' bar is the one estimate's
 
     assert expected_seconds(12_000 * 64, 12_000) >= SHOW_AFTER  # many small tensors: a bar
     assert expected_seconds(41 << 20, 8, work="check") >= SHOW_AFTER  # 41 MiB compared

@@ -1,5 +1,5 @@
 """Concurrent saves to one destination: the last commit wins, whole, and none removes
-another's files (io/_locks.py, io/_commit.py).
+another's files (_locks.py, _commit.py).
 
 Several writers (threads, or spawned processes) save different versions of a
 checkpoint to the same destination at once, with random sleeps around every rename,
@@ -29,10 +29,10 @@ import pytest
 import torch
 
 import tensorbridge as tb
+from tensorbridge import _commit as commit
+from tensorbridge import _locks as locks
+from tensorbridge._atomic import StagedFiles, atomic_write
 from tensorbridge.errors import DestinationError
-from tensorbridge.io import _commit as commit
-from tensorbridge.io import _locks as locks
-from tensorbridge.io._common import StagedFiles, atomic_write
 
 WRITERS = 3
 KINDS = (
@@ -272,7 +272,7 @@ def test_a_running_saves_temporary_is_kept_a_dead_ones_removed(tmp_path: Path) -
 def test_a_killed_saves_claim_and_temporaries_are_removed(tmp_path: Path) -> None:
     script = (
         "import os, signal, sys; from pathlib import Path; "
-        "from tensorbridge.io._locks import Claim; "
+        "from tensorbridge._locks import Claim; "
         "d = Path(sys.argv[1]); c = Claim(d); c.temp(d / 'm.npz').write_bytes(b'x'); "
         "os.kill(os.getpid(), signal.SIGKILL)"
     )

@@ -15,15 +15,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import tensorbridge as tb
-from tensorbridge.io import _commit as commit
-from tensorbridge.io._commit import (
-    STAGING_PREFIX,
-    begin,
-    new_save_id,
-    pending,
-    publish,
-    require_committed,
-)
+from tensorbridge import _commit as commit
+from tensorbridge._atomic import STAGING_PREFIX
+from tensorbridge._commit import begin, new_save_id, pending, publish, require_committed
 
 
 def test_publish_moves_staged_entries_then_writes_the_index(tmp_path: Path) -> None:

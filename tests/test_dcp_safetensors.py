@@ -359,7 +359,7 @@ def test_a_rank_killed_mid_save_leaves_no_committed_checkpoint(tmp_path: Path) -
     assert report.read_text() != "committed"
     assert not (ckpt / "model.safetensors.index.json").exists()
     assert not list(ckpt.glob("*.safetensors"))
-    # the staging directory, and the killed coordinator's claim on it (io/_locks.py)
+    # the staging directory, and the killed coordinator's claim on it (_locks.py)
     left = sorted(p.name.split("-")[1] for p in ckpt.iterdir())
     assert left in (["tmp"], ["save", "tmp"])
     with pytest.raises(tb.UncommittedCheckpointError, match="died before writing"):
@@ -391,7 +391,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path: Path) -> N
         dcp.save({"w": torch.zeros(4), "b": torch.zeros(2)}, storage_writer=_FailsToWrite(tmp_path))
 
     staged = [p for p in tmp_path.iterdir() if p.name not in before]
-    claims = [p for p in staged if p.name.startswith(".tensorbridge-save-")]  # io/_locks.py
+    claims = [p for p in staged if p.name.startswith(".tensorbridge-save-")]  # _locks.py
     staged = [p for p in staged if p not in claims]
     assert len(staged) == 1 and staged[0].name.startswith(".tensorbridge-tmp-")
     assert {p: (tmp_path / p).read_bytes() for p in before} == before

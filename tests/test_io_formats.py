@@ -14,13 +14,13 @@ import pytest
 import torch
 
 import tensorbridge as tb
+from tensorbridge._keys import flatten
 from tensorbridge.cli import main
 from tensorbridge.errors import FormatError, UnsupportedTensorError
 from tensorbridge.io import TensorFile, destination
 from tensorbridge.io._detect import detect
 from tensorbridge.io._formats import FORMATS, Format, by_kind, by_suffix, listing
 from tensorbridge.io._formats import by_name as format_named
-from tensorbridge.io._keys import flatten
 
 WRITABLE = [f for f in FORMATS if f.writes]
 
@@ -318,7 +318,7 @@ def test_cli_messages_come_from_the_table(
     [
         "tensorbridge.io._detect",
         "tensorbridge.io._formats",
-        "tensorbridge.io._keys",
+        "tensorbridge._keys",
         "tensorbridge.io.assemble",
         "tensorbridge.io.dcp",
         "tensorbridge.io.dcp.reader",

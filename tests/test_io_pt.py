@@ -303,7 +303,7 @@ def test_pt_to_pt_keeps_the_source_structure(tmp_path: Path) -> None:
 
 
 def test_structure_is_the_readers_skeleton(tmp_path: Path) -> None:
-    from tensorbridge.io._keys import Leaf, rebuild
+    from tensorbridge._keys import Leaf, rebuild
 
     torch.save({"m": [torch.ones(1), {"w": torch.zeros(1)}], 3: "x"}, tmp_path / "s.pt")
     with pt.open(tmp_path / "s.pt") as f:

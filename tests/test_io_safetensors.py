@@ -22,7 +22,7 @@ import torch
 import tensorbridge as tb
 from tensorbridge.errors import FormatError, UnsupportedDtypeError, UnsupportedTensorError
 from tensorbridge.io import safetensors as st
-from tensorbridge.io._safetensors_header import LAYOUT_ORDER
+from tensorbridge.io.safetensors_header import LAYOUT_ORDER
 
 safetensors_torch = pytest.importorskip(
     "safetensors.torch", reason="the official library is the oracle"
@@ -590,7 +590,7 @@ def test_failed_save_leaves_the_previous_file(
 _SLOW_SAVE = """
 import sys, time, torch
 from tensorbridge.io import safetensors as st
-from tensorbridge.io._safetensors_header import LAYOUT_ORDER
+from tensorbridge.io.safetensors_header import LAYOUT_ORDER
 real = st.iter_bytes
 def slow(*args, **kwargs):
     for chunk in real(*args, **kwargs):

@@ -7,10 +7,10 @@ relative imports resolved, imports under ``if TYPE_CHECKING:`` left out (they ne
 run). ``from pkg import name`` depends on ``pkg.name`` when that is a module, else on
 ``pkg``. Importing ``a.b.c`` also runs the ``__init__`` of each package above it, so
 an import depends on those packages too, except the importer's own (already being
-imported when it runs): ``quant.api`` importing ``io._common`` depends on ``io``, and
-``io/__init__.py`` importing ``quant.api`` closes a cycle. Imports by a string
-(``importlib.import_module(name)``, the top-level package's lazy names, the format
-registry's module names) are not in the graph.
+imported when it runs): ``dcp._hf_layout`` importing ``io.safetensors_header``
+depends on ``io``, and ``io/__init__.py`` importing ``dcp._hf_layout`` would close a
+cycle. Imports by a string (``importlib.import_module(name)``, the top-level
+package's lazy names, the format registry's module names) are not in the graph.
 
 The rules (the layering of ``docs/dev/design.md``, bottom up):
 
@@ -24,8 +24,13 @@ The rules (the layering of ``docs/dev/design.md``, bottom up):
   bit-casts through ``_memory``;
 * ``io`` imports nothing of ``quant`` but its kernels (the GGUF reader's ggml blocks in
   ``quant.ggml``; its other reach into them is through ``_quantized``, which refuses or
-  dequantizes subclasses when saving), and ``quant`` of ``io`` only the shared
-  infrastructure (:data:`SHARED`);
+  dequantizes subclasses when saving), and ``quant`` nothing of ``io``: what both use
+  (the file handle type, the write pipeline, atomic writes, the key rules, confined file
+  reads) is the top-level package's shared infrastructure (:data:`SHARED`), which
+  imports neither;
+* no module imports another package's private module (``pkg._mod`` from outside
+  ``pkg``): the private modules of ``tensorbridge`` itself are the shared ones, open
+  to every layer;
 * ``open(..., dequantize=)`` lives above both, in ``_open``: the one module that
   imports ``quant.api``'s ``DequantizedFile`` for ``io.open``.
 
@@ -64,28 +69,26 @@ KERNELS = (
 )
 # quant's upper layer: checkpoints (names and configs), the public API, writing
 QUANT_UPPER = ("quant.api", "quant.detect", "quant.write")
-# io's infrastructure that quant uses (the file handle type, the write pipeline, the
-# key flattener, confined file reads, the safetensors pseudo rows): the modules that
-# a later change of issue 28 (section 4) moves out of io; until then these are the
-# only io modules quant may import.
+# The infrastructure every layer shares, each concern under its own name at the top
+# of the package (docs/dev/design.md, "The layers"): io, quant, dcp, checkpoint and the
+# command line import these, never one another's private modules.
 SHARED = (
-    "io._common",
-    "io._pipeline",
-    "io._keys",
-    "io._files",
-    "io._safetensors_header",
+    "_tensorfile",  # TensorFile, Deferred, row_of
+    "_pipeline",  # computed chunks made by worker threads while the writer writes
+    "_chunks",  # iter_bytes: a value's bytes a chunk at a time
+    "_atomic",  # atomic_write, StagedFiles, destination errors, the fsync helpers
+    "_commit",  # the atomic commit of a multi-file checkpoint
+    "_locks",  # concurrent saves' claims and commit locks
+    "_filemap",  # mapped and descriptor reads, unchanged-file checks
+    "_files",  # confined, bounded file reads
+    "_keys",  # the dotted-name rules, flatten / rebuild
+    "_packed",  # packed dtypes' pseudo rows
+    "_progress",  # progress_bar
 )
 
 # Edges (importer, imported) that still break a rule, each with its reason. Empty
 # means the rules hold; a new entry needs a reason and the change that removes it.
-KNOWN: dict[tuple[str, str], str] = {
-    # quant.api / quant.detect import io's SHARED infrastructure, and Python runs
-    # io/__init__.py first, whose open() imports _open (function level) when asked to
-    # dequantize: the cycle _open -> quant.api -> io -> _open. Section 4 of issue 28
-    # moves the infrastructure out of io; these edges then go.
-    ("quant.api", "io"): "io._common / io._keys / io._pipeline are io's until section 4",
-    ("quant.detect", "io"): "io._files is io's until section 4",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)
@@ -252,7 +255,7 @@ def test_the_graph_sees_imports_at_both_levels() -> None:
     assert ("_plan", "dtypes", False) in got and ("_plan", "_memory", True) in got
     assert ("_quantized", "quant.registry", True) in got
     assert ("quant.detect", "quant.base", False) in got
-    assert ("quant.detect", "io", False) in got  # io/__init__ runs before io._files
+    assert ("dcp._hf_layout", "io", False) in got  # io/__init__ runs before its module
     assert ("_open", "io", False) not in got  # TensorFile: only for mypy
 
 
@@ -305,17 +308,66 @@ def test_as_torch_bit_casts_through_memory_not_the_converter() -> None:
 
 
 def test_io_and_quant_do_not_import_each_other() -> None:
-    """io imports nothing of quant but its kernels; quant imports only io's shared
-    infrastructure."""
+    """io imports nothing of quant but its kernels, quant nothing of io: both use the
+    shared infrastructure."""
     wrong = []
     for e in _without_known(ALL):
         if under(e.source, "io") and under(e.target, "quant") and short(e.target) not in KERNELS:
             wrong.append(e)
-        shared = e.target == full("io") or short(e.target) in SHARED
-        if under(e.source, "quant") and under(e.target, "io") and not shared:
+        if under(e.source, "quant") and under(e.target, "io"):
             wrong.append(e)
     text = [f"{short(e.source)}:{e.line} imports {short(e.target)}" for e in wrong]
     assert not wrong, "; ".join(text)
+
+
+def private_package_imports(es: Iterable[Edge]) -> list[Edge]:
+    """Imports of a package's private module (``pkg._mod``) from outside ``pkg``.
+
+    The top-level package's own private modules (``tensorbridge._x``) are the shared
+    infrastructure, open to every module, and are not counted.
+    """
+    wrong = []
+    for e in es:
+        package, _, last = short(e.target).rpartition(".")
+        if package and last.startswith("_") and not under(e.source, package):
+            wrong.append(e)
+    return wrong
+
+
+def test_no_module_imports_another_packages_private_module() -> None:
+    """The command line asks ``tensorbridge.io`` for detection and the registry, quant
+    takes the file handle from ``tensorbridge._tensorfile``: never ``io._detect`` or
+    ``io._common``."""
+    wrong = private_package_imports(ALL)
+    text = sorted({f"{short(e.source)}:{e.line} imports {short(e.target)}" for e in wrong})
+    assert not wrong, "; ".join(text)
+
+
+def test_the_private_import_check_sees_a_cross_package_import() -> None:
+    """The check finds what it must: ``quant.api`` importing ``io._common`` is one; ``io``
+    or ``io.npz`` importing ``io._common`` and ``quant.api`` importing ``_tensorfile`` are
+    not."""
+    edge = Edge(full("quant.api"), full("io._common"), 1, False)
+    own = Edge(full("io"), full("io._common"), 1, False)
+    inside = Edge(full("io.npz"), full("io._common"), 1, False)
+    shared = Edge(full("quant.api"), full("_tensorfile"), 1, False)
+    assert private_package_imports([edge, own, inside, shared]) == [edge]
+
+
+@pytest.mark.parametrize("module", SHARED)
+def test_the_shared_infrastructure_reaches_no_format_or_command(module: str) -> None:
+    """Each SHARED module is at the top of the package and loads nothing of io, dcp,
+    diagnostics or the command line, and of quant only the kernels (like the core,
+    whose plans it uses): every layer can import it."""
+    assert full(module) in modules()
+    seen = reach(graph(ALL), full(module))
+    layers = ("io", "dcp", "diagnostics", "cli")
+    bad = [
+        t
+        for t in seen
+        if any(under(t, p) for p in layers) or (under(t, "quant") and short(t) not in KERNELS)
+    ]
+    assert not bad, "; ".join(chain(seen, t) for t in bad[:3])
 
 
 def test_the_dequantizing_open_lives_above_io_and_quant() -> None:

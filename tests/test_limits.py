@@ -20,10 +20,10 @@ import torch
 import tensorbridge as tb
 from tensorbridge.io import (
     _gguf_header,
-    _safetensors_header,
     dcp,
     npy,
     pickle_machine,
+    safetensors_header,
     torch_archive,
     zarr,
 )
@@ -44,8 +44,8 @@ def _bytes(n: int) -> str:
 @pytest.mark.parametrize(
     ("constant", "stated"),
     [
-        ("MAX_HEADER", _bytes(_safetensors_header.MAX_HEADER)),
-        ("MAX_RANK", f"{_safetensors_header.MAX_RANK} dimensions"),
+        ("MAX_HEADER", _bytes(safetensors_header.MAX_HEADER)),
+        ("MAX_RANK", f"{safetensors_header.MAX_RANK} dimensions"),
         ("MAX_HEADER_SIZE", f"{npy.MAX_HEADER_SIZE:,} characters"),
         ("_MAX_NDIM", f"{npy._MAX_NDIM} dimensions"),
         ("MAX_DIMS", f"{_gguf_header.MAX_DIMS} dimensions"),
@@ -73,7 +73,7 @@ def _safetensors(path: Path, header: dict[str, Any] | bytes, data: bytes) -> Pat
 
 
 def test_a_safetensors_rank_over_the_limit_is_a_format_error(tmp_path: Path) -> None:
-    rank = _safetensors_header.MAX_RANK
+    rank = safetensors_header.MAX_RANK
     ok = {"w": {"dtype": "F32", "shape": [1] * rank, "data_offsets": [0, 4]}}
     with tb.open(_safetensors(tmp_path / "ok.safetensors", ok, b"\0" * 4)) as f:
         assert f["w"].ndim == rank

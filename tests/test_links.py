@@ -31,7 +31,7 @@ import pytest
 import torch
 
 import tensorbridge as tb
-from tensorbridge.io._files import Links, open_regular, read_limited
+from tensorbridge._files import Links, open_regular, read_limited
 from tensorbridge.quant import read_config
 
 # --- checkpoints of every reader, and where each opens a file ----------------------------------

@@ -1,5 +1,5 @@
 """Writers never corrupt silently: every writer refuses, before it creates anything, a
-tensor name it cannot store faithfully (the rules of ``tensorbridge.io._keys``)."""
+tensor name it cannot store faithfully (the rules of ``tensorbridge._keys``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 import tensorbridge as tb
-from tensorbridge.io import _keys
+from tensorbridge import _keys
 
 pytest.importorskip("zarr", reason="the Zarr writers need zarr")
 

@@ -1,6 +1,6 @@
 """The streamed writer's pipeline: computed chunks made ahead by worker threads.
 
-``tensorbridge.io._pipeline.pipelined`` runs tasks (dequantized pieces) in worker
+``tensorbridge._pipeline.pipelined`` runs tasks (dequantized pieces) in worker
 threads while the writer writes the chunk before; these tests pin what it must
 keep: the bytes (identical to dequantizing whole weights and saving them, for
 every worker count and chunking), the order, a failure mid-stream (raised, no file
@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import tensorbridge as tb
-from tensorbridge.io._common import Deferred
-from tensorbridge.io._pipeline import Slot, Task, pipelined, serial_workers
+from tensorbridge._pipeline import Slot, Task, pipelined, serial_workers
+from tensorbridge._tensorfile import Deferred
 from tensorbridge.quant import base
 
 
@@ -226,7 +226,7 @@ def test_a_computed_tensor_is_written_whole() -> None:
 def test_module_doctests() -> None:
     import doctest
 
-    from tensorbridge.io import _pipeline
+    from tensorbridge import _pipeline
 
     failures, tried = doctest.testmod(_pipeline)
     assert tried >= 2 and failures == 0

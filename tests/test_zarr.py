@@ -31,6 +31,7 @@ from zarr.core.dtype import data_type_registry  # noqa: E402
 from zarr.core.dtype.registry import DataTypeRegistry  # noqa: E402
 
 from tensorbridge import zarr_dtypes as zd  # noqa: E402
+from tensorbridge._commit import begin_store  # noqa: E402
 from tensorbridge.errors import (  # noqa: E402
     FormatError,
     MissingExtraError,
@@ -38,7 +39,6 @@ from tensorbridge.errors import (  # noqa: E402
     UnsupportedDtypeError,
 )
 from tensorbridge.io import zarr as tbz  # noqa: E402
-from tensorbridge.io._commit import begin_store  # noqa: E402
 
 SRC = Path(tb.__file__).resolve().parent.parent
 ROOT = SRC.parent

@@ -23,7 +23,7 @@ from .dtypes import DTypeLike
 from .quant.api import DequantizedFile
 
 if TYPE_CHECKING:
-    from .io._common import TensorFile
+    from ._tensorfile import TensorFile
 
 __all__ = ["dequantized"]
 

@@ -27,8 +27,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._tensorfile import TensorFile
 from .errors import InvalidArgumentError, QuantizationError, UnsupportedDtypeError
-from .io._common import TensorFile
 
 __all__ = ["QuantizedCheckpoint", "copy_config", "quantize_checkpoint"]
 
@@ -273,7 +273,7 @@ def _write_config(
     """A quantized checkpoint's config.json: the source's, with its ``quantization_config``
     (written only when the source directory has a config.json). Returns the path written
     and the path of an existing config.json kept (``overwrite`` false)."""
-    from .io._common import atomic_write
+    from ._atomic import atomic_write
     from .quant.write import quantization_config
 
     source = getattr(src, "path", None)
@@ -316,7 +316,7 @@ def copy_config(
     ...     json.load(f)
     {'model_type': 'llama'}
     """
-    from .io._common import atomic_write
+    from ._atomic import atomic_write
 
     here = os.path.dirname(os.path.abspath(src))
     there = os.path.dirname(os.path.abspath(dst))

@@ -85,7 +85,7 @@ def write_help_text() -> None:
 
 def destinations_from_table() -> str:
     """What each destination of convert keeps, from the format table (imports nothing heavy)."""
-    from ..io._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX
+    from ..io import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX
 
     rows = [(", ".join(f.suffixes), f.keeps) for f in FORMATS if f.writes]
     sharded = f"NAME{DIRECTORY_FORMAT.suffixes[0]}{INDEX_SUFFIX}"

@@ -24,8 +24,7 @@ def is_chunked(path: str) -> bool:
     """Whether ``path`` is a checkpoint stored in chunks (a DCP directory), by content."""
     from pathlib import Path
 
-    from ..io._detect import detect, resolve
-    from ..io._formats import by_kind
+    from ..io import by_kind, detect, resolve
 
     try:
         fmt = by_kind(detect(resolve(Path(path))))
@@ -69,7 +68,7 @@ def _as_directory(path: str) -> str:
 def entry_files(args: argparse.Namespace) -> Any:
     """The format ``--format`` names whose files a DCP conversion writes, one per tensor
     (``npy``), or None (the default layout)."""
-    from ..io._formats import entry_files as files_of
+    from ..io import entry_files as files_of
 
     try:
         return files_of(args.format)

@@ -18,7 +18,7 @@ from ._options import dtype_arg
 from ._output import plural
 
 if TYPE_CHECKING:
-    from ..io._common import TensorFile
+    from .._tensorfile import TensorFile
 
 
 def open_file(path: str, args: argparse.Namespace) -> TensorFile:
@@ -44,8 +44,7 @@ def is_gguf(path: str) -> bool:
     """Whether ``path`` holds a GGUF file, by content (False when it cannot be read)."""
     from pathlib import Path
 
-    from ..io._detect import detect, resolve
-    from ..io._formats import by_kind
+    from ..io import by_kind, detect, resolve
 
     try:
         fmt = by_kind(detect(resolve(Path(path))))

@@ -21,7 +21,7 @@ def metadata_args(args: argparse.Namespace, fmt: Any) -> dict[str, Any]:
     if not args.metadata and not args.metadata_json:
         return {}
     if not fmt.metadata:
-        from ..io._formats import listing
+        from ..io import listing
 
         raise UsageError(
             f"--metadata: {fmt.description} keeps no metadata; write "

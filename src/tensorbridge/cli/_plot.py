@@ -90,8 +90,8 @@ def plot_errors(
 
 def _wide(x: Any) -> np.ndarray:
     """Values as float64 (complex128 for complex), flat, for plotting differences."""
+    from .._tensorfile import row_of
     from ..convert import to_numpy
-    from ..io._common import row_of
 
     wide = "complex128" if row_of(x).category == "complex" else "float64"
     result: np.ndarray = to_numpy(x, dtype=wide).reshape(-1)

@@ -13,7 +13,7 @@ from ._options import progress
 from ._output import conversion_report, plural
 
 if TYPE_CHECKING:
-    from ..io._common import TensorFile
+    from .._tensorfile import TensorFile
 
 
 def quantize_arg(

@@ -172,7 +172,7 @@ def _meaning(rtol: float | None) -> str:
 def _run_scheme(args: argparse.Namespace) -> int:
     """cast-report --scheme: a quantized file's weights, or what quantizing a plain one does."""
     from .. import diagnostics
-    from ..io._common import progress_bar
+    from .._progress import progress_bar
 
     out = sys.stdout
     block_size = block_size_arg(args)

@@ -177,7 +177,7 @@ def _quantized_side(args: argparse.Namespace, block_size: Any) -> str | None:
 def _compare_quantized(args: argparse.Namespace, side: str, block_size: Any, out: TextIO) -> int:
     """compare of a quantized checkpoint with its reference: errors block by block."""
     from .. import diagnostics
-    from ..io._common import progress_bar
+    from .._progress import progress_bar
 
     qpath, rpath = (args.b, args.a) if side == "b" else (args.a, args.b)
     with open_file(qpath, args) as qf, open_file(rpath, args) as rf:

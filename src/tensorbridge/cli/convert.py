@@ -27,7 +27,7 @@ from ._output import conversion_report
 from ._quantize import quantize_arg, write_quantized
 
 if TYPE_CHECKING:
-    from ..io._common import TensorFile
+    from .._tensorfile import TensorFile
 
 EXAMPLES = (
     "examples:\n  tensorbridge convert pytorch_model.bin model.safetensors\n"
@@ -279,7 +279,7 @@ def _checked(args: argparse.Namespace) -> tuple[Any, Any, tuple[int, int] | None
 def _destination(args: argparse.Namespace, quantize: str | None) -> tuple[Any, dict[str, Any]]:
     """DST as ``tb.save`` reads it, and the metadata given, checked before anything is read."""
     from .. import io as tbio
-    from ..io._formats import listing  # what each format can hold, for the messages
+    from ..io import listing  # what each format can hold, for the messages
     from ..io.safetensors import parse_size
 
     try:
@@ -339,7 +339,7 @@ def _names(
     """The names written (--include / --exclude), the members copied as their .npy bytes,
     and the entries skipped (--skip-unsupported)."""
     from .. import io as tbio
-    from ..io._formats import listing
+    from ..io import listing
 
     names = select(src.keys(), args.include, args.exclude)
     if not src.keys():
@@ -422,7 +422,7 @@ def _write(
 ) -> None:
     """``tb.save`` of the selected tensors: streamed from SRC, mapped or computed as written."""
     from .. import io as tbio
-    from ..io._formats import listing
+    from ..io import listing
 
     if not dst.format.many_arrays:
         tbio.save(

@@ -22,7 +22,7 @@ from ._options import command, progress, reading
 from ._output import clip, dump, num, plural, size, table
 
 if TYPE_CHECKING:
-    from ..io._common import TensorFile
+    from .._tensorfile import TensorFile
 
 EXAMPLES = (
     "examples:\n  tensorbridge inspect model.safetensors\n"
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _inspect_file(path: str, args: argparse.Namespace) -> dict[str, Any]:
     """One file's entry of inspect's report."""
-    from ..io._common import progress_bar
+    from .._progress import progress_bar
 
     with open_file(path, args) as f:
         unsupported = f.unsupported()
@@ -222,8 +222,8 @@ def _quantization(
 ) -> dict[str, Any] | None:
     """The scheme a checkpoint is quantized with (None when it is not), or why it is refused;
     with ``--stats``, each weight's dequantized values, computed a block row at a time."""
+    from .._progress import progress_bar
     from ..errors import QuantizationError
-    from ..io._common import progress_bar
     from ..quant import SCHEMES, plan, read_config
 
     index = {n: f.info(n) for n in f if n not in unsupported}
@@ -251,8 +251,7 @@ def _quantization(
                 "scales": {"name": g.parts["scale"], "dtype": srow.name, "shape": list(sshape)},
             }
             if args.stats:
-                from ..diagnostics import QuantWeight
-                from ..diagnostics._quant import weight_report
+                from ..diagnostics import QuantWeight, weight_report
 
                 parts = {role: f.get(stored, framework="torch") for role, stored in g.parts.items()}
                 w: QuantWeight = weight_report(SCHEMES[g.scheme], g, parts)

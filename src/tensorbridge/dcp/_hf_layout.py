@@ -28,9 +28,10 @@ from typing import Any
 
 import torch
 
+from .._packed import PSEUDO_ROWS
 from ..dtypes import PACKED_BY_TORCH, resolve_dtype
 from ..errors import UnsupportedDtypeError, UnsupportedTensorError
-from ..io._safetensors_header import LAYOUT_RANK, PSEUDO_ROWS, encode
+from ..io.safetensors_header import LAYOUT_RANK, encode
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"

@@ -9,7 +9,7 @@ pass and no rank ever holds more than its own shards:
 1. ``prepare_global_plan`` (the coordinator) lays out every file from DCP's global
    plan: names, global shapes, dtypes, files (``max_shard_size``), offsets
    (``_hf_layout.py``). It creates the files, at their final size, in a staging
-   directory (``tensorbridge.io._commit``) and hands each rank the placements of its tensors in
+   directory (``tensorbridge._commit``) and hands each rank the placements of its tensors in
    the plans' ``storage_data``.
 2. ``write_data`` (every rank) writes the bytes of the chunks DCP assigned it, at
    their final offsets: a row-sharded chunk is one range written straight from the
@@ -73,11 +73,11 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
+from .. import _commit as commit
+from .._chunks import iter_bytes
+from .._packed import PACKED_ROWS
 from ..dtypes import PACKED_BY_TORCH
 from ..errors import FormatError, InvalidArgumentError, UnsupportedTensorError
-from ..io import _commit as commit
-from ..io._common import iter_bytes
-from ..io._safetensors_header import PACKED_ROWS
 from ..io.safetensors import NAMES, parse_size
 from ._hf_layout import (
     INDEX_NAME,

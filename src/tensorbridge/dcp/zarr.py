@@ -14,7 +14,7 @@ shards and nothing else.
   store before any rank writes (its path travels to the ranks in the plans); ranks
   write their chunks there; ``finish`` (which DCP calls only once every rank has
   reported success) writes the group's ``zarr.json`` into it and swaps it with the
-  store atomically (:mod:`tensorbridge.io._commit`). A rank killed mid-save leaves
+  store atomically (:mod:`tensorbridge._commit`). A rank killed mid-save leaves
   the previous store, or none, in place.
 * **Memory.** Each rank holds its local shards (DCP's ``resolve_data``) plus about
   ``buffer_bytes`` of chunks being encoded; reads go straight into the destination
@@ -66,10 +66,11 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
+from .._atomic import destination_errors
+from .._chunks import DEFAULT_CHUNK
 from ..convert import to_numpy, to_torch
 from ..errors import InvalidArgumentError, UnsupportedTensorError
 from ..io import zarr as zstore
-from ..io._common import DEFAULT_CHUNK, destination_errors
 from ._tiling import check_tiles
 
 __all__ = ["ZarrReader", "ZarrWriter"]

@@ -31,6 +31,7 @@ from ._cast import CastReport, cast_report
 from ._compare import Comparison, compare, default_tolerances
 from ._describe import ConversionPlan, Description, describe
 from ._quant import BlockError, QuantReport, QuantWeight, quant_report
+from ._quant import weight_report as weight_report  # for the command line, not in __all__
 from ._stats import Stats, stats
 
 __all__ = [

@@ -53,6 +53,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from .._files import Links
+from .._keys import flatten, is_container, rebuild
+from .._tensorfile import Deferred, TensorFile
 from .._torch_checks import is_module, is_tensor
 from ..dtypes import DeviceLike, DTypeLike
 from ..errors import (
@@ -64,23 +67,20 @@ from ..errors import (
     UnsupportedTensorError,
 )
 from . import gguf, npy, npz, safetensors, zarr  # noqa: F401 - tb.io.<format> without an import
-from ._common import Deferred, TensorFile, load_with
-from ._detect import FOREIGN, describe, detect, kind_by_suffix, mismatch_note, resolve
-from ._files import Links
-from ._formats import (
-    DIRECTORY_FORMAT,
-    FORMATS,
-    INDEX_SUFFIX,
-    Format,
-    by_kind,
-    by_suffix,
-    entry_files,
-    listing,
-    named_by,
-    register_format,
-    unregister_format,
-)
-from ._keys import flatten, is_container, rebuild
+from ._common import load_with
+from ._detect import FOREIGN, describe, kind_by_suffix, mismatch_note
+
+# The detection and the registry the command line asks (not in __all__): other packages
+# import these names from here, never io's private modules.
+from ._detect import detect as detect
+from ._detect import resolve as resolve
+from ._formats import DIRECTORY_FORMAT as DIRECTORY_FORMAT
+from ._formats import FORMATS as FORMATS
+from ._formats import INDEX_SUFFIX as INDEX_SUFFIX
+from ._formats import Format, by_suffix, named_by, register_format, unregister_format
+from ._formats import by_kind as by_kind
+from ._formats import entry_files as entry_files
+from ._formats import listing as listing
 from .sharded import ShardedFile
 
 if TYPE_CHECKING:
@@ -219,7 +219,7 @@ def _reader(
     """Open ``path`` with the reader its first bytes call for (the suffix's when unrecognised).
 
     Files that ``path`` names (shards, chunks) are confined to its directory unless
-    ``follow_links`` (see :class:`~tensorbridge.io._files.Links`).
+    ``follow_links`` (see :class:`~tensorbridge._files.Links`).
     """
     kind = detect(path)
     where = repr(str(path))
@@ -291,7 +291,7 @@ def _refusal(kind: str, where: str) -> str:
 def _tensors(obj: Any, where: str, plain: bool = False) -> dict[str, Any]:
     """A flat ``{name: tensor | array}`` from a state dict, a module, or nested containers.
 
-    Names follow the file layer's one rule (``tensorbridge.io._keys``): keys and list
+    Names follow the file layer's one rule (``tensorbridge._keys``): keys and list
     indices joined with ``.``. ``plain``: other leaves are left for the format to judge
     (``.pt`` keeps plain values among the tensors).
     """

@@ -59,8 +59,8 @@ import zipfile
 import zlib
 from pathlib import Path
 
+from .._files import open_regular
 from ..errors import FormatError, UncommittedCheckpointError
-from ._files import open_regular
 from ._formats import FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, version
 
 __all__ = [
@@ -351,7 +351,7 @@ def resolve(path: Path, patterns: tuple[str, ...] | None = None) -> Path:
 
 def _refuse_uncommitted(path: Path) -> None:
     """Raise :class:`UncommittedCheckpointError` when a save into ``path`` never committed."""
-    from ._commit import pending
+    from .._commit import pending
 
     staged = pending(path)
     if staged:

@@ -52,8 +52,8 @@ from typing import TYPE_CHECKING, Any, overload
 from ..errors import FormatError, InvalidArgumentError
 
 if TYPE_CHECKING:
+    from .._tensorfile import TensorFile
     from ..dtypes import DTypeRow
-    from ._common import TensorFile
 
 __all__ = [
     "DIRECTORY_FORMAT",

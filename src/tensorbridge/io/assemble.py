@@ -41,20 +41,15 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import _memory as mem
+from .._atomic import destination_errors, fsync_dir, fsync_file, remove_temps
+from .._chunks import DEFAULT_CHUNK, releaser
+from .._commit import commit_files
+from .._locks import Claim, commit_lock
+from .._progress import progress_bar
+from .._tensorfile import cast_target
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import FormatError
-from ._commit import commit_files
-from ._common import (
-    DEFAULT_CHUNK,
-    cast_target,
-    destination_errors,
-    fsync_dir,
-    progress_bar,
-    releaser,
-    remove_temps,
-)
 from ._formats import FORMATS, Format, PlannedFile, StoreLayout, by_name
-from ._locks import Claim, commit_lock
 from .dcp import Chunk, DcpFile
 
 __all__ = ["WINDOW", "Placement", "Task", "run", "save", "windows"]
@@ -247,16 +242,8 @@ def run(task: Task) -> int:
     for p in task.items:
         total += write_tensor(f, p, task.window)
     for file in sorted({p.file for p in task.items if not p.region}):
-        _fsync(file)  # a store's arrays are fsynced by its commit
+        fsync_file(file)  # a store's arrays are fsynced by its commit
     return total
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --- planning and committing -----------------------------------------------------------------
@@ -398,7 +385,7 @@ def _fill(
             for p in items:
                 write_tensor(f, p, window, bar)
             for file in sorted({p.file for p in items if not p.region}):
-                _fsync(file)
+                fsync_file(file)
         else:
             versions = tuple(sorted(f.file_versions().items()))
             tasks = _batch(str(f.path.absolute()), items, window, versions)

@@ -56,6 +56,12 @@ from typing import Any, BinaryIO, NamedTuple
 import numpy as np
 from numpy.lib import format as npformat
 
+from .._atomic import atomic_write
+from .._chunks import DEFAULT_CHUNK, iter_bytes
+from .._filemap import FileReader, check_unchanged, open_reader
+from .._keys import NameRules, case_insensitive, no_nul, not_empty, one_file_name, valid_unicode
+from .._progress import progress_bar
+from .._tensorfile import TensorFile, cast_target, row_of
 from .._torch_checks import is_tensor
 from .._versions import NUMPY_MAXDIMS
 from ..dtypes import (
@@ -72,21 +78,8 @@ from ..errors import (
     UnsupportedDtypeError,
     UnsupportedTensorError,
 )
-from ._common import (
-    DEFAULT_CHUNK,
-    FileReader,
-    TensorFile,
-    atomic_write,
-    cast_target,
-    check_unchanged,
-    iter_bytes,
-    loader,
-    open_reader,
-    progress_bar,
-    row_of,
-)
+from ._common import loader
 from ._formats import Layout, PlannedFile
-from ._keys import NameRules, case_insensitive, no_nul, not_empty, one_file_name, valid_unicode
 
 __all__ = [
     "MAX_HEADER_SIZE",
@@ -107,7 +100,7 @@ _ENCODING = {1: "latin1", 2: "latin1", 3: "utf8"}
 _MAX_NDIM = NUMPY_MAXDIMS  # 32 on NumPy 1.x
 HEAD_LIMIT = len(MAGIC) + 2 + 4 + MAX_HEADER_SIZE * 4  # utf8: up to 4 bytes a character
 
-# a directory of NAME.npy files: the rules of tensorbridge.io._keys each NAME is held to
+# a directory of NAME.npy files: the rules of tensorbridge._keys each NAME is held to
 DIRECTORY_NAMES = NameRules(
     (not_empty, no_nul, valid_unicode, one_file_name),
     same=case_insensitive,

@@ -45,11 +45,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..dtypes import DTypeLike, DTypeRow
-from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError, UnsupportedTensorError
-from ._common import DEFAULT_CHUNK, TensorFile, atomic_write, loader, progress_bar
-from ._detect import ZIP_ERRORS
-from ._keys import (
+from .._atomic import atomic_write
+from .._chunks import DEFAULT_CHUNK
+from .._keys import (
     NameRules,
     forward_slashes,
     inside_container,
@@ -58,6 +56,12 @@ from ._keys import (
     npy_stem,
     valid_unicode,
 )
+from .._progress import progress_bar
+from .._tensorfile import TensorFile
+from ..dtypes import DTypeLike, DTypeRow
+from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError, UnsupportedTensorError
+from ._common import loader
+from ._detect import ZIP_ERRORS
 from .npy import (
     HEAD_LIMIT,
     Header,
@@ -83,7 +87,7 @@ _ZIP64_EXTRA = 20  # the zip64 extra zipfile adds to a local header when forced
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... name length, extra length
 _DEFLATE_MAX_RATIO = 1032  # deflate cannot expand data more than this
 
-# the rules of tensorbridge.io._keys a member name is held to
+# the rules of tensorbridge._keys a member name is held to
 NAMES = NameRules(
     (not_empty, no_nul, valid_unicode, forward_slashes, inside_container),
     same=npy_stem,

@@ -12,7 +12,7 @@ called, or allowed to change the process.
 
 **Entries.** A state dict's nesting is flattened with ``.`` (``{"model": {"w": t}}`` ->
 ``"model.w"``; list and tuple items by their index, ``"layers.0"``): the file layer's
-one naming rule (``tensorbridge.io._keys``), by which ``tb.save`` flattens too.
+one naming rule (``tensorbridge._keys``), by which ``tb.save`` flattens too.
 A pickled ``nn.Module`` (a placeholder whose state has ``_parameters``, ``_buffers``
 and ``_modules``) gives its parameters and persistent buffers under their
 ``state_dict`` names (``"0.weight"``, ``"model.encoder.layers.0.linear1.bias"``),
@@ -58,6 +58,11 @@ from typing import IO, Any, cast
 import numpy as np
 import torch
 
+from .._atomic import atomic_write
+from .._filemap import check_unchanged
+from .._keys import NameRules, flatten, is_container, no_nul, skeleton, valid_unicode
+from .._progress import progress_bar
+from .._tensorfile import TensorFile, cast_target, row_of
 from ..convert import to_torch
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import (
@@ -66,16 +71,7 @@ from ..errors import (
     UnsupportedDtypeError,
     UnsupportedTensorError,
 )
-from ._common import (
-    TensorFile,
-    atomic_write,
-    cast_target,
-    check_unchanged,
-    loader,
-    progress_bar,
-    row_of,
-)
-from ._keys import NameRules, flatten, is_container, no_nul, skeleton, valid_unicode
+from ._common import loader
 from .pickle_machine import DICTS, Opaque, TensorRef, itemsize
 from .torch_archive import TORCHSCRIPT_MESSAGE, Archive, open_archive
 
@@ -400,7 +396,7 @@ load = loader(
 PLAIN_VALUES = (str, int, float, bool, type(None), bytes, complex, torch.Size, torch.dtype,
                 torch.device)  # fmt: skip
 
-# keys are pickled str (any text survives); the rules of tensorbridge.io._keys that apply
+# keys are pickled str (any text survives); the rules of tensorbridge._keys that apply
 NAMES = NameRules((no_nul, valid_unicode))
 
 

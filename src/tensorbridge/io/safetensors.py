@@ -48,6 +48,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._atomic import StagedFiles, destination_errors, fsync_dir, remove_temps
+from .._chunks import DEFAULT_CHUNK, iter_bytes
+from .._commit import commit_files, final_name
+from .._filemap import array_at, check_unchanged
+from .._files import Links, open_fd
+from .._keys import NameRules, no_nul, reserved_name, valid_unicode
+from .._locks import commit_lock
+from .._packed import PACKED_ROWS, PSEUDO_ROWS
+from .._pipeline import STREAM_CHUNK, pipelined
+from .._progress import progress_bar
+from .._tensorfile import Deferred, TensorFile, cast_target, row_of
 from .._torch_checks import is_tensor
 from ..dtypes import (
     PACKED_BY_NUMPY,
@@ -63,39 +74,17 @@ from ..errors import (
     UnsupportedDtypeError,
     UnsupportedTensorError,
 )
-from ._commit import commit_files, final_name
-from ._common import (
-    DEFAULT_CHUNK,
-    Deferred,
-    StagedFiles,
-    TensorFile,
-    array_at,
-    cast_target,
-    check_unchanged,
-    destination_errors,
-    fsync_dir,
-    iter_bytes,
-    loader,
-    progress_bar,
-    remove_temps,
-    row_of,
-)
+from ._common import loader
 from ._detect import INDEX_SUFFIX, resolve
-from ._files import Links, open_fd
 from ._formats import Layout, PlannedFile, by_name
-from ._keys import NameRules, no_nul, reserved_name, valid_unicode
-from ._locks import commit_lock
-from ._pipeline import STREAM_CHUNK, pipelined
-from ._safetensors_header import (
+from .safetensors_header import (
     LAYOUT_RANK,
-    PACKED_ROWS,
-    PSEUDO_ROWS,
     Entry,
     bit_width,
     encode,
     parse,
 )
-from ._safetensors_header import MAX_HEADER as MAX_HEADER  # the limit on a header's JSON
+from .safetensors_header import MAX_HEADER as MAX_HEADER  # the limit on a header's JSON
 from .sharded import ShardedFile
 
 if TYPE_CHECKING:
@@ -105,7 +94,7 @@ __all__ = ["FileLayout", "SafetensorsFile", "layout", "load", "open", "remove_st
 
 # --- writing ----------------------------------------------------------------------------------
 
-# a header key is any JSON string; the rules of tensorbridge.io._keys that apply to it
+# a header key is any JSON string; the rules of tensorbridge._keys that apply to it
 NAMES = NameRules((no_nul, valid_unicode, reserved_name("__metadata__", "the header's metadata")))
 
 

@@ -34,11 +34,12 @@ from typing import Any
 
 import numpy as np
 
+from .._filemap import check_same_version, identity
+from .._files import Links
+from .._tensorfile import TensorFile
 from ..dtypes import DTypeRow
 from ..errors import FormatError
-from ._common import TensorFile, check_same_version, identity
-from ._files import Links
-from ._safetensors_header import read_index, short
+from .safetensors_header import read_index, short
 
 __all__ = ["ShardedFile"]
 

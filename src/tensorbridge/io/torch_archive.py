@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._files import open_fd
 from ..errors import FormatError
 from ._detect import ZIP_ERRORS, is_legacy_pt
-from ._files import open_fd
 from .pickle_machine import Opaque, StorageRef, StorageType, itemsize, unpickle_at
 
 __all__ = [

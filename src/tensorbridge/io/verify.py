@@ -18,9 +18,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._progress import progress_bar
+from .._tensorfile import TensorFile, cast_target, row_of
 from ..dtypes import DTypeLike
 from ..errors import UnsupportedDtypeError
-from ._common import TensorFile, cast_target, progress_bar, row_of
 
 if TYPE_CHECKING:
     import numpy as np

@@ -7,7 +7,7 @@
 * :class:`DequantizedFile` is what ``tb.open(path, dequantize=...)`` returns: the
   unquantized model's names and shapes, each weight computed when read; for a
   streamed save, :meth:`DequantizedFile.stream_value` gives a
-  :class:`~tensorbridge.io._common.Deferred` whose tasks (a few block rows each)
+  :class:`~tensorbridge._tensorfile.Deferred` whose tasks (a few block rows each)
   worker threads compute while the writer writes the chunk before.
 """
 
@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from .. import _quantized as quantized
+from .._keys import flatten
+from .._pipeline import Slot, Task
+from .._tensorfile import Deferred, TensorFile, row_of
 from ..convert import to_numpy, to_torch
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import QuantizationError, UnsupportedTensorError
-from ..io._common import Deferred, TensorFile, row_of
-from ..io._keys import flatten
-from ..io._pipeline import Slot, Task
 from . import base
 from .base import Group, Index, Scheme, as_torch
 from .detect import Plan, config_of, plan, read_config
@@ -200,8 +200,8 @@ def _stored_row(v: Any) -> DTypeRow:
     if isinstance(v, torch.Tensor) and v.dtype == getattr(torch, "float4_e2m1fn_x2", None):
         return resolve_dtype("uint8")  # packed two a byte, as a U8 checkpoint stores them
     if isinstance(v, np.ndarray) and v.dtype.name == "float4_e2m1fn":
+        from .._packed import PSEUDO_ROWS
         from ..dtypes import PACKED
-        from ..io._safetensors_header import PSEUDO_ROWS
 
         return PSEUDO_ROWS[PACKED[0]]
     return row_of(v)
@@ -336,10 +336,11 @@ class DequantizedFile(TensorFile):
         """``name`` as a writer streams it: a :class:`DequantizedTensor`, or the mapped array."""
         g = self.plan.group(name)
         if g is None:
-            return self.src._array(name, copy_on_write=False)
+            return self.src.stored_array(name, copy_on_write=False)
         # copy-on-write maps: torch shares them without a copy, and nothing writes them
         parts = {
-            role: self.src._array(stored, copy_on_write=True) for role, stored in g.parts.items()
+            role: self.src.stored_array(stored, copy_on_write=True)
+            for role, stored in g.parts.items()
         }
         SCHEMES[g.scheme].check_values(g, parts, str(self.path))
         return DequantizedTensor(SCHEMES[g.scheme], g, parts, self.row)
@@ -349,7 +350,7 @@ class DequantizedFile(TensorFile):
         if isinstance(value, DequantizedTensor):
             dequantized: np.ndarray = to_numpy(value.materialize())
             return dequantized
-        out: np.ndarray = self.src._array(name, copy_on_write=copy_on_write)
+        out: np.ndarray = self.src.stored_array(name, copy_on_write=copy_on_write)
         return out
 
     def close(self) -> None:

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._files import Links, read_limited
 from ..errors import FormatError, LinkError, QuantizationError, TensorBridgeError
-from ..io._files import Links, read_limited
 from .base import Config, Group, Index, Scheme
 from .fp8_scaled import ACTIVATION_SCALES
 from .registry import SCHEMES, scheme_named

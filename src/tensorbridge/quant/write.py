@@ -53,11 +53,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._pipeline import Slot, Task
+from .._tensorfile import Deferred
 from ..convert import to_numpy
 from ..dtypes import DTypeRow
 from ..errors import QuantizationError
-from ..io._common import Deferred
-from ..io._pipeline import Slot, Task
 from . import base
 from .base import as_torch, require, row_pieces
 from .mx import GPT_OSS_NOT_CONVERTED
@@ -280,7 +280,7 @@ class QuantizedPart(Deferred):
 
     def tasks(self, chunk_bytes: int) -> Iterator[Task]:
         """One task a slice: quantized by a worker thread into its slot while the writer
-        writes the slice before (:mod:`tensorbridge.io._pipeline`)."""
+        writes the slice before (:mod:`tensorbridge._pipeline`)."""
         for rows, opts in self.pieces():
             yield functools.partial(self.fill, rows, opts)
 

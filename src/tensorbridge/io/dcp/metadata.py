@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
+from ..._filemap import read_small
+from ..._files import Links
+from ..._keys import broken, no_nul, not_empty, one_file_name, valid_unicode
 from ...errors import FormatError
-from .._common import read_small
-from .._files import Links
-from .._keys import broken, no_nul, not_empty, one_file_name, valid_unicode
 from ..pickle_machine import DICTS, Opaque, unpickle
 
 __all__ = [
@@ -35,7 +35,7 @@ METADATA_FILE = ".metadata"
 MAX_METADATA = 1 << 30  # a .metadata larger than this is no checkpoint's
 
 
-# a .distcp file an item names: one file of the checkpoint's directory (tensorbridge.io._keys)
+# a .distcp file an item names: one file of the checkpoint's directory (tensorbridge._keys)
 _FILE_NAME = (not_empty, no_nul, valid_unicode, one_file_name)
 
 _DCP = "torch.distributed.checkpoint.metadata"

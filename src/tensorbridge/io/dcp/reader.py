@@ -22,10 +22,11 @@ import numpy as np
 import torch
 
 from ..._boxes import TooIrregular, first_overlap
+from ..._filemap import check_same_version, identity
+from ..._files import Links
+from ..._tensorfile import TensorFile
 from ...dtypes import DTypeRow, resolve_dtype
 from ...errors import FormatError, TensorBridgeError, UnsupportedDtypeError
-from .._common import TensorFile, check_same_version, identity
-from .._files import Links
 from ..pickle_machine import DICTS, Opaque, TensorRef
 from ..torch_archive import read_value
 from .items import MAX_VALUE, Rebuild, Unrecognised, inflates_within, locate

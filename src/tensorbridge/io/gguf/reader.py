@@ -19,11 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from ..._filemap import array_at, check_unchanged
+from ..._files import Links, open_regular
+from ..._tensorfile import TensorFile
 from ...dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ...errors import FormatError, UnsupportedDtypeError
 from ...quant.ggml import dequantize_blocks, float_row
-from .._common import TensorFile, array_at, check_unchanged, loader
-from .._files import Links, open_regular
+from .._common import loader
 from .._gguf_header import SPLIT_COUNT, SPLIT_KEYS, SPLIT_NO, SPLIT_TENSORS, TensorEntry, parse
 
 __all__ = ["GGUFFile", "load", "open"]

@@ -19,6 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..._atomic import atomic_write
+from ..._chunks import DEFAULT_CHUNK, iter_bytes
+from ..._keys import NameRules, at_most_bytes, no_nul, valid_unicode
+from ..._progress import progress_bar
+from ..._tensorfile import cast_target, row_of
 from ..._torch_checks import is_tensor
 from ...dtypes import DTypeLike, DTypeRow
 from ...errors import (
@@ -29,7 +34,6 @@ from ...errors import (
     UnsupportedTensorError,
 )
 from ...quant.ggml import BY_NAME, BY_PLAIN, GgmlType, gguf_qtype, gguf_quants
-from .._common import DEFAULT_CHUNK, atomic_write, cast_target, iter_bytes, progress_bar, row_of
 from .._gguf_header import (
     ALIGNMENT_KEY,
     ARCHITECTURE_KEY,
@@ -41,7 +45,6 @@ from .._gguf_header import (
     VERSION,
     encode_value,
 )
-from .._keys import NameRules, at_most_bytes, no_nul, valid_unicode
 
 if TYPE_CHECKING:
     import torch
@@ -63,7 +66,7 @@ class _Item:
 
 
 # llama.cpp's reader refuses a tensor name of GGML_MAX_NAME (64) bytes or more, and ends a
-# name at a NUL (ggml_set_name copies a C string): the rules of tensorbridge.io._keys
+# name at a NUL (ggml_set_name copies a C string): the rules of tensorbridge._keys
 NAMES = NameRules(
     (no_nul, valid_unicode, at_most_bytes(63, "llama.cpp (GGML_MAX_NAME is 64 with the final NUL)"))
 )

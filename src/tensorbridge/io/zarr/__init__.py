@@ -29,7 +29,7 @@ back in ``metadata`` as strings and typed in ``plain_values()``); the key
 
 **Commit.** The new store is built, group ``zarr.json`` included, in a hidden sibling
 staging directory ``.tensorbridge-tmp-<id>.OUT.zarr``, then swapped with ``OUT.zarr``
-in one atomic exchange (the protocol of :mod:`tensorbridge.io._commit`): a save that
+in one atomic exchange (the protocol of :mod:`tensorbridge._commit`): a save that
 dies leaves the previous store (or none) under ``OUT.zarr``, never a partial one.
 
 **Writing regions.** Parallel writers (DCP ranks, conversion workers) share a store

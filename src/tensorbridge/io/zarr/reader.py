@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..._commit import require_committed
+from ..._filemap import check_same_version, identity
+from ..._files import Links, read_regular
+from ..._tensorfile import TensorFile
 from ...dtypes import DTypeRow
 from ...errors import FormatError, UnsupportedDtypeError
-from .._commit import require_committed
-from .._common import TensorFile, check_same_version, identity, loader
-from .._files import Links, read_regular
+from .._common import loader
 from .store import GROUP_FILE, MAX_NODE_JSON, RESERVED, require_zarr, store_kind
 
 if TYPE_CHECKING:
@@ -241,7 +243,7 @@ def _confined_store(path: Path, links: Links) -> Any:
     zarr's ``LocalStore`` reads a key with ``Path.read_bytes()``: a chunk or a
     ``zarr.json`` that is ``/dev/zero`` is read until memory runs out, a FIFO hangs
     the read, a link is followed anywhere. This store reads each key through
-    :class:`~tensorbridge.io._files.Links` (a regular file, confined to the store
+    :class:`~tensorbridge._files.Links` (a regular file, confined to the store
     unless links are followed) and by the bytes it holds.
     """
     return _store_class()(path, links)

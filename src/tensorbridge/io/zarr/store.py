@@ -22,12 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..._torch_checks import is_tensor, is_torch_dtype
-from ...dtypes import PACKED_BY_NUMPY, DTypeLike, DTypeRow
-from ...errors import MissingExtraError, UnsupportedDtypeError, UnsupportedTensorError
-from .._common import DEFAULT_CHUNK, row_of
-from .._files import read_limited
-from .._keys import (
+from ..._chunks import DEFAULT_CHUNK
+from ..._files import read_limited
+from ..._keys import (
     NameRules,
     case_insensitive,
     no_nul,
@@ -36,6 +33,10 @@ from .._keys import (
     reserved_prefix,
     valid_unicode,
 )
+from ..._tensorfile import row_of
+from ..._torch_checks import is_tensor, is_torch_dtype
+from ...dtypes import PACKED_BY_NUMPY, DTypeLike, DTypeRow
+from ...errors import MissingExtraError, UnsupportedDtypeError, UnsupportedTensorError
 
 if TYPE_CHECKING:
     import zarr as zarr_module
@@ -62,7 +63,7 @@ MAX_CHUNK_BYTES = 16 << 20  # chunks at most this large (a grid may make them sm
 RESERVED = "tensorbridge"  # the group attribute that holds the tensors' order
 _CONFIG = {"write_empty_chunks": True}
 
-# each name is a directory of the store: the rules of tensorbridge.io._keys that apply
+# each name is a directory of the store: the rules of tensorbridge._keys that apply
 NAMES = NameRules(
     (not_empty, no_nul, valid_unicode, one_file_name, reserved_prefix("__", "the Zarr spec")),
     same=case_insensitive,

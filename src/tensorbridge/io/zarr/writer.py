@@ -18,11 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..._atomic import destination_errors
+from ..._chunks import DEFAULT_CHUNK
+from ..._commit import abandon, begin_store, new_save_id, pending, publish_store
+from ..._progress import progress_bar
+from ..._tensorfile import cast_target
 from ..._torch_checks import is_tensor
 from ...dtypes import DTypeLike, DTypeRow
 from ...errors import FormatError, NoDataError, UnsupportedDtypeError, UnsupportedTensorError
-from .._commit import abandon, begin_store, new_save_id, pending, publish_store
-from .._common import DEFAULT_CHUNK, cast_target, destination_errors, progress_bar
 from .._formats import StoreLayout
 from .store import (
     GROUP_FILE,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ..errors import FormatError, LinkError
+from .errors import FormatError, LinkError
 
 __all__ = ["Links", "open_regular", "read_limited", "read_regular"]
 

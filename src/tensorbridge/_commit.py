@@ -47,7 +47,7 @@ writer no hook on failure); readers ignore them and the next successful save int
 the same destination removes them.
 
 **Concurrent saves** to one destination write in parallel but commit one at a time:
-every commit above runs under the destination's commit lock (:mod:`._locks`; the
+every commit above runs under the destination's commit lock (:mod:`tensorbridge._locks`; the
 directory holding the index for files named by an index, the store's parent
 directory for a store), and works out what it replaces (the previous checkpoint's
 files) under that lock, so the last save to commit wins, whole. Each save holds a
@@ -81,10 +81,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import DestinationError, UncommittedCheckpointError
-from ._common import STAGING_PREFIX as STAGING_PREFIX  # staging directories' names
-from ._common import TEMP_SUFFIX, atomic_write, fsync_dir
+from ._atomic import STAGING_PREFIX as STAGING_PREFIX  # staging directories' names
+from ._atomic import TEMP_SUFFIX, atomic_write, fsync_dir, fsync_file, fsync_tree
 from ._locks import Claim, alive, commit_lock, is_lock_name, remove_dead_claims
+from .errors import DestinationError, UncommittedCheckpointError
 
 NO_LINKS = {errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP}
 TEMP_NAME = re.compile(r"\.(.+)\.([a-z0-9_]{8})" + re.escape(TEMP_SUFFIX))
@@ -138,25 +138,6 @@ def _live(staging: Path) -> bool:
     """Whether the save that made the staging directory ``staging`` is running."""
     token = staging.name.removeprefix(STAGING_PREFIX).split(".", 1)[0]
     return alive(staging.parent, token)
-
-
-def fsync_tree(path: Path) -> None:
-    """fsync a file, or every file and directory under a directory."""
-    if path.is_dir():
-        for root, _, files in os.walk(path):
-            for name in files:
-                fsync_file(Path(root) / name)
-            fsync_dir(Path(root))
-    else:
-        fsync_file(path)
-
-
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def temp_name(name: str) -> str:

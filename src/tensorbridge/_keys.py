@@ -67,7 +67,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import FormatError, InvalidArgumentError, InvalidNameError
+from .errors import FormatError, InvalidArgumentError, InvalidNameError
 
 __all__ = [
     "Leaf",

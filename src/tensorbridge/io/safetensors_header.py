@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from .._filemap import read_small
+from .._packed import PACKED_ROWS
 from .._versions import NUMPY_MAXDIMS
-from ..dtypes import BY_SAFETENSORS, PACKED, DTypeRow, PackedRow
+from ..dtypes import BY_SAFETENSORS, DTypeRow
 from ..errors import FormatError
-from ._common import read_small
 
 MAX_HEADER = 100_000_000  # the official reader's limit on the JSON header
 MAX_RANK = NUMPY_MAXDIMS  # no array of a higher rank can be made (32 on NumPy 1.x)
@@ -43,15 +44,6 @@ LAYOUT_ORDER = (
 LAYOUT_RANK = {code: i for i, code in enumerate(LAYOUT_ORDER)}
 
 
-# Packed dtypes (F4) are not table rows: their torch side packs several values a byte and
-# their NumPy side holds one, so they are no bit-cast. A pseudo-row names each for headers,
-# info() and float_dtype; PACKED_ROWS gives its packing (values a byte, pack / unpack).
-PACKED_ROWS: dict[DTypeRow, PackedRow] = {
-    DTypeRow(p.numpy.name, p.numpy, p.safetensors, p.category, carried=True, torch_name=p.name): p
-    for p in PACKED
-    if p.safetensors
-}
-PSEUDO_ROWS: dict[PackedRow, DTypeRow] = {p: r for r, p in PACKED_ROWS.items()}
 _BY_CODE: dict[str, DTypeRow] = {
     **BY_SAFETENSORS,
     **{r.safetensors: r for r in PACKED_ROWS if r.safetensors},
