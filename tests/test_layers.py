@@ -45,7 +45,18 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src" / "tensorbridge"
 PACKAGE = "tensorbridge"
 
-CORE = ("dtypes", "_memory", "_plan", "_plan_base", "_plan_numpy", "_plan_torch", "convert", "tree")
+CORE = (
+    "dtypes",
+    "_memory",
+    "_plan",
+    "_plan_base",
+    "_plan_numpy",
+    "_plan_torch",
+    "convert",
+    "tree",
+    "_tree_paths",
+    "_tree_passes",
+)
 # quant's lower layer: the registry, the interface and the scheme modules (and the
 # package, which loads its public names lazily)
 KERNELS = (

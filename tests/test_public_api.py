@@ -163,6 +163,7 @@ DOCUMENTED = [
     "tensorbridge.cli._errors",
     "tensorbridge.checkpoint",
     "tensorbridge.tree",
+    "tensorbridge._tree_paths",
 ]
 
 
