@@ -158,6 +158,7 @@ DOCUMENTED = [
     "tensorbridge.io.npy",
     "tensorbridge.io.pickle_machine",
     "tensorbridge.io.safetensors",
+    "tensorbridge.io._safetensors_shards",
     "tensorbridge.io.torch_archive",
     "tensorbridge.io.verify",
     "tensorbridge.cli._errors",
