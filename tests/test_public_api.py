@@ -156,6 +156,7 @@ DOCUMENTED = [
     "tensorbridge.io._common",
     "tensorbridge.io._safetensors_header",
     "tensorbridge.io.npy",
+    "tensorbridge.io._npy_header",
     "tensorbridge.io.pickle_machine",
     "tensorbridge.io.safetensors",
     "tensorbridge.io._safetensors_shards",

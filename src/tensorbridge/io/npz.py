@@ -58,19 +58,21 @@ from ._keys import (
     npy_stem,
     valid_unicode,
 )
-from .npy import (
+from ._npy_header import (
     HEAD_LIMIT,
     Header,
-    MappedFile,
-    NpyBytes,
-    no_metadata,
-    open_at,
     parse_header,
-    prepare,
     raw_row,
     read_data,
     stored_header,
     view_data,
+)
+from .npy import (
+    MappedFile,
+    NpyBytes,
+    no_metadata,
+    open_at,
+    prepare,
     write_entry,
     write_npy_bytes,
 )
