@@ -63,6 +63,7 @@ KERNELS = (
     "quant",
     "quant.registry",
     "quant.base",
+    "quant.codes",
     "quant.fp8_block",
     "quant.fp8_scaled",
     "quant.mx",
