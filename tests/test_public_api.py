@@ -159,6 +159,7 @@ DOCUMENTED = [
     "tensorbridge.io._npy_header",
     "tensorbridge.io.pickle_machine",
     "tensorbridge.io.safetensors",
+    "tensorbridge.io._safetensors_plan",
     "tensorbridge.io._safetensors_shards",
     "tensorbridge.io.torch_archive",
     "tensorbridge.io.verify",

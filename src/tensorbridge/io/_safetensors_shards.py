@@ -4,9 +4,8 @@ Hugging Face's layout: ``model-00001-of-00002.safetensors`` and the others, plus
 ``model.safetensors.index.json`` mapping each tensor to its shard. :func:`parse_size`
 reads ``max_shard_size``; :func:`index_json` writes the index;
 :func:`stale_files` / :func:`remove_stale` find and drop what an earlier save of the
-same name left that the new one replaces. :mod:`tensorbridge.io.safetensors`'s
-:func:`~tensorbridge.io.safetensors.save` and ``layout`` use them (and re-export
-:func:`parse_size` and :func:`remove_stale`).
+same name left that the new one replaces. :mod:`tensorbridge.io.safetensors` uses them
+(and re-exports :func:`parse_size` and :func:`remove_stale`).
 
 >>> parse_size("2GiB"), parse_size("5GB")
 (2147483648, 5000000000)
@@ -18,7 +17,6 @@ import json
 import re
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..errors import (
     InvalidArgumentError,
@@ -29,11 +27,6 @@ from ._common import (
     remove_temps,
 )
 from ._detect import INDEX_SUFFIX
-from ._safetensors_header import MAX_HEADER as MAX_HEADER  # the limit on a header's JSON
-
-if TYPE_CHECKING:
-    pass
-
 
 _UNITS = {
     "": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,

@@ -33,10 +33,8 @@ Names are JSON strings, so any text is stored as given; :data:`NAMES` refuses a 
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,42 +42,51 @@ import numpy as np
 
 from .._torch_checks import is_tensor
 from ..dtypes import (
-    PACKED_BY_NUMPY,
+    DeviceLike,
     DTypeLike,
     DTypeRow,
 )
 from ..errors import (
-    NoDataError,
+    InvalidArgumentError,
     UnsupportedDtypeError,
-    UnsupportedTensorError,
 )
 from ._commit import commit_files
 from ._common import (
     DEFAULT_CHUNK,
     Deferred,
     StagedFiles,
+    TensorFile,
+    array_at,
     cast_target,
     destination_errors,
     iter_bytes,
     loader,
     progress_bar,
-    row_of,
 )
 from ._detect import INDEX_SUFFIX, resolve
 from ._files import Links
-from ._formats import Layout, PlannedFile, by_name
-from ._keys import NameRules, no_nul, reserved_name, valid_unicode
+from ._formats import by_name
 from ._locks import commit_lock
 from ._pipeline import STREAM_CHUNK, pipelined
 from ._safetensors_header import (
     LAYOUT_RANK,
     PACKED_ROWS,
-    PSEUDO_ROWS,
-    bit_width,
-    encode,
+    Entry,
 )
 from ._safetensors_header import MAX_HEADER as MAX_HEADER  # the limit on a header's JSON
-from ._safetensors_read import SafetensorsFile
+from ._safetensors_plan import NAMES as NAMES  # dcp imports it here
+from ._safetensors_plan import (
+    FileLayout,
+    Item,
+    dedupe,
+    file_metadata,
+    header_bytes,
+    layout,
+    plan_items,
+    split_shards,
+)
+from ._safetensors_plan import assembly as assembly  # the format row's assembly (assembles)
+from ._safetensors_read import Shard
 from ._safetensors_shards import index_json, remove_stale, stale_files
 from ._safetensors_shards import parse_size as parse_size  # dcp and the CLI import it here
 from .sharded import ShardedFile
@@ -90,21 +97,6 @@ if TYPE_CHECKING:
 __all__ = ["FileLayout", "SafetensorsFile", "layout", "load", "open", "remove_stale", "save"]
 
 # --- writing ----------------------------------------------------------------------------------
-
-# a header key is any JSON string; the rules of tensorbridge.io._keys that apply to it
-NAMES = NameRules((no_nul, valid_unicode, reserved_name("__metadata__", "the header's metadata")))
-
-
-@dataclass(frozen=True)
-class _Item:
-    """One tensor to write: where its bytes come from and what the header says."""
-
-    name: str
-    value: Any  # the tensor or array as given
-    src: DTypeRow
-    row: DTypeRow  # as stored, after float_dtype
-    shape: tuple[int, ...]  # as in the header (F4: values, not bytes)
-    nbytes: int
 
 
 def save(
@@ -160,10 +152,10 @@ def save(
     target = Path(path)
     if target.is_dir():
         target = target / "model.safetensors"
-    items, tied = _dedupe(_plan(tensors, float_dtype, target))
-    meta = _file_metadata({**tied, **(metadata or {})})
+    items, tied = dedupe(plan_items(tensors, float_dtype, target))
+    meta = file_metadata({**tied, **(metadata or {})})
     limit = parse_size(max_shard_size)
-    shards = _split(items, limit) if limit is not None else [items]
+    shards = split_shards(items, limit) if limit is not None else [items]
     bar = progress_bar(
         sum(it.nbytes for it in items), f"saving {target.name}", progress, tensors=len(items)
     )
@@ -197,154 +189,11 @@ def save(
         bar.close()
 
 
-def _plan(tensors: Mapping[str, Any], float_dtype: Any, target: Path) -> list[_Item]:
-    """Check every value and work out its header entry before a byte is written."""
-    if not isinstance(tensors, Mapping):
-        raise TypeError(
-            f"save expects a mapping of names to tensors, got {type(tensors).__qualname__}; "
-            "pass a dict such as model.state_dict()"
-        )
-    NAMES.check(tensors, repr(str(target)))
-    items = []
-    for name, value in tensors.items():
-        try:
-            items.append(_item(name, value, float_dtype))
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"cannot save tensor {name!r} to {target}: {e}") from e
-    return items
-
-
-def _dedupe(items: list[_Item]) -> tuple[list[_Item], dict[str, str]]:
-    """Tied weights written once: names whose values are the same memory, viewed the same way.
-
-    The first name in the mapping's order is kept (for a language model, the input
-    embedding before ``lm_head``, the one ``transformers`` keeps); each other name is
-    recorded in the metadata as ``{name: kept}``, the convention of safetensors'
-    ``save_model``, which this module's reader (and ``load_model``) restore ties from.
-    """
-    kept: dict[tuple[Any, ...], str] = {}
-    out, tied = [], {}
-    for it in items:
-        key = _alias_key(it)
-        if key is not None and key in kept:
-            tied[it.name] = kept[key]
-            continue
-        if key is not None:
-            kept[key] = it.name
-        out.append(it)
-    return out, tied
-
-
-def _alias_key(it: _Item) -> tuple[Any, ...] | None:
-    """What makes two values the same bytes on disk: memory, layout, dtype and the cast."""
-    v = it.value
-    if it.nbytes == 0:
-        return None
-    if is_tensor(v):
-        where: tuple[Any, ...] = (str(v.device), v.data_ptr(), tuple(v.stride()))
-    elif isinstance(v, np.ndarray):
-        where = ("cpu", v.__array_interface__["data"][0], v.strides)
-    else:
-        return None
-    return (*where, it.shape, str(v.dtype), it.row.name)
-
-
-def _item(name: Any, value: Any, float_dtype: Any) -> _Item:
-    if not isinstance(name, str):
-        raise TypeError(f"tensor names must be str, got {type(name).__qualname__}; pass str(name)")
-    if is_tensor(value):
-        import torch
-
-        from ..dtypes import PACKED_BY_TORCH
-
-        if value.layout is not torch.strided:
-            raise UnsupportedTensorError(
-                f"a {value.layout} tensor has no dense bytes to store; pass x.to_dense()"
-            )
-        if value.device.type == "meta":
-            raise NoDataError("a meta tensor holds no data; materialise it first")
-        packed = PACKED_BY_TORCH.get(value.dtype)
-        if packed is not None and packed in PSEUDO_ROWS:
-            if value.ndim == 0:
-                raise UnsupportedTensorError(
-                    f"a 0-d {packed.name} tensor has no last dimension to count its "
-                    f"{packed.per_byte} values a byte in; pass x.reshape(1)"
-                )
-            shape = (*value.shape[:-1], packed.per_byte * value.shape[-1])
-            src = PSEUDO_ROWS[packed]
-        else:
-            src, shape = row_of(value), tuple(value.shape)
-    elif isinstance(value, Deferred):
-        src, shape = value.row, value.shape
-    elif isinstance(value, np.ndarray):
-        if isinstance(value, np.ma.MaskedArray):
-            raise UnsupportedTensorError("a masked array's mask would be lost; pass a.filled()")
-        one_a_byte = PACKED_BY_NUMPY.get(value.dtype)
-        src = PSEUDO_ROWS[one_a_byte] if one_a_byte in PSEUDO_ROWS else row_of(value)
-        shape = value.shape
-    else:
-        raise UnsupportedTensorError(
-            f"the value is a {type(value).__qualname__}; safetensors stores torch.Tensor or "
-            "np.ndarray values (pass torch.as_tensor(x))"
-        )
-    row = cast_target(src, float_dtype)
-    if row.safetensors is None:
-        fix = (
-            "pass torch.view_as_real(x) (NumPy: a[..., None].view(a.real.dtype)) to store the "
-            "real and imaginary parts losslessly"
-            if row.category == "complex"
-            else "pass float_dtype= or convert it to a dtype safetensors has"
-        )
-        raise UnsupportedDtypeError(f"{row.name} has no safetensors dtype code; {fix}")
-    count = math.prod(shape)
-    if count * bit_width(row) % 8:
-        raise UnsupportedTensorError(
-            f"{count} float4 values do not fill whole bytes; pad to an even number of values"
-        )
-    return _Item(name, value, src, row, tuple(int(d) for d in shape), count * bit_width(row) // 8)
-
-
-def _file_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
-    meta = {"format": "pt"}
-    if metadata is not None:
-        if not isinstance(metadata, Mapping):
-            raise TypeError(
-                f"metadata must be a mapping of str to str, got {type(metadata).__qualname__}"
-            )
-        for k, v in metadata.items():
-            if not isinstance(k, str) or not isinstance(v, str):
-                raise TypeError(
-                    f"metadata must map str to str; metadata[{k!r}] = {v!r} "
-                    f"({type(k).__qualname__} -> {type(v).__qualname__}); pass str() of both"
-                )
-        meta.update(metadata)
-    return dict(sorted(meta.items()))
-
-
-def _split(items: list[_Item], limit: int) -> list[list[_Item]]:
-    """Greedy in the mapping's order; a tensor larger than ``limit`` gets a shard of its own."""
-    shards: list[list[_Item]] = []
-    size = 0
-    for it in items:
-        if not shards or size + it.nbytes > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append(it)
-        size += it.nbytes
-    return shards
-
-
-def _header(items: list[_Item], metadata: dict[str, str]) -> bytes:
-    return encode(
-        [(it.name, it.row.safetensors or "", it.shape, it.nbytes) for it in items], metadata
-    )
-
-
 def _write_file(
-    f: Any, items: list[_Item], metadata: dict[str, str], chunk_bytes: int, bar: Any
+    f: Any, items: list[Item], metadata: dict[str, str], chunk_bytes: int, bar: Any
 ) -> None:
     ordered = sorted(items, key=lambda it: (LAYOUT_RANK.get(it.row.safetensors or "", 0), it.name))
-    f.write(_header(ordered, metadata))
+    f.write(header_bytes(ordered, metadata))
     written = dict.fromkeys(range(len(ordered)), 0)
     chunks = _units(ordered, chunk_bytes)
     computed = any(isinstance(it.value, Deferred) for it in ordered)
@@ -361,7 +210,7 @@ def _write_file(
             )
 
 
-def _units(ordered: list[_Item], chunk_bytes: int) -> Iterator[tuple[int, Any]]:
+def _units(ordered: list[Item], chunk_bytes: int) -> Iterator[tuple[int, Any]]:
     """Each item's bytes, tagged with its place: computing tasks where a value has them,
     else chunks (valid until the next is pulled)."""
     for i, it in enumerate(ordered):
@@ -373,7 +222,7 @@ def _units(ordered: list[_Item], chunk_bytes: int) -> Iterator[tuple[int, Any]]:
             yield i, unit
 
 
-def _check_deferred(it: _Item) -> None:
+def _check_deferred(it: Item) -> None:
     if it.row is not it.src:
         raise UnsupportedDtypeError(
             f"{it.name!r} is computed as {it.src.name} while it is written; pass its "
@@ -381,7 +230,7 @@ def _check_deferred(it: _Item) -> None:
         )
 
 
-def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
+def _chunks(it: Item, chunk_bytes: int) -> Iterator[Any]:
     """``it``'s bytes as stored, a chunk at a time: zero-copy views where the memory allows."""
     if isinstance(it.value, Deferred):
         _check_deferred(it)
@@ -418,103 +267,137 @@ def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
             yield from iter_bytes(piece.astype(np.float32), it.row, chunk_bytes)
 
 
-@dataclass(frozen=True)
-class FileLayout:
-    """One file of a planned save: its name, header bytes, size, and where each tensor goes."""
-
-    name: str  # in the destination's directory
-    header: bytes
-    size: int  # header and data
-    offsets: dict[str, int]  # tensor name -> absolute offset of its bytes in the file
-
-
-def layout(
-    entries: list[tuple[str, DTypeRow, tuple[int, ...]]],
-    target: Path,
-    *,
-    metadata: Mapping[str, str] | None = None,
-    max_shard_size: int | str | None = None,
-    index: bool = False,
-) -> tuple[list[FileLayout], bytes | None]:
-    """The files :func:`save` would write for tensors of these names, dtypes and shapes.
-
-    Byte for byte :func:`save`'s headers and offsets (its shard split, its order), so
-    a writer that fills each tensor's bytes at its offset, in any order or in
-    parallel, produces the file :func:`save` would. Returns the files and the shard
-    index's bytes (None for a single file).
-
-    >>> import tensorbridge as tb
-    >>> files, idx = layout([("w", tb.resolve_dtype("f32"), (2,))], Path("m.safetensors"))
-    >>> [(f.name, f.size, f.offsets) for f in files], idx
-    ([('m.safetensors', 104, {'w': 96})], None)
-    """
-    NAMES.check((name for name, _, _ in entries), repr(str(target)))
-    items = []
-    for name, row, shape in entries:
-        if row.safetensors is None:
-            raise UnsupportedDtypeError(
-                f"cannot save tensor {name!r} to {target}: {row.name} has no safetensors dtype "
-                "code; pass float_dtype= or convert it to a dtype safetensors has"
-            )
-        _item(name, np.empty(0, np.uint8), None)  # the name's checks
-        nbytes = math.prod(shape) * row.itemsize
-        items.append(_Item(name, None, row, row, tuple(shape), nbytes))
-    meta = _file_metadata(metadata)
-    limit = parse_size(max_shard_size)
-    shards = _split(items, limit) if limit is not None else [items]
-    single = len(shards) <= 1 and not index
-    stem, n = target.name.removesuffix(".safetensors"), len(shards)
-    files: list[FileLayout] = []
-    weight_map: dict[str, str] = {}
-    for i, shard in enumerate(shards, 1):
-        name = target.name if single else f"{stem}-{i:05d}-of-{n:05d}.safetensors"
-        ordered = sorted(
-            shard, key=lambda it: (LAYOUT_RANK.get(it.row.safetensors or "", 0), it.name)
-        )
-        header = _header(ordered, meta)
-        offsets, at = {}, len(header)
-        for it in ordered:
-            offsets[it.name] = at
-            at += it.nbytes
-        files.append(FileLayout(name, header, at, offsets))
-        weight_map.update((it.name, name) for it in shard)
-    if single:
-        return files, None
-    return files, index_json(weight_map, sum(it.nbytes for it in items))
-
-
-def assembly(
-    entries: list[tuple[str, DTypeRow, tuple[int, ...]]],
-    target: Path,
-    *,
-    metadata: Mapping[str, str] | None,
-    max_shard_size: int | str | None,
-    index: bool,
-) -> Layout:
-    """A chunked checkpoint converted to ``target`` (the row's ``assembles``): the files of
-    :func:`layout`, the shards committed with their index and replacing an earlier save's.
-    """
-    files, index_bytes = layout(
-        entries, target, metadata=metadata, max_shard_size=max_shard_size, index=index
-    )
-    nbytes = {n: math.prod(shape) * row.itemsize for n, row, shape in entries}
-    where = target.parent
-    planned = tuple(PlannedFile(where / fl.name, fl.header, fl.size) for fl in files)
-    placed = tuple(
-        (n, where / fl.name, off, nbytes[n]) for fl in files for n, off in fl.offsets.items()
-    )
-    if index_bytes is None:
-        return Layout(where, planned, placed, after=lambda: remove_stale(target))
-    return Layout(
-        where,
-        planned,
-        placed,
-        index=(target.name + INDEX_SUFFIX, index_bytes),
-        replaces=lambda: stale_files(target),
-    )
-
-
 # --- reading ----------------------------------------------------------------------------------
+
+
+class SafetensorsFile(TensorFile):
+    """A validated safetensors file; tensors are read when asked for.
+
+    ``[name]`` is a read-only NumPy view of the memory-mapped file (writing raises);
+    ``.get(name, framework="torch")`` is a copy-on-write tensor over it;
+    ``mmap=False`` reads into new memory. ``keys()`` come in file order (shard by
+    shard); ``metadata`` is the (first) file's ``__metadata__``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__()
+        self.path = Path(path)
+        shard = Shard(self.path)
+        self._shards: list[Shard] = [shard]
+        self._where: dict[str, tuple[Shard, Entry]] = {
+            k: (shard, e) for k, e in shard.entries.items()
+        }
+        self.metadata = dict(shard.metadata)
+        self._restore_ties(self._where)
+
+    def keys(self) -> list[str]:
+        return list(self._where)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._where
+
+    def _lookup(self, name: str) -> tuple[Shard, Entry]:
+        try:
+            return self._where[name]
+        except KeyError:
+            keys = self.keys()[:10]
+            raise KeyError(f"{name!r} is not in {self.path}; its keys are {keys}") from None
+
+    def info(self, name: str) -> tuple[DTypeRow, tuple[int, ...]]:
+        """The stored dtype row (F4: ``float4_e2m1fn``) and the header's shape of ``name``."""
+        _, e = self._lookup(name)
+        return e.row, e.shape
+
+    def _bytes(self, name: str, *, copy_on_write: bool | None) -> np.ndarray:
+        """``name``'s raw bytes: a view of a map, or new memory when ``copy_on_write`` is None."""
+        shard, e = self._lookup(name)
+        if copy_on_write is None:
+            out = np.empty(e.nbytes, np.uint8)
+            shard.read_into(out.data, e.begin)
+            return out
+        if e.nbytes == 0:
+            return np.empty(0, np.uint8)
+        return np.frombuffer(shard.buffer(copy_on_write), np.uint8, e.nbytes, e.begin)
+
+    def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
+        shard, e = self._lookup(name)
+        packing = PACKED_ROWS.get(e.row)
+        if packing is not None:
+            values: np.ndarray = packing.unpack(self._bytes(name, copy_on_write=False))
+            return values.reshape(e.shape)
+        return array_at(shard.buffer(copy_on_write), e.begin, e.shape, e.row, name=name)
+
+    def _owned(self, name: str) -> np.ndarray:
+        _, e = self._lookup(name)
+        raw = self._bytes(name, copy_on_write=None)
+        packing = PACKED_ROWS.get(e.row)
+        if packing is not None:
+            unpacked: np.ndarray = packing.unpack(raw)
+            return unpacked.reshape(e.shape)
+        return raw.view(e.row.carrier_numpy).view(e.row.numpy).reshape(e.shape)
+
+    def get(
+        self,
+        name: str,
+        *,
+        framework: str = "numpy",
+        mmap: bool = True,
+        device: DeviceLike | None = None,
+        float_dtype: DTypeLike | None = None,
+    ) -> Any:
+        """One tensor: a NumPy array (read-only view when ``mmap``) or a torch tensor (COW).
+
+        F4 tensors come as ml_dtypes ``float4_e2m1fn`` arrays (one value a byte, new
+        memory) or torch ``float4_e2m1fn_x2`` tensors (packed, zero-copy).
+        """
+        _, e = self._lookup(name)
+        packing = PACKED_ROWS.get(e.row)
+        if packing is None:
+            return super().get(
+                name, framework=framework, mmap=mmap, device=device, float_dtype=float_dtype
+            )
+        if framework not in ("numpy", "torch"):
+            raise InvalidArgumentError(
+                f"framework={framework!r} is not supported; pass 'numpy' or 'torch'"
+            )
+        as_torch = framework == "torch"
+        dst = cast_target(e.row, float_dtype)
+        if dst is not e.row:  # float4 values are exact in float32; torch's kernel does the rest
+            from ..convert import to_numpy, to_torch
+
+            values = self._array(name, copy_on_write=False).astype(np.float32)
+            if as_torch:
+                return to_torch(values, dtype=dst, device=device)
+            return to_numpy(values, dtype=dst)
+        if not as_torch:
+            return self._owned(name) if not mmap else self._array(name, copy_on_write=False)
+        k = packing.per_byte
+        if not e.shape or e.shape[-1] % k:
+            pairs = "pairs values along an even" if k == 2 else f"packs {k} values a byte along a"
+            raise UnsupportedDtypeError(
+                f"{self.path}: tensor {name!r} is {e.row.safetensors} with shape "
+                f"{list(e.shape)}; torch's {packing.name} {pairs} last dimension; pass "
+                f"framework='numpy' for ml_dtypes.{packing.numpy} values"
+            )
+        import torch
+
+        from ..convert import to_torch
+
+        raw = self._bytes(name, copy_on_write=True if mmap else None)
+        packed = torch.from_numpy(raw).view(packing.torch)
+        t = packed.reshape(*e.shape[:-1], e.shape[-1] // k)
+        return t if device is None else to_torch(t, device=device)
+
+    def close(self) -> None:
+        """Close the files; arrays and tensors already handed out stay valid."""
+        for shard in self._shards:
+            shard.close()
+
+    def __enter__(self) -> SafetensorsFile:
+        return self
+
+    def __repr__(self) -> str:
+        return f"<SafetensorsFile {str(self.path)!r}: {len(self._where)} tensors>"
 
 
 def open(
