@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import tensorbridge as tb
 from _peak_rss import run_child
 from tensorbridge.errors import FormatError, UnsupportedDtypeError, UnsupportedTensorError
-from tensorbridge.io import npy, npz
+from tensorbridge.io import _npy_header, npy, npz
 
 
 def by_suffix(path: Any) -> Any:
@@ -369,10 +369,10 @@ MALFORMED = {
     "too many dims": (  # NumPy's limit: 64 dimensions, 32 on NumPy 1.x
         _npy(
             "{'descr': '<f4', 'fortran_order': False, 'shape': "
-            + str((1,) * (npy._MAX_NDIM + 1))
+            + str((1,) * (_npy_header._MAX_NDIM + 1))
             + "}"
         ),
-        f"at most {npy._MAX_NDIM}",
+        f"at most {_npy_header._MAX_NDIM}",
     ),
     "bad fortran_order": (
         _npy("{'descr': '<f4', 'fortran_order': 'no', 'shape': (3,)}"),

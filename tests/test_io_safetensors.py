@@ -21,6 +21,7 @@ import torch
 
 import tensorbridge as tb
 from tensorbridge.errors import FormatError, UnsupportedDtypeError, UnsupportedTensorError
+from tensorbridge.io import _safetensors_plan
 from tensorbridge.io import safetensors as st
 from tensorbridge.io.safetensors_header import LAYOUT_ORDER
 
@@ -344,7 +345,7 @@ def test_tied_weights_are_written_once_and_strided_views_in_full(tmp_path: Path)
 
 def test_chunks_are_zero_copy_views_of_tensor_memory() -> None:
     t = torch.arange(1000, dtype=torch.float32)
-    item = st._item("t", t, None)
+    item = _safetensors_plan.make_item("t", t, None)
     chunks = list(st._chunks(item, chunk_bytes=1024))
     assert len(chunks) == 4 and sum(len(c) for c in chunks) == 4000
     assert all(isinstance(c, memoryview) for c in chunks)

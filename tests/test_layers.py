@@ -51,13 +51,25 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src" / "tensorbridge"
 PACKAGE = "tensorbridge"
 
-CORE = ("dtypes", "_memory", "_plan", "convert", "tree")
+CORE = (
+    "dtypes",
+    "_memory",
+    "_plan",
+    "_plan_base",
+    "_plan_numpy",
+    "_plan_torch",
+    "convert",
+    "tree",
+    "_tree_paths",
+    "_tree_passes",
+)
 # quant's lower layer: the registry, the interface and the scheme modules (and the
 # package, which loads its public names lazily)
 KERNELS = (
     "quant",
     "quant.registry",
     "quant.base",
+    "quant.codes",
     "quant.fp8_block",
     "quant.fp8_scaled",
     "quant.mx",
@@ -252,7 +264,7 @@ def test_the_graph_sees_imports_at_both_levels() -> None:
     """The reader finds what it must: a module-level import, a function-level one, a
     package's ``__init__`` run by importing its module, and not a TYPE_CHECKING one."""
     got = {(short(e.source), short(e.target), e.lazy) for e in ALL}
-    assert ("_plan", "dtypes", False) in got and ("_plan", "_memory", True) in got
+    assert ("_plan_base", "dtypes", False) in got and ("_plan_base", "_memory", True) in got
     assert ("_quantized", "quant.registry", True) in got
     assert ("quant.detect", "quant.base", False) in got
     assert ("dcp._hf_layout", "io", False) in got  # io/__init__ runs before its module

@@ -20,6 +20,7 @@ import torch
 import tensorbridge as tb
 from tensorbridge.io import (
     _gguf_header,
+    _npy_header,
     dcp,
     npy,
     pickle_machine,
@@ -47,7 +48,7 @@ def _bytes(n: int) -> str:
         ("MAX_HEADER", _bytes(safetensors_header.MAX_HEADER)),
         ("MAX_RANK", f"{safetensors_header.MAX_RANK} dimensions"),
         ("MAX_HEADER_SIZE", f"{npy.MAX_HEADER_SIZE:,} characters"),
-        ("_MAX_NDIM", f"{npy._MAX_NDIM} dimensions"),
+        ("_MAX_NDIM", f"{_npy_header._MAX_NDIM} dimensions"),
         ("MAX_DIMS", f"{_gguf_header.MAX_DIMS} dimensions"),
         ("MAX_DEPTH", f"{pickle_machine.MAX_DEPTH} levels"),
         ("MAX_PICKLE", _bytes(torch_archive.MAX_PICKLE)),

@@ -158,13 +158,17 @@ DOCUMENTED = [
     "tensorbridge.io._common",
     "tensorbridge.io.safetensors_header",
     "tensorbridge.io.npy",
+    "tensorbridge.io._npy_header",
     "tensorbridge.io.pickle_machine",
     "tensorbridge.io.safetensors",
+    "tensorbridge.io._safetensors_plan",
+    "tensorbridge.io._safetensors_shards",
     "tensorbridge.io.torch_archive",
     "tensorbridge.io.verify",
     "tensorbridge.cli._errors",
     "tensorbridge.checkpoint",
     "tensorbridge.tree",
+    "tensorbridge._tree_paths",
 ]
 
 

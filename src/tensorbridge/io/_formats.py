@@ -45,11 +45,12 @@ import importlib
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from ..errors import FormatError, InvalidArgumentError
+from ._assembly import Layout, PlannedFile, StoreLayout
 
 if TYPE_CHECKING:
     from .._tensorfile import TensorFile
@@ -188,48 +189,6 @@ class Format:
 
     def _module(self) -> Any:
         return importlib.import_module(self.module)
-
-
-# --- what an ``assembly`` returns (a chunked checkpoint converted: io/assemble.py) -------------
-
-
-@dataclass(frozen=True)
-class PlannedFile:
-    """A file a chunked conversion preallocates: its final path, header bytes and size."""
-
-    path: Path
-    header: bytes
-    size: int
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A conversion into byte files: each tensor's bytes at an offset of a planned file.
-
-    ``directory`` is where the files are committed; ``index`` (a file name and its
-    bytes) is committed with them, last, and ``replaces`` names the files of an earlier
-    save that the commit removes; ``after`` runs once unindexed files are in place.
-    """
-
-    directory: Path
-    files: tuple[PlannedFile, ...]
-    placements: tuple[tuple[str, Path, int, int], ...]  # (tensor, file, offset, bytes)
-    index: tuple[str, bytes] | None = None
-    replaces: Callable[[], list[str]] | None = None
-    after: Callable[[], None] | None = None
-    creates: bool = False  # the directory is made by this save (removed if it fails)
-
-
-@dataclass(frozen=True)
-class StoreLayout:
-    """A conversion into a staged store: each tensor an array ``region_module.open_region``
-    opens for writing, published (or abandoned) as a whole."""
-
-    region_module: str
-    placements: tuple[tuple[str, str, int], ...]  # (tensor, array path, bytes)
-    publish: Callable[[], None]
-    abandon: Callable[[], None]
-    written: tuple[Path, ...] = field(default=())
 
 
 # --- the built-in rows, registered through their entry points (pyproject.toml) ------------------

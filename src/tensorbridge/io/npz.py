@@ -62,19 +62,21 @@ from ..dtypes import DTypeLike, DTypeRow
 from ..errors import FormatError, TensorBridgeError, UnsupportedDtypeError, UnsupportedTensorError
 from ._common import loader
 from ._detect import ZIP_ERRORS
-from .npy import (
+from ._npy_header import (
     HEAD_LIMIT,
     Header,
-    MappedFile,
-    NpyBytes,
-    no_metadata,
-    open_at,
     parse_header,
-    prepare,
     raw_row,
     read_data,
     stored_header,
     view_data,
+)
+from .npy import (
+    MappedFile,
+    NpyBytes,
+    no_metadata,
+    open_at,
+    prepare,
     write_entry,
     write_npy_bytes,
 )

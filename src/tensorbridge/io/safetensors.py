@@ -33,56 +33,54 @@ Names are JSON strings, so any text is stored as given; :data:`NAMES` refuses a 
 
 from __future__ import annotations
 
-import errno
-import json
-import math
-import mmap as _mmap
 import os
-import re
-import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._atomic import StagedFiles, destination_errors, fsync_dir, remove_temps
+from .._atomic import StagedFiles, destination_errors
 from .._chunks import DEFAULT_CHUNK, iter_bytes
-from .._commit import commit_files, final_name
-from .._filemap import array_at, check_unchanged
-from .._files import Links, open_fd
-from .._keys import NameRules, no_nul, reserved_name, valid_unicode
+from .._commit import commit_files
+from .._filemap import array_at
+from .._files import Links
 from .._locks import commit_lock
-from .._packed import PACKED_ROWS, PSEUDO_ROWS
+from .._packed import PACKED_ROWS
 from .._pipeline import STREAM_CHUNK, pipelined
 from .._progress import progress_bar
-from .._tensorfile import Deferred, TensorFile, cast_target, row_of
+from .._tensorfile import Deferred, TensorFile, cast_target
 from .._torch_checks import is_tensor
 from ..dtypes import (
-    PACKED_BY_NUMPY,
     DeviceLike,
     DTypeLike,
     DTypeRow,
 )
 from ..errors import (
-    FormatError,
     InvalidArgumentError,
-    NoDataError,
-    TensorBridgeError,
     UnsupportedDtypeError,
-    UnsupportedTensorError,
 )
 from ._common import loader
 from ._detect import INDEX_SUFFIX, resolve
-from ._formats import Layout, PlannedFile, by_name
+from ._formats import by_name
+from ._safetensors_plan import NAMES as NAMES  # dcp imports it here
+from ._safetensors_plan import (
+    FileLayout,
+    Item,
+    dedupe,
+    file_metadata,
+    header_bytes,
+    layout,
+    plan_items,
+    split_shards,
+)
+from ._safetensors_plan import assembly as assembly  # the format row's assembly (assembles)
+from ._safetensors_read import Shard
+from ._safetensors_shards import index_json, remove_stale, stale_files
+from ._safetensors_shards import parse_size as parse_size  # dcp and the CLI import it here
 from .safetensors_header import (
     LAYOUT_RANK,
     Entry,
-    bit_width,
-    encode,
-    parse,
 )
 from .safetensors_header import MAX_HEADER as MAX_HEADER  # the limit on a header's JSON
 from .sharded import ShardedFile
@@ -93,21 +91,6 @@ if TYPE_CHECKING:
 __all__ = ["FileLayout", "SafetensorsFile", "layout", "load", "open", "remove_stale", "save"]
 
 # --- writing ----------------------------------------------------------------------------------
-
-# a header key is any JSON string; the rules of tensorbridge._keys that apply to it
-NAMES = NameRules((no_nul, valid_unicode, reserved_name("__metadata__", "the header's metadata")))
-
-
-@dataclass(frozen=True)
-class _Item:
-    """One tensor to write: where its bytes come from and what the header says."""
-
-    name: str
-    value: Any  # the tensor or array as given
-    src: DTypeRow
-    row: DTypeRow  # as stored, after float_dtype
-    shape: tuple[int, ...]  # as in the header (F4: values, not bytes)
-    nbytes: int
 
 
 def save(
@@ -163,10 +146,10 @@ def save(
     target = Path(path)
     if target.is_dir():
         target = target / "model.safetensors"
-    items, tied = _dedupe(_plan(tensors, float_dtype, target))
-    meta = _file_metadata({**tied, **(metadata or {})})
+    items, tied = dedupe(plan_items(tensors, float_dtype, target))
+    meta = file_metadata({**tied, **(metadata or {})})
     limit = parse_size(max_shard_size)
-    shards = _split(items, limit) if limit is not None else [items]
+    shards = split_shards(items, limit) if limit is not None else [items]
     bar = progress_bar(
         sum(it.nbytes for it in items), f"saving {target.name}", progress, tensors=len(items)
     )
@@ -191,7 +174,7 @@ def save(
             # every shard is written; only now does the previous checkpoint change
             files = {p.name: Path(tmp) for p, tmp in staged.temps.items()}
             staged.temps.clear()  # the commit owns them now (the claim stays held)
-            index_text = _index_text(weight_map, sum(it.nbytes for it in items))
+            index_text = index_json(weight_map, sum(it.nbytes for it in items))
             with destination_errors(target.parent):
                 commit_files(
                     target.parent, files, index_path.name, index_text, lambda: stale_files(target)
@@ -200,179 +183,11 @@ def save(
         bar.close()
 
 
-def _plan(tensors: Mapping[str, Any], float_dtype: Any, target: Path) -> list[_Item]:
-    """Check every value and work out its header entry before a byte is written."""
-    if not isinstance(tensors, Mapping):
-        raise TypeError(
-            f"save expects a mapping of names to tensors, got {type(tensors).__qualname__}; "
-            "pass a dict such as model.state_dict()"
-        )
-    NAMES.check(tensors, repr(str(target)))
-    items = []
-    for name, value in tensors.items():
-        try:
-            items.append(_item(name, value, float_dtype))
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"cannot save tensor {name!r} to {target}: {e}") from e
-    return items
-
-
-def _dedupe(items: list[_Item]) -> tuple[list[_Item], dict[str, str]]:
-    """Tied weights written once: names whose values are the same memory, viewed the same way.
-
-    The first name in the mapping's order is kept (for a language model, the input
-    embedding before ``lm_head``, the one ``transformers`` keeps); each other name is
-    recorded in the metadata as ``{name: kept}``, the convention of safetensors'
-    ``save_model``, which this module's reader (and ``load_model``) restore ties from.
-    """
-    kept: dict[tuple[Any, ...], str] = {}
-    out, tied = [], {}
-    for it in items:
-        key = _alias_key(it)
-        if key is not None and key in kept:
-            tied[it.name] = kept[key]
-            continue
-        if key is not None:
-            kept[key] = it.name
-        out.append(it)
-    return out, tied
-
-
-def _alias_key(it: _Item) -> tuple[Any, ...] | None:
-    """What makes two values the same bytes on disk: memory, layout, dtype and the cast."""
-    v = it.value
-    if it.nbytes == 0:
-        return None
-    if is_tensor(v):
-        where: tuple[Any, ...] = (str(v.device), v.data_ptr(), tuple(v.stride()))
-    elif isinstance(v, np.ndarray):
-        where = ("cpu", v.__array_interface__["data"][0], v.strides)
-    else:
-        return None
-    return (*where, it.shape, str(v.dtype), it.row.name)
-
-
-def _item(name: Any, value: Any, float_dtype: Any) -> _Item:
-    if not isinstance(name, str):
-        raise TypeError(f"tensor names must be str, got {type(name).__qualname__}; pass str(name)")
-    if is_tensor(value):
-        import torch
-
-        from ..dtypes import PACKED_BY_TORCH
-
-        if value.layout is not torch.strided:
-            raise UnsupportedTensorError(
-                f"a {value.layout} tensor has no dense bytes to store; pass x.to_dense()"
-            )
-        if value.device.type == "meta":
-            raise NoDataError("a meta tensor holds no data; materialise it first")
-        packed = PACKED_BY_TORCH.get(value.dtype)
-        if packed is not None and packed in PSEUDO_ROWS:
-            if value.ndim == 0:
-                raise UnsupportedTensorError(
-                    f"a 0-d {packed.name} tensor has no last dimension to count its "
-                    f"{packed.per_byte} values a byte in; pass x.reshape(1)"
-                )
-            shape = (*value.shape[:-1], packed.per_byte * value.shape[-1])
-            src = PSEUDO_ROWS[packed]
-        else:
-            src, shape = row_of(value), tuple(value.shape)
-    elif isinstance(value, Deferred):
-        src, shape = value.row, value.shape
-    elif isinstance(value, np.ndarray):
-        if isinstance(value, np.ma.MaskedArray):
-            raise UnsupportedTensorError("a masked array's mask would be lost; pass a.filled()")
-        one_a_byte = PACKED_BY_NUMPY.get(value.dtype)
-        src = PSEUDO_ROWS[one_a_byte] if one_a_byte in PSEUDO_ROWS else row_of(value)
-        shape = value.shape
-    else:
-        raise UnsupportedTensorError(
-            f"the value is a {type(value).__qualname__}; safetensors stores torch.Tensor or "
-            "np.ndarray values (pass torch.as_tensor(x))"
-        )
-    row = cast_target(src, float_dtype)
-    if row.safetensors is None:
-        fix = (
-            "pass torch.view_as_real(x) (NumPy: a[..., None].view(a.real.dtype)) to store the "
-            "real and imaginary parts losslessly"
-            if row.category == "complex"
-            else "pass float_dtype= or convert it to a dtype safetensors has"
-        )
-        raise UnsupportedDtypeError(f"{row.name} has no safetensors dtype code; {fix}")
-    count = math.prod(shape)
-    if count * bit_width(row) % 8:
-        raise UnsupportedTensorError(
-            f"{count} float4 values do not fill whole bytes; pad to an even number of values"
-        )
-    return _Item(name, value, src, row, tuple(int(d) for d in shape), count * bit_width(row) // 8)
-
-
-def _file_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
-    meta = {"format": "pt"}
-    if metadata is not None:
-        if not isinstance(metadata, Mapping):
-            raise TypeError(
-                f"metadata must be a mapping of str to str, got {type(metadata).__qualname__}"
-            )
-        for k, v in metadata.items():
-            if not isinstance(k, str) or not isinstance(v, str):
-                raise TypeError(
-                    f"metadata must map str to str; metadata[{k!r}] = {v!r} "
-                    f"({type(k).__qualname__} -> {type(v).__qualname__}); pass str() of both"
-                )
-        meta.update(metadata)
-    return dict(sorted(meta.items()))
-
-
-_UNITS = {
-    "": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
-}  # fmt: skip
-
-
-def parse_size(size: int | str | None) -> int | None:
-    """``max_shard_size`` in bytes: an int, or "5GB" (10**9, as Hugging Face) / "2GiB" (2**30)."""
-    if size is None:
-        return None
-    value: int | None = None
-    if isinstance(size, int) and not isinstance(size, bool):
-        value = size
-    elif isinstance(size, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([A-Za-z]*)\s*", size)
-        if m and m.group(2).upper() in _UNITS:
-            value = int(Fraction(m.group(1)) * _UNITS[m.group(2).upper()])
-    if value is None or value <= 0:
-        raise InvalidArgumentError(
-            f"max_shard_size={size!r} is not a positive size; pass bytes (an int) or a string "
-            "such as '5GB' (10**9 bytes), '500MB' or '2GiB' (2**30 bytes)"
-        )
-    return value
-
-
-def _split(items: list[_Item], limit: int) -> list[list[_Item]]:
-    """Greedy in the mapping's order; a tensor larger than ``limit`` gets a shard of its own."""
-    shards: list[list[_Item]] = []
-    size = 0
-    for it in items:
-        if not shards or size + it.nbytes > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append(it)
-        size += it.nbytes
-    return shards
-
-
-def _header(items: list[_Item], metadata: dict[str, str]) -> bytes:
-    return encode(
-        [(it.name, it.row.safetensors or "", it.shape, it.nbytes) for it in items], metadata
-    )
-
-
 def _write_file(
-    f: Any, items: list[_Item], metadata: dict[str, str], chunk_bytes: int, bar: Any
+    f: Any, items: list[Item], metadata: dict[str, str], chunk_bytes: int, bar: Any
 ) -> None:
     ordered = sorted(items, key=lambda it: (LAYOUT_RANK.get(it.row.safetensors or "", 0), it.name))
-    f.write(_header(ordered, metadata))
+    f.write(header_bytes(ordered, metadata))
     written = dict.fromkeys(range(len(ordered)), 0)
     chunks = _units(ordered, chunk_bytes)
     computed = any(isinstance(it.value, Deferred) for it in ordered)
@@ -389,7 +204,7 @@ def _write_file(
             )
 
 
-def _units(ordered: list[_Item], chunk_bytes: int) -> Iterator[tuple[int, Any]]:
+def _units(ordered: list[Item], chunk_bytes: int) -> Iterator[tuple[int, Any]]:
     """Each item's bytes, tagged with its place: computing tasks where a value has them,
     else chunks (valid until the next is pulled)."""
     for i, it in enumerate(ordered):
@@ -401,7 +216,7 @@ def _units(ordered: list[_Item], chunk_bytes: int) -> Iterator[tuple[int, Any]]:
             yield i, unit
 
 
-def _check_deferred(it: _Item) -> None:
+def _check_deferred(it: Item) -> None:
     if it.row is not it.src:
         raise UnsupportedDtypeError(
             f"{it.name!r} is computed as {it.src.name} while it is written; pass its "
@@ -409,7 +224,7 @@ def _check_deferred(it: _Item) -> None:
         )
 
 
-def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
+def _chunks(it: Item, chunk_bytes: int) -> Iterator[Any]:
     """``it``'s bytes as stored, a chunk at a time: zero-copy views where the memory allows."""
     if isinstance(it.value, Deferred):
         _check_deferred(it)
@@ -446,201 +261,7 @@ def _chunks(it: _Item, chunk_bytes: int) -> Iterator[Any]:
             yield from iter_bytes(piece.astype(np.float32), it.row, chunk_bytes)
 
 
-def _index_text(weight_map: dict[str, str], total: int) -> bytes:
-    doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode("utf-8")
-
-
-@dataclass(frozen=True)
-class FileLayout:
-    """One file of a planned save: its name, header bytes, size, and where each tensor goes."""
-
-    name: str  # in the destination's directory
-    header: bytes
-    size: int  # header and data
-    offsets: dict[str, int]  # tensor name -> absolute offset of its bytes in the file
-
-
-def layout(
-    entries: list[tuple[str, DTypeRow, tuple[int, ...]]],
-    target: Path,
-    *,
-    metadata: Mapping[str, str] | None = None,
-    max_shard_size: int | str | None = None,
-    index: bool = False,
-) -> tuple[list[FileLayout], bytes | None]:
-    """The files :func:`save` would write for tensors of these names, dtypes and shapes.
-
-    Byte for byte :func:`save`'s headers and offsets (its shard split, its order), so
-    a writer that fills each tensor's bytes at its offset, in any order or in
-    parallel, produces the file :func:`save` would. Returns the files and the shard
-    index's bytes (None for a single file).
-
-    >>> import tensorbridge as tb
-    >>> files, idx = layout([("w", tb.resolve_dtype("f32"), (2,))], Path("m.safetensors"))
-    >>> [(f.name, f.size, f.offsets) for f in files], idx
-    ([('m.safetensors', 104, {'w': 96})], None)
-    """
-    NAMES.check((name for name, _, _ in entries), repr(str(target)))
-    items = []
-    for name, row, shape in entries:
-        if row.safetensors is None:
-            raise UnsupportedDtypeError(
-                f"cannot save tensor {name!r} to {target}: {row.name} has no safetensors dtype "
-                "code; pass float_dtype= or convert it to a dtype safetensors has"
-            )
-        _item(name, np.empty(0, np.uint8), None)  # the name's checks
-        nbytes = math.prod(shape) * row.itemsize
-        items.append(_Item(name, None, row, row, tuple(shape), nbytes))
-    meta = _file_metadata(metadata)
-    limit = parse_size(max_shard_size)
-    shards = _split(items, limit) if limit is not None else [items]
-    single = len(shards) <= 1 and not index
-    stem, n = target.name.removesuffix(".safetensors"), len(shards)
-    files: list[FileLayout] = []
-    weight_map: dict[str, str] = {}
-    for i, shard in enumerate(shards, 1):
-        name = target.name if single else f"{stem}-{i:05d}-of-{n:05d}.safetensors"
-        ordered = sorted(
-            shard, key=lambda it: (LAYOUT_RANK.get(it.row.safetensors or "", 0), it.name)
-        )
-        header = _header(ordered, meta)
-        offsets, at = {}, len(header)
-        for it in ordered:
-            offsets[it.name] = at
-            at += it.nbytes
-        files.append(FileLayout(name, header, at, offsets))
-        weight_map.update((it.name, name) for it in shard)
-    if single:
-        return files, None
-    return files, _index_text(weight_map, sum(it.nbytes for it in items))
-
-
-def assembly(
-    entries: list[tuple[str, DTypeRow, tuple[int, ...]]],
-    target: Path,
-    *,
-    metadata: Mapping[str, str] | None,
-    max_shard_size: int | str | None,
-    index: bool,
-) -> Layout:
-    """A chunked checkpoint converted to ``target`` (the row's ``assembles``): the files of
-    :func:`layout`, the shards committed with their index and replacing an earlier save's.
-    """
-    files, index_bytes = layout(
-        entries, target, metadata=metadata, max_shard_size=max_shard_size, index=index
-    )
-    nbytes = {n: math.prod(shape) * row.itemsize for n, row, shape in entries}
-    where = target.parent
-    planned = tuple(PlannedFile(where / fl.name, fl.header, fl.size) for fl in files)
-    placed = tuple(
-        (n, where / fl.name, off, nbytes[n]) for fl in files for n, off in fl.offsets.items()
-    )
-    if index_bytes is None:
-        return Layout(where, planned, placed, after=lambda: remove_stale(target))
-    return Layout(
-        where,
-        planned,
-        placed,
-        index=(target.name + INDEX_SUFFIX, index_bytes),
-        replaces=lambda: stale_files(target),
-    )
-
-
-def stale_files(target: Path) -> list[str]:
-    """The files a sharded save of ``target`` replaces: its shards (named, or left hidden
-    by a killed save) and the single file ``target``."""
-    stem = re.escape(target.name.removesuffix(".safetensors"))
-    shard = re.compile(stem + r"-\d{5}-of-\d{5}\.safetensors")
-    names = {final_name(p.name) or p.name for p in target.parent.iterdir()}
-    return [n for n in sorted(names) if shard.fullmatch(n)] + [target.name]
-
-
-def remove_stale(target: Path) -> None:
-    """Once ``target`` is saved as one file: drop the previous sharded save of that name.
-
-    The index goes first (a directory holding it reads as the previous checkpoint,
-    without it as ``target``), so it never names a shard already removed.
-    """
-    index = target.parent / (target.name + INDEX_SUFFIX)
-    if index.exists():
-        index.unlink()
-        fsync_dir(target.parent)
-    remove_temps(index)
-    for name in stale_files(target)[:-1]:
-        (target.parent / name).unlink(missing_ok=True)
-        remove_temps(target.parent / name)
-
-
 # --- reading ----------------------------------------------------------------------------------
-
-
-class _Shard:
-    """One validated safetensors file, held open so that its header and data stay one file."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.fd = open_fd(path)  # a regular file, opened without blocking
-        # a plain descriptor closed on collection: dropping an unclosed file stays quiet
-        self._close = weakref.finalize(self, os.close, self.fd)
-        try:
-            self.size = os.fstat(self.fd).st_size
-            self.entries, self.metadata = parse(path, self, self.size)
-        except BaseException:
-            self._close()
-            raise
-        self._maps: dict[bool, _mmap.mmap] = {}
-
-    def buffer(self, copy_on_write: bool) -> _mmap.mmap:
-        mm = self._maps.get(copy_on_write)
-        if mm is not None:
-            check_unchanged(self.fd, self.size, self.path)
-        else:
-            self._check_open()
-            access = _mmap.ACCESS_COPY if copy_on_write else _mmap.ACCESS_READ
-            try:
-                mm = _mmap.mmap(self.fd, 0, access=access)
-            except OSError as err:
-                if err.errno not in (errno.EMFILE, errno.ENFILE):
-                    raise
-                raise TensorBridgeError(
-                    f"{self.path}: cannot map one more file, the process is out of file "
-                    "descriptors (each map holds one: arrays still referenced keep theirs); "
-                    "read with mmap=False, keep fewer arrays at once, or raise ulimit -n"
-                ) from None
-            if len(mm) != self.size:
-                raise FormatError(f"{self.path} changed size since it was opened; open it again")
-            self._maps[copy_on_write] = mm
-        return mm
-
-    def read_into(self, out: memoryview, offset: int) -> None:
-        """Fill ``out`` from ``offset``, without moving a shared file position."""
-        self._check_open()
-        done = 0
-        while done < len(out):
-            if hasattr(os, "preadv"):
-                n = os.preadv(self.fd, [out[done:]], offset + done)
-            else:  # pragma: no cover - Windows
-                os.lseek(self.fd, offset + done, os.SEEK_SET)
-                data = os.read(self.fd, len(out) - done)
-                out[done : done + len(data)] = data
-                n = len(data)
-            if n == 0:
-                raise FormatError(f"{self.path} ended early: it shrank since it was opened")
-            done += n
-
-    def read(self, n: int, offset: int) -> bytes:
-        out = bytearray(n)
-        self.read_into(memoryview(out), offset)
-        return bytes(out)
-
-    def _check_open(self) -> None:
-        if not self._close.alive:
-            raise ValueError(f"{self.path} is closed; open it again")
-
-    def close(self) -> None:
-        self._maps.clear()  # arrays handed out keep their own reference to a map
-        self._close()
 
 
 class SafetensorsFile(TensorFile):
@@ -655,9 +276,9 @@ class SafetensorsFile(TensorFile):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__()
         self.path = Path(path)
-        shard = _Shard(self.path)
-        self._shards: list[_Shard] = [shard]
-        self._where: dict[str, tuple[_Shard, Entry]] = {
+        shard = Shard(self.path)
+        self._shards: list[Shard] = [shard]
+        self._where: dict[str, tuple[Shard, Entry]] = {
             k: (shard, e) for k, e in shard.entries.items()
         }
         self.metadata = dict(shard.metadata)
@@ -669,7 +290,7 @@ class SafetensorsFile(TensorFile):
     def __contains__(self, name: object) -> bool:
         return name in self._where
 
-    def _lookup(self, name: str) -> tuple[_Shard, Entry]:
+    def _lookup(self, name: str) -> tuple[Shard, Entry]:
         try:
             return self._where[name]
         except KeyError:
