@@ -101,8 +101,8 @@ def quantize_checkpoint(
     >>> d = tempfile.mkdtemp()
     >>> tb.save({"l.weight": torch.randn(8, 64), "l.bias": torch.zeros(8)},
     ...         os.path.join(d, "w.safetensors"))
-    >>> out = tb.quantize_checkpoint(os.path.join(d, "w.safetensors"),
-    ...                              os.path.join(d, "q.safetensors"), "mxfp4", verify=True)
+    >>> src, dst = os.path.join(d, "w.safetensors"), os.path.join(d, "q.safetensors")
+    >>> out = tb.quantize_checkpoint(src, dst, "mxfp4", verify=True)
     >>> out.quantized, out.verified
     (('l.weight',), True)
     >>> sorted(tb.load(out.path))
@@ -311,7 +311,8 @@ def copy_config(
     >>> a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
     >>> with open(os.path.join(a, "config.json"), "w") as f:
     ...     json.dump({"model_type": "llama", "quantization_config": {}}, f)
-    >>> path = copy_config(os.path.join(a, "q.safetensors"), os.path.join(b, "w.safetensors"))
+    >>> src, dst = os.path.join(a, "q.safetensors"), os.path.join(b, "w.safetensors")
+    >>> path = copy_config(src, dst)
     >>> with open(path) as f:
     ...     json.load(f)
     {'model_type': 'llama'}

@@ -44,26 +44,21 @@ from __future__ import annotations
 
 import importlib
 import os
-import warnings
 from collections.abc import Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from .._files import Links
-from .._keys import flatten, is_container, rebuild
+from .._keys import flatten, is_container
 from .._tensorfile import Deferred, TensorFile
 from .._torch_checks import is_module, is_tensor
 from ..dtypes import DeviceLike, DTypeLike
 from ..errors import (
-    DestinationExistsError,
     FormatError,
     InvalidArgumentError,
-    TensorBridgeError,
-    UnsupportedDtypeError,
     UnsupportedTensorError,
 )
 from . import gguf, npy, npz, safetensors, zarr  # noqa: F401 - tb.io.<format> without an import
@@ -77,10 +72,20 @@ from ._detect import resolve as resolve
 from ._formats import DIRECTORY_FORMAT as DIRECTORY_FORMAT
 from ._formats import FORMATS as FORMATS
 from ._formats import INDEX_SUFFIX as INDEX_SUFFIX
-from ._formats import Format, by_suffix, named_by, register_format, unregister_format
+from ._formats import Format, named_by, register_format, unregister_format
 from ._formats import by_kind as by_kind
 from ._formats import entry_files as entry_files
 from ._formats import listing as listing
+from .conversion import WRITER_MARKS as WRITER_MARKS
+from .conversion import (
+    carried_members,
+    carried_metadata,
+    file_values,
+    metadata_homes,
+    nested_values,
+    save_chunked,
+)
+from .destinations import Destination, destination
 from .sharded import ShardedFile
 
 if TYPE_CHECKING:
@@ -118,96 +123,6 @@ __all__ = [
     "save",
     "unregister_format",
 ]
-
-
-@dataclass(frozen=True)
-class Destination:
-    """Where a save goes: the format, the file it writes, and every file it may replace.
-
-    >>> import tempfile
-    >>> d = destination(tempfile.mkdtemp() + "/")
-    >>> d.format.name, d.path.name, d.sharded
-    ('safetensors', 'model.safetensors', False)
-    """
-
-    format: Format
-    path: Path
-    sharded: bool  # shards and an index, as a NAME.safetensors.index.json destination asks
-
-    @property
-    def index(self) -> Path:
-        """The shard index a sharded save of :attr:`path` writes beside it."""
-        return self.path.with_name(self.path.name + INDEX_SUFFIX)
-
-    def existing(self) -> list[Path]:
-        """The files already there that this save would replace."""
-        if not self.format.sharding:
-            return [self.path] if self.path.exists() else []
-        found = [p for p in (self.path, self.index) if p.exists()]
-        suffix = self.path.suffix
-        stem = self.path.name[: -len(suffix)] if suffix else self.path.name
-        if self.path.parent.is_dir():
-            found += sorted(self.path.parent.glob(f"{stem}-?????-of-?????{suffix}"))
-        return found
-
-    def written(self) -> Path:
-        """What a save wrote: the shard index when the save was sharded, else the file."""
-        return self.index if not self.path.exists() and self.index.exists() else self.path
-
-    def check_overwrite(self, overwrite: bool) -> None:
-        """Raise :class:`DestinationExistsError` if the save would replace files unasked."""
-        found = self.existing()
-        if found and not overwrite:
-            more = (
-                f" (and {len(found) - 1} more files of that checkpoint)" if len(found) > 1 else ""
-            )
-            raise DestinationExistsError(
-                f"{found[0]} exists{more}; pass overwrite=True (command line: --overwrite) to "
-                "replace it"
-            )
-
-
-def destination(path: str | os.PathLike[str]) -> Destination:
-    """How :func:`save` reads ``path``: a format by suffix, a directory, or a shard index.
-
-    Raises:
-        FormatError: a suffix that is no format tensorbridge writes (a ``.json`` other than
-            ``NAME.safetensors.index.json`` included), or no suffix on a path that is not a
-            directory.
-    """
-    text = os.fspath(path)
-    p = Path(text)
-    fmt = by_suffix(p.suffix)
-    if fmt is not None and fmt.directory and fmt.writes:  # a store is a directory
-        return Destination(fmt, p, sharded=False)
-    if p.is_dir() or text.endswith(("/", os.sep)):
-        return Destination(DIRECTORY_FORMAT, p / f"model{DIRECTORY_FORMAT.suffixes[0]}", False)
-    name = p.name.lower()
-    if name.endswith(INDEX_SUFFIX):
-        fmt = by_suffix(Path(name.removesuffix(INDEX_SUFFIX)).suffix)
-        if fmt is not None and fmt.sharding and len(name) > len(fmt.suffixes[0] + INDEX_SUFFIX):
-            return Destination(fmt, p.with_name(p.name[: -len(INDEX_SUFFIX)]), sharded=True)
-    fmt = by_suffix(p.suffix)
-    writable = sorted(s for f in FORMATS if f.writes for s in f.suffixes)
-    formats = ", ".join(writable)
-    if fmt is not None and fmt.writes:
-        return Destination(fmt, p, sharded=False)
-    if fmt is not None:  # a format tensorbridge reads only
-        raise FormatError(
-            f"{text}: tensorbridge reads {fmt.description} but does not write one; use {formats}"
-        )
-    if p.suffix.lower() == ".json":
-        sharded = next(f.suffixes[0] for f in FORMATS if f.sharding)
-        raise FormatError(
-            f"{text}: a .json destination holds no tensors; write NAME{sharded}, or "
-            f"NAME{sharded}{INDEX_SUFFIX} for a sharded checkpoint in that directory"
-        )
-    if not p.suffix:
-        raise FormatError(
-            f"{text} has no format suffix and is not a directory; end it with / for a "
-            f"directory (model{DIRECTORY_FORMAT.suffixes[0]} inside), or add one of {formats}"
-        )
-    raise FormatError(f"{text}: cannot tell the format from the suffix {p.suffix!r}; use {formats}")
 
 
 def _reader(
@@ -396,7 +311,7 @@ def save(
         FormatError: a destination whose suffix is no format.
     """
     if isinstance(obj, TensorFile) and getattr(obj, "chunked", False):
-        _save_chunked(
+        save_chunked(
             obj,
             path,
             float_dtype=float_dtype,
@@ -446,7 +361,7 @@ def save(
             )
         options.update(quantize=quantize)
     if isinstance(obj, TensorFile):
-        obj, given = _file_values(obj, fmt, given, keep)
+        obj, given = file_values(obj, fmt, given, keep)
     if given is not None and fmt.text_metadata:  # the file's own metadata too
         given = {str(k): str(v) for k, v in given.items()}
     single = fmt.single_array and (
@@ -468,224 +383,6 @@ def save(
         progress=progress,
         **options,
     )
-
-
-def _file_values(
-    f: TensorFile, fmt: Format, metadata: Mapping[str, Any] | None, keep: bool = True
-) -> tuple[Any, Mapping[str, Any] | None]:
-    """An opened file's tensors as ``save`` writes them (mapped, or computed while written),
-    and the metadata to keep: the file's own (:func:`carried_metadata`) unless given, or
-    none (``keep`` false). A format that keeps nesting gets the file's tree."""
-    names = f.keys()
-    carried = carried_members(f, fmt, names)  # NumPy to NumPy: float128, strings as they are
-    unsupported = {n: why for n, why in f.unsupported().items() if n not in carried}
-    if unsupported:
-        first, reason = next(iter(unsupported.items()))
-        raise UnsupportedDtypeError(
-            f"{reason}; save the other entries: {{n: f[n] for n in f.keys() if n != {first!r}}}"
-        )
-    tree = nested_values(f, names, plain=keep and metadata is None) if fmt.nested else None
-    if tree is not None:
-        return tree, metadata
-    if metadata is None and keep:
-        metadata, dropped = carried_metadata(f, fmt, names)
-        if dropped:
-            warnings.warn(
-                f"{fmt.description}s have no place for metadata; {f.filename}'s "
-                f"{', '.join(dropped[:5])} are not saved (save to "
-                f"{metadata_homes(dropped, names)} to keep them, or pass metadata=False)",
-                stacklevel=3,
-            )
-    if fmt.single_array and not fmt.many_arrays and len(names) == 1:
-        return carried.get(names[0]) or f[names[0]], metadata or None
-    values: dict[str, Any] = {}
-    for name in names:
-        if name in carried:
-            values[name] = carried[name]
-            continue
-        value = f.stream_value(name)
-        values[name] = value if fmt.deferred or not isinstance(value, Deferred) else f[name]
-    return values, metadata or None
-
-
-# the values of safetensors' "format" mark: the framework that wrote the file
-WRITER_MARKS = ("pt", "np", "tf", "flax", "mlx")
-
-
-def carried_members(
-    f: TensorFile, fmt: Format, names: list[str], *, skip_refused: bool = False
-) -> dict[str, Any]:
-    """The entries of ``names`` that torch cannot hold, as their ``.npy`` bytes, where both
-    ``f`` and ``fmt`` are NumPy formats (``npy.NpyBytes``: copied unchanged, never read).
-
-    ``skip_refused``: an entry that cannot be copied either is left out (it stays in
-    ``f.unsupported()``) instead of raising.
-
-    Raises:
-        UnsupportedDtypeError: an object array (a pickle): never read, never copied.
-    """
-    if not (fmt.npy_members and isinstance(f, npy.NpyEntries)):
-        return {}
-    out = {}
-    for name in f.unsupported():
-        if name in names:
-            try:
-                out[name] = f.npy_bytes(name)
-            except UnsupportedDtypeError:
-                if not skip_refused:
-                    raise
-    return out
-
-
-def carried_metadata(
-    src: TensorFile, fmt: Format, names: list[str], fix: str = "pass metadata=False"
-) -> tuple[dict[str, Any], list[str]]:
-    """The source's metadata as a ``fmt`` file can hold it, and the keys it cannot.
-
-    A mark another format's writer sets for itself (safetensors' ``format: pt``) is
-    not the user's metadata and is not carried. ``fix`` ends the refusal of metadata
-    that ``fmt`` cannot hold: how to leave it out, in the caller's words.
-    """
-    values = src.plain_values()
-    marks = {f.metadata_mark for f in FORMATS} - {fmt.metadata_mark, None}
-    values = {k: v for k, v in values.items() if not (k in marks and v in WRITER_MARKS)}
-    if not fmt.metadata:
-        return {}, sorted(values)
-    clash = [k for k in values if k in names]
-    if fmt.metadata_with_tensors and clash:
-        raise TensorBridgeError(
-            f"metadata key {clash[0]!r} of {src.filename} is also a tensor's name; "
-            f"{fmt.description} cannot hold both: write {metadata_homes(clash, names)}, "
-            f"or {fix} to leave the metadata out"
-        )
-    return values, []
-
-
-def metadata_homes(keys: list[str], names: list[str]) -> str:
-    """The suffixes of the formats that can keep metadata ``keys`` beside tensors ``names``.
-
-    >>> metadata_homes(["epoch"], ["w"]), metadata_homes(["w"], ["w"])
-    ('.safetensors or .pt or .gguf or .zarr', '.safetensors or .gguf or .zarr')
-    """
-    clash = any(k in names for k in keys)
-    return listing(lambda f: f.metadata and not (clash and f.metadata_with_tensors), " or ")
-
-
-def nested_values(f: TensorFile, names: list[str], *, plain: bool = True) -> Any:
-    """``f``'s entries ``names`` (and its plain values, unless ``plain`` is false) in the
-    nesting the file stored them in, or None where it records none (a flat file).
-
-    Each tensor is the mapped array ``f[name]``, read when written. Leaving out some of
-    a list's items raises (the rest would be renumbered): see :func:`_keys.rebuild`.
-    """
-    skel = f.structure()
-    if skel is None:
-        return None
-    values: dict[str, Any] = {n: f[n] for n in names}
-    if plain:
-        values.update(f.plain_values())
-    return rebuild(skel, values, where=f.filename)
-
-
-DEFAULT_SHARD_SIZE = "5GB"  # a chunked checkpoint saved to a directory: transformers' default
-
-
-def _save_chunked(
-    f: TensorFile,
-    path: str | os.PathLike[str],
-    *,
-    float_dtype: DTypeLike | None,
-    metadata: Mapping[str, Any] | Literal[False] | None,
-    max_shard_size: int | str | None,
-    overwrite: bool,
-    progress: bool | None,
-    format: str | None,
-    executor: Executor | None,
-) -> None:
-    """``tb.save`` of an opened chunked (DCP) checkpoint: see :func:`save`."""
-    from . import assemble
-    from .dcp import DcpFile  # the one chunked reader assemble.save reads
-
-    assert isinstance(f, DcpFile)
-    text = os.fspath(path)
-    entries = entry_files(format)  # format="npy": a directory of NAME.npy files
-    if entries is not None:
-        if max_shard_size is not None or metadata:
-            raise InvalidArgumentError(
-                f"a directory of {entries.suffixes[0]} files has no shards and no metadata; "
-                "leave out max_shard_size= and metadata=, or save to a directory for "
-                f"{DIRECTORY_FORMAT.name}"
-            )
-        target = Path(text)
-        if target.exists() and not target.is_dir():
-            raise FormatError(
-                f"{text} is a file; format={format!r} writes a directory of "
-                f"{entries.suffixes[0]} files"
-            )
-        skipped = f.unsupported()
-        names = [n for n in f if n not in skipped]
-        found = [
-            target / f"{n}{entries.suffixes[0]}"
-            for n in names
-            if (target / f"{n}{entries.suffixes[0]}").exists()
-        ]
-        if found and not overwrite:
-            raise DestinationExistsError(
-                f"{found[0]} exists; pass overwrite=True (command line: --overwrite) to replace it"
-            )
-        assemble.save(
-            f, target, fmt=entries, float_dtype=float_dtype, executor=executor, progress=progress
-        )
-        return
-    dst = destination(path)
-    fmt = dst.format
-    if not fmt.assembles:
-        raise FormatError(
-            f"{text}: a DCP checkpoint converts to {_assembly_destinations()}, not "
-            f"{fmt.description}"
-        )
-    dst.check_overwrite(overwrite)
-    if max_shard_size is not None and not fmt.sharding:
-        raise InvalidArgumentError(f"{fmt.description} has no shards; leave out max_shard_size=")
-    options: dict[str, Any] = {}
-    if fmt.sharding:
-        is_dir = Path(text).is_dir() or text.endswith(("/", os.sep))
-        if is_dir and max_shard_size is None:
-            max_shard_size = DEFAULT_SHARD_SIZE
-        options = {"max_shard_size": max_shard_size, "index": dst.sharded or is_dir}
-    carried = f.plain_values() if metadata is not False else {}
-    if fmt.text_metadata:
-        meta = {str(k): str(v) for k, v in carried.items()}
-        meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
-    else:
-        meta = {**carried, **(metadata or {})}
-    assemble.save(
-        f,
-        dst.path,
-        fmt=fmt,
-        float_dtype=float_dtype,
-        metadata=meta,
-        executor=executor,
-        progress=progress,
-        **options,
-    )
-
-
-def _assembly_destinations() -> str:
-    """What a chunked checkpoint converts to, in words (from the rows that assemble)."""
-    targets = [f for f in FORMATS if f.assembles]
-    words = [f"a directory (sharded {DIRECTORY_FORMAT.name})"]
-    words += [
-        f"a NAME{f.suffixes[0]} {'store' if f.directory else 'file'}"
-        for f in targets
-        if f.many_arrays
-    ]
-    words += [
-        f"a directory of {f.suffixes[0]} files (format={f.name!r})"
-        for f in targets
-        if not f.many_arrays
-    ]
-    return ", ".join(words[:-1]) + ", or " + words[-1]
 
 
 def load(

@@ -1,0 +1,108 @@
+"""Where a save goes: the format, the file it writes and every file it may replace.
+
+:func:`destination` reads a path as ``tb.save`` does (its suffix names the format; a
+directory means ``model.safetensors`` inside; ``NAME.safetensors.index.json`` shards),
+so that the command line and :func:`tensorbridge.quantize_checkpoint` check a
+destination before they read anything.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import DestinationExistsError, FormatError
+from ._formats import DIRECTORY_FORMAT, FORMATS, INDEX_SUFFIX, Format, by_suffix
+
+__all__ = ["Destination", "destination"]
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a save goes: the format, the file it writes, and every file it may replace.
+
+    >>> import tempfile
+    >>> d = destination(tempfile.mkdtemp() + "/")
+    >>> d.format.name, d.path.name, d.sharded
+    ('safetensors', 'model.safetensors', False)
+    """
+
+    format: Format
+    path: Path
+    sharded: bool  # shards and an index, as a NAME.safetensors.index.json destination asks
+
+    @property
+    def index(self) -> Path:
+        """The shard index a sharded save of :attr:`path` writes beside it."""
+        return self.path.with_name(self.path.name + INDEX_SUFFIX)
+
+    def existing(self) -> list[Path]:
+        """The files already there that this save would replace."""
+        if not self.format.sharding:
+            return [self.path] if self.path.exists() else []
+        found = [p for p in (self.path, self.index) if p.exists()]
+        suffix = self.path.suffix
+        stem = self.path.name[: -len(suffix)] if suffix else self.path.name
+        if self.path.parent.is_dir():
+            found += sorted(self.path.parent.glob(f"{stem}-?????-of-?????{suffix}"))
+        return found
+
+    def written(self) -> Path:
+        """What a save wrote: the shard index when the save was sharded, else the file."""
+        return self.index if not self.path.exists() and self.index.exists() else self.path
+
+    def check_overwrite(self, overwrite: bool) -> None:
+        """Raise :class:`DestinationExistsError` if the save would replace files unasked."""
+        found = self.existing()
+        if found and not overwrite:
+            more = (
+                f" (and {len(found) - 1} more files of that checkpoint)" if len(found) > 1 else ""
+            )
+            raise DestinationExistsError(
+                f"{found[0]} exists{more}; pass overwrite=True (command line: --overwrite) to "
+                "replace it"
+            )
+
+
+def destination(path: str | os.PathLike[str]) -> Destination:
+    """How :func:`save` reads ``path``: a format by suffix, a directory, or a shard index.
+
+    Raises:
+        FormatError: a suffix that is no format tensorbridge writes (a ``.json`` other than
+            ``NAME.safetensors.index.json`` included), or no suffix on a path that is not a
+            directory.
+    """
+    text = os.fspath(path)
+    p = Path(text)
+    fmt = by_suffix(p.suffix)
+    if fmt is not None and fmt.directory and fmt.writes:  # a store is a directory
+        return Destination(fmt, p, sharded=False)
+    if p.is_dir() or text.endswith(("/", os.sep)):
+        return Destination(DIRECTORY_FORMAT, p / f"model{DIRECTORY_FORMAT.suffixes[0]}", False)
+    name = p.name.lower()
+    if name.endswith(INDEX_SUFFIX):
+        fmt = by_suffix(Path(name.removesuffix(INDEX_SUFFIX)).suffix)
+        if fmt is not None and fmt.sharding and len(name) > len(fmt.suffixes[0] + INDEX_SUFFIX):
+            return Destination(fmt, p.with_name(p.name[: -len(INDEX_SUFFIX)]), sharded=True)
+    fmt = by_suffix(p.suffix)
+    writable = sorted(s for f in FORMATS if f.writes for s in f.suffixes)
+    formats = ", ".join(writable)
+    if fmt is not None and fmt.writes:
+        return Destination(fmt, p, sharded=False)
+    if fmt is not None:  # a format tensorbridge reads only
+        raise FormatError(
+            f"{text}: tensorbridge reads {fmt.description} but does not write one; use {formats}"
+        )
+    if p.suffix.lower() == ".json":
+        sharded = next(f.suffixes[0] for f in FORMATS if f.sharding)
+        raise FormatError(
+            f"{text}: a .json destination holds no tensors; write NAME{sharded}, or "
+            f"NAME{sharded}{INDEX_SUFFIX} for a sharded checkpoint in that directory"
+        )
+    if not p.suffix:
+        raise FormatError(
+            f"{text} has no format suffix and is not a directory; end it with / for a "
+            f"directory (model{DIRECTORY_FORMAT.suffixes[0]} inside), or add one of {formats}"
+        )
+    raise FormatError(f"{text}: cannot tell the format from the suffix {p.suffix!r}; use {formats}")
