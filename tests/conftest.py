@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+# the hypothesis profile: HYPOTHESIS_PROFILE=ci (.ci/run) or the everyday "dev"
+import _budget  # noqa: F401
 import tensorbridge as tb
 
 ROWS = tb.dtype_table()

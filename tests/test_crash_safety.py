@@ -46,7 +46,11 @@ def _bytes(d: Path) -> dict[str, bytes]:
 # --- the kill harness, one trial per kind -----------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", crash.KINDS)
+# the DCP kinds start a process group of two gloo ranks a trial: slow
+@pytest.mark.parametrize(
+    "kind",
+    [pytest.param(k, marks=pytest.mark.slow) if k.startswith("dcp-") else k for k in crash.KINDS],
+)
 def test_killed_save_leaves_the_previous_or_the_new_checkpoint(kind: str, tmp_path: Path) -> None:
     if "zarr" in kind:
         pytest.importorskip("zarr", reason="the zarr extra is not installed")

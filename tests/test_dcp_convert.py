@@ -5,6 +5,10 @@ Checkpoints are written by ``dcp.save`` on 2 and 4 spawned gloo ranks (tests/_di
 with DTensors sharded ``Shard(0)`` (uneven, with empty shards), ``Shard(1)`` and
 ``Replicate``, every dtype with a safetensors code, 0-dim tensors, a ``step`` and an
 optimizer-like nested dict; and by a plain single-process ``dcp.save``.
+
+Each checkpoint is saved once for the module (the ``ckpt`` fixture); the everyday run
+reads the 2-rank one, and the 4-rank one, like the memory bounds' 192 MiB saves, is
+``slow``.
 """
 
 from __future__ import annotations
@@ -108,7 +112,11 @@ def _expected() -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"{w}ranks")
+@pytest.fixture(
+    scope="module",
+    params=[2, pytest.param(4, marks=pytest.mark.slow)],  # a second process group
+    ids=lambda w: f"{w}ranks",
+)
 def ckpt(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp(f"dcp{request.param}")
     path = base / "ckpt"
@@ -475,6 +483,7 @@ def test_process_pool_output_is_byte_identical(ckpt: Path, tmp_path: Path) -> No
 # the scheduler's HTTP server falls back to a free port when another process (a second test
 # run, a developer's cluster) holds dask's default 8787, and warns; the fallback is harmless
 @pytest.mark.filterwarnings("ignore:Port 8787 is already in use:UserWarning")
+@pytest.mark.slow  # a dask cluster of worker processes (the process pool runs every day)
 def test_dask_cluster_output_is_byte_identical(ckpt: Path, tmp_path: Path) -> None:
     distributed = pytest.importorskip("distributed", reason="dask.distributed is an extra")
     tb.save(tb.open(ckpt), f"{tmp_path}/serial/", max_shard_size=600)
@@ -524,10 +533,18 @@ print(status("VmHWM") - base)
 """
 
 
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """192 MiB saved by 2 ranks, once for both casts."""
+    base = tmp_path_factory.mktemp("big")
+    run_ranks(_big_on_ranks, 2, base, str(base / "big"))
+    return base / "big"
+
+
+@pytest.mark.slow  # a process group saving 192 MiB, then a child converting it
 @pytest.mark.parametrize("cast", ["-", "bf16"])
-def test_peak_memory_is_bounded_by_the_window(tmp_path: Path, cast: str) -> None:
-    ckpt = tmp_path / "big"
-    run_ranks(_big_on_ranks, 2, tmp_path, str(ckpt))
+def test_peak_memory_is_bounded_by_the_window(big: Path, tmp_path: Path, cast: str) -> None:
+    ckpt = big
     size = sum(p.stat().st_size for p in ckpt.iterdir())
     assert size > 3 * assemble.WINDOW  # 192 MiB stored
     grew = int(run_child(_PEAK, str(ckpt), str(tmp_path / "out") + "/", cast))

@@ -5,13 +5,19 @@ Every dtype of the table is saved as DTensors sharded ``Shard(0)`` (uneven), ``S
 a NaN payload and a plain ``step``. The store must hold exactly the unsharded reference;
 it is then loaded into another sharding (2 ranks -> 4) and into one process; a rank
 killed mid-save must leave no store that looks complete.
+
+The ranks save each world size's store once for the module (the ``stores`` fixture); the
+everyday run starts one process group, of 2 ranks, and the tests that start more (4 ranks,
+a killed rank, the memory bound) are ``slow``.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,10 +153,25 @@ def check_store(path: Path) -> None:
             assert f.info(name)[0].torch is ref[name].dtype
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_ranks_write_the_unsharded_bytes(world: int, tmp_path: Path) -> None:
-    path = tmp_path / "ckpt.zarr"
-    assert run_ranks(_save, world, tmp_path, str(path)) == ["saved"] * world
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Path]:
+    """The store ``world`` ranks saved: one process group per world size for the module."""
+    made: dict[int, Path] = {}
+
+    def store(world: int) -> Path:
+        if world not in made:
+            base = tmp_path_factory.mktemp(f"ranks{world}")
+            path = base / "ckpt.zarr"
+            assert run_ranks(_save, world, base, str(path)) == ["saved"] * world
+            made[world] = path
+        return made[world]
+
+    return store
+
+
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_ranks_write_the_unsharded_bytes(world: int, stores: Callable[[int], Path]) -> None:
+    path = stores(world)
     check_store(path)
     assert [p.name for p in path.iterdir() if p.name.startswith(".")] == []  # no staging left
     # the chunk grid tiles every rank's block: Shard(1) of 10 columns on 4 ranks (3, 3, 3, 1)
@@ -159,12 +180,17 @@ def test_ranks_write_the_unsharded_bytes(world: int, tmp_path: Path) -> None:
     assert zarr.open_array(str(path / "float32.s0")).chunks == (1, COLS)  # 7+6 or 4+4+4+1 rows
 
 
-def test_a_store_reloads_into_another_sharding_and_into_one_process(tmp_path: Path) -> None:
-    path = tmp_path / "ckpt.zarr"
-    run_ranks(_save, 2, tmp_path, str(path))
-    results = run_ranks(_load, 4, tmp_path, str(path))
+@pytest.mark.slow  # a second process group, of 4 ranks
+def test_a_store_reloads_into_another_sharding(
+    stores: Callable[[int], Path], tmp_path: Path
+) -> None:
+    results = run_ranks(_load, 4, tmp_path, str(stores(2)))
     for rank, got in enumerate(results):
         assert got and all(got.values()), (rank, [k for k, ok in got.items() if not ok])
+
+
+def test_a_store_reloads_into_one_process(stores: Callable[[int], Path]) -> None:
+    path = stores(2)
     ref = reference()
     sd = {k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in ref.items()}
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
@@ -185,7 +211,10 @@ def test_one_process_save_matches_tb_save(tmp_path: Path) -> None:
     check_store(tmp_path / "one.zarr")
 
 
-def test_a_rank_killed_mid_save_leaves_no_committed_store(tmp_path: Path) -> None:
+@pytest.mark.slow  # two process groups, a rank of each killed
+def test_a_rank_killed_mid_save_leaves_no_committed_store(
+    stores: Callable[[int], Path], tmp_path: Path
+) -> None:
     fresh = tmp_path / "fresh.zarr"
     with pytest.raises(pytest.fail.Exception):
         run_ranks(_killed, 2, tmp_path, str(fresh))
@@ -200,7 +229,7 @@ def test_a_rank_killed_mid_save_leaves_no_committed_store(tmp_path: Path) -> Non
         dcp.load({"step": 0}, storage_reader=tb.ZarrReader(fresh), no_dist=True)
     # over a committed store, the killed save leaves the previous checkpoint whole
     kept = tmp_path / "kept.zarr"
-    run_ranks(_save, 2, tmp_path, str(kept))
+    shutil.copytree(stores(2), kept)  # the store 2 ranks saved
     with pytest.raises(pytest.fail.Exception):
         run_ranks(_killed, 2, tmp_path, str(kept))
     check_store(kept)
@@ -234,6 +263,7 @@ def _status(key: str) -> int:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith(key + ":"))
 
 
+@pytest.mark.slow  # a process group saving 128 MiB
 @pytest.mark.skipif(
     not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux /proc/self/clear_refs"
 )

@@ -4,7 +4,9 @@ The distributed cases run in spawned gloo process groups (``tests/_dist.py``), m
 cases per spawn: each rank builds the unsharded reference from a seed, distributes it
 with torch's own ``distribute_tensor`` (on ``uint8`` bits for the dtypes gloo lacks,
 then ``DTensor.from_local``), converts it with tensorbridge and compares bytes. A rank
-returns what it measured; the assertions run here, in the parent.
+returns what it measured; the assertions run here, in the parent. Each world size
+spawns once for the module (the ``two`` and ``four`` fixtures); the everyday run starts
+the 2-rank group, and the tests of the 2x2 mesh (``four``) are ``slow``.
 """
 
 from __future__ import annotations
@@ -363,11 +365,13 @@ def test_every_dtype_and_placement_gathers_bit_exact_on_two_ranks(two: list[Any]
     assert len(checked) == 6 * len(ROWS) + 1
 
 
+@pytest.mark.slow  # four: a second process group, of 4 ranks
 def test_every_dtype_and_placement_gathers_bit_exact_on_a_2x2_mesh(four: list[Any]) -> None:
     _assert_all_hold(four)
     assert len([k for k in four[0] if isinstance(four[0][k], dict)]) == 7 * len(ROWS) + 4
 
 
+@pytest.mark.slow  # four: a second process group, of 4 ranks
 def test_fsdp2_and_fsdp2_x_tp_state_dicts_gather_and_split_exactly(four: list[Any]) -> None:
     strided = "(_StridedShard(dim=0, sf=2), Shard(dim=0))"
     for res in four:
@@ -452,9 +456,14 @@ def test_tree_gathers_dtensor_leaves_and_keeps_plain_ones(two: list[Any]) -> Non
         assert res["tree torch"] == (True, [float(i) for i in range(10)], [1.0, 1.0])
 
 
-def test_local_shard_is_a_view_and_primary_marks_one_copy(two: list[Any], four: list[Any]) -> None:
+def test_local_shard_is_a_view_and_primary_marks_one_copy(two: list[Any]) -> None:
     assert two[0]["write through"] == -1.0 and two[1]["write through"] == -1.0
     assert [r["primary"] for r in two] == [(True, True), (True, False)]
+    assert two[0]["forced redistribution"] and two[1]["forced redistribution"]
+
+
+@pytest.mark.slow  # four: a second process group, of 4 ranks
+def test_primary_marks_one_copy_on_a_2x2_mesh(four: list[Any]) -> None:
     # (Replicate, Shard(0)): mesh rows replicate; (Shard(1), Replicate): columns do
     assert [r["primary"] for r in four] == [
         (True, True),
@@ -462,4 +471,3 @@ def test_local_shard_is_a_view_and_primary_marks_one_copy(two: list[Any], four: 
         (False, True),
         (False, False),
     ]
-    assert two[0]["forced redistribution"] and two[1]["forced redistribution"]

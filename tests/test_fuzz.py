@@ -143,6 +143,7 @@ def test_rss_in_a_child_stays_within_the_file(tmp_path: Path) -> None:
 _ATHERIS = os.environ.get("TB_FUZZ_ATHERIS_READERS", "safetensors").split(",")
 
 
+@pytest.mark.slow  # a coverage-guided run in a child (the mutations above run every day)
 @pytest.mark.parametrize("reader", _ATHERIS)
 def test_atheris_short_run(reader: str, tmp_path: Path) -> None:
     """A short coverage-guided run with atheris (skipped where it is not installed)."""

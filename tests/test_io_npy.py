@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensorbridge as tb
+from _budget import examples
 from _peak_rss import run_child
 from tensorbridge.errors import FormatError, UnsupportedDtypeError, UnsupportedTensorError
 from tensorbridge.io import _npy_header, npy, npz
@@ -599,7 +600,9 @@ def test_reads_in_short_chunks() -> None:
 
 
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(data=st.data())
 def test_random_corruption_never_escapes_as_another_error(tmp_path: Path, data: Any) -> None:

@@ -343,6 +343,8 @@ def test_placeholders_carry_the_data(protocol: int) -> None:
 
 def test_a_hypothesis_round_trip_of_plain_values() -> None:
     hypothesis = pytest.importorskip("hypothesis")
+    from _budget import examples
+
     st = hypothesis.strategies
     leaves = (
         st.none()
@@ -363,7 +365,7 @@ def test_a_hypothesis_round_trip_of_plain_values() -> None:
     )
 
     @hypothesis.given(trees, st.integers(0, 5))
-    @hypothesis.settings(max_examples=150, deadline=None)
+    @hypothesis.settings(max_examples=examples(150), deadline=None)
     def check(value: Any, protocol: int) -> None:
         assert unpickle(pickle.dumps(value, protocol=protocol)) == value
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -252,34 +253,61 @@ TRUNCATED = """
 import os, subprocess, sys, faulthandler
 faulthandler.enable()
 import tensorbridge as tb
-path, victim, mode = sys.argv[1:]
+path, victim = sys.argv[1:]
 f = tb.open(path)
 first = f.get(f.keys()[0])
 subprocess.run(["truncate", "-s", "64", victim], check=True)  # another process
-if mode == "next":
-    try:
-        f.get(f.keys()[-1])
-    except tb.FormatError as e:
-        print("FormatError:", e)
-    sys.exit(0)
 print(float(first.sum()), flush=True)  # the earlier view's pages are gone: SIGBUS
 """
 
 
-@pytest.mark.parametrize("kind", MAPPED)
-def test_a_file_truncated_while_open_gives_an_error(kind: str, tmp_path: Path) -> None:
-    sd = {"a": torch.ones(4096), "b": torch.ones(4096)}
-    path = _write(kind, tmp_path, sd)
+TRUNCATED_EACH = """
+import json, subprocess, sys, faulthandler
+faulthandler.enable()
+import tensorbridge as tb
+for kind, path, victim in json.loads(sys.argv[1]):
+    f = tb.open(path)
+    first = f.get(f.keys()[0])
+    subprocess.run(["truncate", "-s", "64", victim], check=True)  # another process
+    try:
+        f.get(f.keys()[-1])
+    except tb.FormatError as e:
+        print(json.dumps([kind, f"FormatError: {e}"]), flush=True)
+    else:
+        print(json.dumps([kind, ""]), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def truncated_reads(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """TRUNCATED's "next" mode for every kind in one child: (the child, kind -> its output)."""
+    cases = []
+    for kind in MAPPED:
+        d = tmp_path_factory.mktemp(f"truncated-{kind}")
+        path = _write(kind, d, {"a": torch.ones(4096), "b": torch.ones(4096)})
+        cases.append([kind, str(path), str(_victim(kind, path))])
     proc = subprocess.run(
-        [sys.executable, "-c", TRUNCATED, str(path), str(_victim(kind, path)), "next"],
+        [sys.executable, "-c", TRUNCATED_EACH, json.dumps(cases)],
         capture_output=True,
         text=True,
         env=ENV,
         timeout=300,
     )
+    lines = (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("["))
+    return proc, dict(lines)
+
+
+@pytest.mark.parametrize("kind", MAPPED)
+def test_a_file_truncated_while_open_gives_an_error(
+    kind: str, truncated_reads: tuple[subprocess.CompletedProcess[str], dict[str, str]]
+) -> None:
+    proc, outputs = truncated_reads
     assert proc.returncode == 0, proc.stderr[-2000:]  # no SIGBUS
-    assert "FormatError:" in proc.stdout
-    assert "changed size since it was opened" in proc.stdout or "truncated" in proc.stdout
+    stdout = outputs[kind]
+    assert "FormatError:" in stdout
+    assert "changed size since it was opened" in stdout or "truncated" in stdout
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="SIGBUS on a truncated mapping is Linux's")
@@ -290,7 +318,7 @@ def test_a_view_handed_out_before_the_truncation_is_the_documented_limit(
     sd = {"a": torch.ones(1 << 16), "b": torch.ones(4096)}
     path = _write(kind, tmp_path, sd)
     proc = subprocess.run(
-        [sys.executable, "-c", TRUNCATED, str(path), str(_victim(kind, path)), "earlier"],
+        [sys.executable, "-c", TRUNCATED, str(path), str(_victim(kind, path))],
         capture_output=True,
         text=True,
         env=ENV,

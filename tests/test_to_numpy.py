@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensorbridge as tb
+from _budget import examples
 from conftest import ROWS, data_address, make_patterns, tensor_bytes, tensor_from_bytes
 from tensorbridge._versions import torch_e4m3fn_saturates
 
@@ -1048,7 +1049,7 @@ def strided_views(draw: st.DrawFn) -> tuple[tb.DTypeRow, torch.Tensor, torch.Ten
     return row, base, v
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(strided_views())
 def test_property_views_round_trip_shared(
     case: tuple[tb.DTypeRow, torch.Tensor, torch.Tensor],

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensorbridge as tb
+from _budget import examples
 from conftest import ROWS, data_address, make_patterns, tensor_bytes
 from tensorbridge._versions import torch_e4m3fn_saturates
 
@@ -791,7 +792,7 @@ def numpy_views(draw: st.DrawFn) -> tuple[tb.DTypeRow, np.ndarray]:
     return row, v
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(numpy_views())
 def test_property_views_round_trip(case: tuple[tb.DTypeRow, np.ndarray]) -> None:
     row, v = case

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensorbridge as tb
+from _budget import examples
 from tensorbridge import _memory as M
 from tensorbridge import _staging as S
 from tensorbridge import tree as T
@@ -196,7 +197,7 @@ trees = st.recursive(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tree=trees, copy=st.sampled_from([None, True]))
 def test_random_trees_round_trip_bit_exact(tree: Any, copy: bool | None) -> None:
     out = tree_to_numpy(tree, copy=copy)
@@ -442,7 +443,7 @@ VIEWS = {
 }
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     picks=st.lists(st.sampled_from(sorted(VIEWS)), min_size=1, max_size=5),
     mode=st.sampled_from(["copy", "float32", "float64", "to torch"]),

@@ -224,6 +224,7 @@ def _reference_store(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
     return store, arrays
 
 
+@pytest.mark.slow  # a child importing zarr, dask and tensorstore
 def test_plain_numpy_reads_with_zarr_dask_and_tensorstore(tmp_path: Path) -> None:
     pytest.importorskip("dask.array", reason="dask is not installed")
     pytest.importorskip("tensorstore", reason="tensorstore is not installed")
