@@ -102,7 +102,12 @@ def decide_torch(
     into: bool,
     gather: bool = False,
 ) -> Plan:
-    """Decide :func:`plan_torch` (uncached)."""
+    """Decide :func:`plan_torch` (uncached).
+
+    One decision table read top to bottom (refusals, producers, dtype, device, copy),
+    long on purpose: every branch returns a plan whose steps and reason say what it
+    does, and the order of the branches is the order of precedence.
+    """
     import torch
 
     from . import _dtensor as dtensor

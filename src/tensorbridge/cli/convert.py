@@ -41,6 +41,8 @@ EXAMPLES = (
 
 
 def add_parser(subparsers: Any) -> None:
+    """``convert``'s options, each with its help text: long because convert has many
+    options, and a list reads best in one place."""
     p = command(
         subparsers,
         "convert",

@@ -328,7 +328,12 @@ def _strings(buf: Any, pos: int, count: int) -> list[str]:
 
 
 def parse(buf: Any, path: Path) -> Header:
-    """Parse and check the header of the GGUF file whose bytes are ``buf``."""
+    """Parse and check the header of the GGUF file whose bytes are ``buf``.
+
+    One function in the order of the bytes (magic, version, counts, key/values, tensor
+    infos, alignment, data offset), each field checked against the bytes present as it
+    is read: long because the format is read in one pass.
+    """
     cur = _Cursor(buf, repr(str(path)))
     cur.need(4, "the magic")
     if bytes(buf[:4]) != MAGIC:

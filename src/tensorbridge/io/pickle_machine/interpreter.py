@@ -116,6 +116,13 @@ def _run(
     persistent_load: Callable[[Any], Any] | None,
     placeholders: bool | frozenset[str],
 ) -> tuple[Any, int]:
+    """Run the opcodes of the pickle at ``data[start:]``: its value and where it ended.
+
+    One loop over every opcode, long on purpose: each branch is a few lines that read
+    the operands, check them against the bytes left and the work budget, and push or
+    pop; a function per opcode would add a call to every step of the hot loop and
+    spread one stack machine's invariants over sixty functions.
+    """
     end, pos = len(data), start
     stack: list[Any] = []
     metastack: list[list[Any]] = []
