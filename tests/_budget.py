@@ -3,13 +3,14 @@
 Two hypothesis profiles, chosen by the ``HYPOTHESIS_PROFILE`` environment variable
 (or hypothesis' own ``--hypothesis-profile`` option):
 
-* ``ci`` (``.ci/run`` sets it): every test's full budget, hypothesis' default of 100
-  examples where a test names none, so CI draws what it always drew;
-* ``dev``, the default: a quarter of each budget, for the everyday
-  ``python -m pytest -q -m "not slow"``.
+* ``ci`` (``.ci/run`` sets it): every test's full budget, in the settings hypothesis
+  picks by itself (its ``default`` profile, or its own ``ci`` one where it detects a
+  CI service), so CI draws what it always drew;
+* ``dev``, the default: the same settings with a quarter of each budget, for the
+  everyday ``python -m pytest -q -m "not slow"``.
 
 A test that wants more or fewer examples than the default states its budget through
-:func:`examples`, as a number of examples *under CI*, so the profile scales it too::
+:func:`examples`, as a number of examples *under CI*, so the profile scales it::
 
     @settings(max_examples=examples(150), deadline=None)
 """
@@ -20,13 +21,12 @@ import os
 
 from hypothesis import settings
 
-CI_EXAMPLES = 100  # hypothesis' own default: the budget of a test that names none
-
-settings.register_profile("ci", max_examples=CI_EXAMPLES)
-settings.register_profile("dev", max_examples=CI_EXAMPLES // 4)
+_FULL = settings()  # what hypothesis would run without this module
+settings.register_profile("ci", parent=_FULL)
+settings.register_profile("dev", parent=_FULL, max_examples=max(1, _FULL.max_examples // 4))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 def examples(ci: int) -> int:
     """``ci`` examples under the ``ci`` profile, the same share of it under the loaded one."""
-    return max(1, ci * settings.default.max_examples // CI_EXAMPLES)
+    return max(1, ci * settings().max_examples // _FULL.max_examples)

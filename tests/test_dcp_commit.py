@@ -208,7 +208,6 @@ def test_without_hard_links_the_files_are_copied_into_place(
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]
 
 
-@pytest.mark.slow  # every step of the fallback; with links, every step runs every day
 @pytest.mark.parametrize("n_old", [3, 4])
 def test_without_hard_links_a_sharded_save_stopped_at_any_step_reads_as_one_version(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n_old: int

@@ -294,6 +294,7 @@ def test_what_torchs_hf_writer_gets_wrong_is_right_here(saved_2: Path) -> None:
         assert f.metadata()["format"] == "pt"
 
 
+@pytest.mark.slow  # transformers imported and a GPT-2 loaded
 def test_transformers_loads_a_gpt2_saved_by_two_fsdp_ranks(saved_2: Path) -> None:
     reference = _gpt2()
     transformers = pytest.importorskip("transformers")

@@ -10,6 +10,9 @@ unsharded reference, which every process builds from the same seeds.
 The writers see only DCP's chunks (offset + size). An interleaved placement gives
 chunks that overlap; DCP's default planner refuses those, and both writers refuse
 them too (for planners that do not check), tested on hand-made plans.
+
+The tests of the 4-rank spawn are ``slow`` (CI runs them); the hand-made plans run every
+day.
 """
 
 from __future__ import annotations
@@ -139,6 +142,7 @@ def _assert_exact(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) ->
         assert _raw(t) == _raw(want), name
 
 
+@pytest.mark.slow  # saved: a process group of 4 ranks
 def test_the_ranks_held_strided_and_2d_mesh_shards(saved: tuple[Path, list[Any]]) -> None:
     strided = "(_StridedShard(dim=0, sf=2), Shard(dim=0))"
     grid = "(Shard(dim=0), Shard(dim=1))"
@@ -149,16 +153,19 @@ def test_the_ranks_held_strided_and_2d_mesh_shards(saved: tuple[Path, list[Any]]
         assert placements["strided.e4m3"] == strided and placements["grid.e5m2"] == grid
 
 
+@pytest.mark.slow  # saved: a process group of 4 ranks
 def test_safetensors_writer_is_byte_exact(saved: tuple[Path, list[Any]]) -> None:
     _assert_exact(_safetensors_dir(saved[0] / "st"), reference())
 
 
+@pytest.mark.slow  # saved: a process group of 4 ranks
 @needs_zarr
 def test_zarr_writer_is_byte_exact(saved: tuple[Path, list[Any]]) -> None:
     got = tb.load(saved[0] / "m.zarr", framework="torch")
     _assert_exact(got, reference())
 
 
+@pytest.mark.slow  # saved: a process group of 4 ranks
 def test_default_dcp_directory_converts_byte_exact(
     saved: tuple[Path, list[Any]], tmp_path: Path
 ) -> None:

@@ -220,7 +220,6 @@ def _child(code: str, tmp_path: Path) -> str:
     return done.stdout
 
 
-@pytest.mark.slow  # a child writing and reading 400 shards
 def test_hundreds_of_shards_open_under_a_small_descriptor_limit(tmp_path: Path) -> None:
     """400 shards under ``ulimit -n 256``: a shard index holds at most 64 shards open."""
     out = _child(
@@ -248,7 +247,6 @@ def test_hundreds_of_shards_open_under_a_small_descriptor_limit(tmp_path: Path) 
     assert out.strip() == "ok"
 
 
-@pytest.mark.slow  # a child writing and reading 300 files
 def test_a_dcp_checkpoint_of_hundreds_of_files_under_a_small_descriptor_limit(
     tmp_path: Path,
 ) -> None:

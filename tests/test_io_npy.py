@@ -322,6 +322,7 @@ _RSS_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a 512 MiB input, read twice in a child
 def test_streaming_save_of_a_large_memmap_has_bounded_peak_rss(tmp_path: Path) -> None:
     n = (512 << 20) // 4
     src, dst = tmp_path / "src.npy", tmp_path / "dst.npy"

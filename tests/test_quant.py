@@ -490,6 +490,7 @@ print(streamed, naive)
 """
 
 
+@pytest.mark.slow  # 64 MiB of codes dequantized to 128 MiB, twice, in a child
 @pytest.mark.parametrize(("threads", "bound"), [(1, 16), (2, 28)])
 def test_convert_dequantize_peak_anonymous_memory_is_bounded(
     tmp_path: Path, threads: int, bound: int

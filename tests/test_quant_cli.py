@@ -627,6 +627,7 @@ print(streamed, measured(naive))
 """
 
 
+@pytest.mark.slow  # 64 MiB of weights quantized twice in a child
 def test_convert_quantize_peak_anonymous_memory_is_bounded(tmp_path: Path) -> None:
     """64 MiB of bf16 weights quantized to NVFP4: the stream holds a slice, not a weight."""
     from _peak_rss import run_child

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 import tensorbridge as tb
@@ -38,6 +39,7 @@ _CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a 512 MiB input, read twice in a child
 def test_safetensors_to_safetensors_cast_streams_with_bounded_peak_rss(tmp_path: Path) -> None:
     src, dst = tmp_path / "big.safetensors", tmp_path / "small.safetensors"
     per = (128 << 20) // 4  # four 128 MiB float32 tensors: 512 MiB of input

@@ -263,6 +263,7 @@ def test_plain_numpy_reads_with_zarr_dask_and_tensorstore(tmp_path: Path) -> Non
             assert r["tensorstore"] is True and r["ts_dtype"] == str(a.dtype), (name, r)
 
 
+@pytest.mark.slow  # a child starting a dask cluster of worker processes
 def test_dask_distributed_workers_read_without_torch(tmp_path: Path) -> None:
     pytest.importorskip("distributed", reason="dask.distributed is not installed")
     a = make_patterns(tb.resolve_dtype("bf16")).reshape(512, 128)
