@@ -315,7 +315,6 @@ def _quick_chunk(
     max_abs = max(-float(lo), float(hi))
     if not math.isfinite(max_abs):  # a value in the top binade beyond the range became ±inf
         return None
-    inexact = int(torch.count_nonzero(err))  # the error is exact: zero where the value is
     small = _small_counts(s, res, ex, tops.emin, fmt) if ex_lo < tops.emin else (0, 0, 0)
     # |r - s| / 2^max(e, emin) <= 2^-(nmant+1): at most half a ULP (so nothing saturated)
     scale = (ex.clamp_min_(tops.emin) if ex_lo < tops.emin else ex).view(f32)
@@ -323,15 +322,18 @@ def _quick_chunk(
     lo, hi = torch.aminmax(w)
     if max(-float(lo), float(hi)) > 2.0 ** -(fmt.nmant + 1):
         return None
-    rel = err.div_(s)  # signed: the norms below take magnitudes as they reduce
+    rel = err.div_(s).abs_()
     if ex_lo == 0:  # zeros among the values (0 / 0): they have no relative error
         rel.nan_to_num_(nan=0.0)
     # float32 quotients of exact operands, correctly rounded: the largest is the float32
     # rounding of the exact largest (within 6e-8 of it, relative)
-    max_rel = float(torch.linalg.vector_norm(rel, math.inf))
+    max_rel = float(rel.max())
     if not max_rel <= 1:  # at most half a ULP: never more than the value itself
         return None
-    rel_sum = float(torch.linalg.vector_norm(rel, 1))
+    rel_sum = float(rel.sum())
+    # a relative error is 0 or positive: its sign counts the inexact values (a float32 sum
+    # of at most 2^24 ones and zeros is exact)
+    inexact = int(rel.sign_().sum())
     zeros, flushed, subnormal = small
     return _Quick(n - inexact, flushed, subnormal, max_abs, max_rel, rel_sum, n - zeros)
 
