@@ -96,6 +96,7 @@ SHARED = (
     "_keys",  # the dotted-name rules, flatten / rebuild
     "_packed",  # packed dtypes' pseudo rows
     "_progress",  # progress_bar
+    "_entry_points",  # an entry point group, read from the installed distributions
 )
 
 # Edges (importer, imported) that still break a rule, each with its reason. Empty

@@ -144,6 +144,7 @@ DOCUMENTED = [
     "tensorbridge",
     "tensorbridge.convert",
     "tensorbridge._atomic",
+    "tensorbridge._entry_points",
     "tensorbridge._commit",
     "tensorbridge._tensorfile",
     "tensorbridge.dcp._hf_layout",

@@ -42,9 +42,6 @@ whatever it is called.
 from __future__ import annotations
 
 import importlib
-import os
-import re
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -52,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
+from .._entry_points import group_entry_points, load_object
 from ..errors import FormatError, InvalidArgumentError
 from ._assembly import Layout, PlannedFile, StoreLayout
 
@@ -412,7 +410,7 @@ def _load_entry_points() -> None:
     theirs: list[tuple[Format, str]] = []
     for name, value, dist in sorted(group_entry_points(ENTRY_POINT_GROUP)):
         try:
-            fmt = _load_object(value)
+            fmt = load_object(value)
         except Exception as e:
             if dist != "tensorbridge":  # our own rows are registered below regardless
                 warnings.warn(
@@ -438,63 +436,6 @@ def _load_entry_points() -> None:
                 RuntimeWarning,
                 stacklevel=2,
             )
-
-
-def group_entry_points(group: str) -> list[tuple[str, str, str]]:
-    """``(name, "module:attr", distribution)`` of every entry point in ``group``, from the
-    ``entry_points.txt`` of the distributions on ``sys.path`` (the first of a name wins).
-
-    What ``importlib.metadata.entry_points(group=)`` finds in installed directories,
-    read without it: importing it and building every distribution's entry points
-    costs 10-25 ms, paid by the first ``tb.open`` of every process. Zipped
-    distributions are not searched.
-    """
-    found: list[tuple[str, str, str]] = []
-    seen: set[str] = set()
-    header = f"[{group}]"
-    for entry in sys.path:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue
-        for info in names:
-            if not info.endswith((".dist-info", ".egg-info")):
-                continue
-            dist = info.rsplit(".", 1)[0].split("-")[0]
-            key = re.sub(r"[-_.]+", "-", dist).lower()
-            if key in seen:
-                continue
-            seen.add(key)
-            try:
-                with open(os.path.join(entry or ".", info, "entry_points.txt")) as f:
-                    text = f.read()
-            except OSError:
-                continue
-            if header in text:
-                found += [(n, v, dist) for n, v in _section(text, header)]
-    return found
-
-
-def _section(text: str, header: str) -> list[tuple[str, str]]:
-    """The ``name = value`` lines of one ``[group]`` section of an ``entry_points.txt``."""
-    out, inside = [], False
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("["):
-            inside = line == header
-        elif inside and "=" in line and not line.startswith(("#", ";")):
-            name, value = (part.strip() for part in line.split("=", 1))
-            out.append((name, value))
-    return out
-
-
-def _load_object(value: str) -> Any:
-    """The object an entry point's ``module:attr`` value names (``ep.load()``)."""
-    module, _, attrs = value.partition(":")
-    obj = importlib.import_module(module.strip())
-    for attr in filter(None, attrs.strip().split(".")):
-        obj = getattr(obj, attr)
-    return obj
 
 
 def _rediscover() -> None:
