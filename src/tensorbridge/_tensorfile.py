@@ -24,7 +24,7 @@ from ._plan import numpy_row, run_numpy
 from ._progress import NoBar, progress_bar
 from ._torch_checks import is_tensor
 from .dtypes import DeviceLike, DTypeLike, DTypeRow, resolve_dtype
-from .errors import InvalidArgumentError, UnsupportedDtypeError
+from .errors import InvalidArgumentError, NoDataError, UnsupportedDtypeError, UnsupportedTensorError
 
 
 def row_of(x: Any) -> DTypeRow:
@@ -32,6 +32,19 @@ def row_of(x: Any) -> DTypeRow:
     if is_tensor(x):
         return resolve_dtype(x.dtype)
     return numpy_row(x)
+
+
+def check_dense(t: Any) -> None:
+    """Refuse a tensor whose bytes a writer cannot store as they are: a sparse or other
+    non-strided layout, or a meta tensor (no data)."""
+    import torch  # a tensor exists: torch is loaded
+
+    if t.layout is not torch.strided:
+        raise UnsupportedTensorError(
+            f"a {t.layout} tensor has no dense bytes to store; pass x.to_dense()"
+        )
+    if t.device.type == "meta":
+        raise NoDataError("a meta tensor holds no data; materialise it first")
 
 
 def cast_target(src: DTypeRow, float_dtype: Any) -> DTypeRow:

@@ -22,14 +22,13 @@ import numpy as np
 
 from .._keys import NameRules, no_nul, reserved_name, valid_unicode
 from .._packed import PSEUDO_ROWS
-from .._tensorfile import Deferred, cast_target, row_of
+from .._tensorfile import Deferred, cast_target, check_dense, row_of
 from .._torch_checks import is_tensor
 from ..dtypes import (
     PACKED_BY_NUMPY,
     DTypeRow,
 )
 from ..errors import (
-    NoDataError,
     UnsupportedDtypeError,
     UnsupportedTensorError,
 )
@@ -114,16 +113,9 @@ def make_item(name: Any, value: Any, float_dtype: Any) -> Item:
     if not isinstance(name, str):
         raise TypeError(f"tensor names must be str, got {type(name).__qualname__}; pass str(name)")
     if is_tensor(value):
-        import torch
-
         from ..dtypes import PACKED_BY_TORCH
 
-        if value.layout is not torch.strided:
-            raise UnsupportedTensorError(
-                f"a {value.layout} tensor has no dense bytes to store; pass x.to_dense()"
-            )
-        if value.device.type == "meta":
-            raise NoDataError("a meta tensor holds no data; materialise it first")
+        check_dense(value)
         packed = PACKED_BY_TORCH.get(value.dtype)
         if packed is not None and packed in PSEUDO_ROWS:
             if value.ndim == 0:

@@ -23,13 +23,12 @@ from ..._atomic import atomic_write
 from ..._chunks import DEFAULT_CHUNK, iter_bytes
 from ..._keys import NameRules, at_most_bytes, no_nul, valid_unicode
 from ..._progress import progress_bar
-from ..._tensorfile import cast_target, row_of
+from ..._tensorfile import cast_target, check_dense, row_of
 from ..._torch_checks import is_tensor
 from ...dtypes import DTypeLike, DTypeRow
 from ...errors import (
     FormatError,
     InvalidArgumentError,
-    NoDataError,
     UnsupportedDtypeError,
     UnsupportedTensorError,
 )
@@ -263,14 +262,7 @@ def _item(name: Any, value: Any, float_dtype: Any, quantize: str | None) -> _Ite
     if not isinstance(name, str):
         raise TypeError(f"tensor names must be str, got {type(name).__qualname__}; pass str(name)")
     if is_tensor(value):
-        import torch
-
-        if value.layout is not torch.strided:
-            raise UnsupportedTensorError(
-                f"a {value.layout} tensor has no dense bytes to store; pass x.to_dense()"
-            )
-        if value.device.type == "meta":
-            raise NoDataError("a meta tensor holds no data; materialise it first")
+        check_dense(value)
     elif not isinstance(value, np.ndarray) or isinstance(value, np.ma.MaskedArray):
         raise UnsupportedTensorError(
             f"the value is a {type(value).__qualname__}; GGUF stores torch.Tensor or "
