@@ -176,7 +176,11 @@ def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastR
         else:
             chunk_in = chunk
         res = scratch.get("res", dst.torch, chunk_in.numel()).copy_(chunk_in)
-        quick = _quick_chunk(chunk_in, res, fmt, scratch) if quick_plan is not None else None
+        quick = (
+            _quick_chunk(chunk_in, res, fmt, scratch, quick_plan)
+            if quick_plan is not None
+            else None
+        )
         if quick is not None:
             n = chunk_in.numel()
             c["exact"] += quick.exact
@@ -289,48 +293,47 @@ class _Quick:
 
 
 def _quick_chunk(
-    s_in: torch.Tensor, res: torch.Tensor, fmt: Format, scratch: Scratch
+    s_in: torch.Tensor, res: torch.Tensor, fmt: Format, scratch: Scratch, agree: bool
 ) -> _Quick | None:
     """The counts of one real chunk whose values are all finite, within the target's range
-    and rounded to nearest, in float32, in about a dozen passes; ``None`` when the chunk
-    is not such a one (the general path then counts it).
+    and rounded to nearest, in float32, in about ten passes; ``None`` when the chunk is
+    not such a one (the general path then counts it).
 
     Such values cannot overflow, saturate, become NaN or lose their zero or sign (the
     target is signed), and each is at most half a ULP off, so what is left to count is
     rounding: the error ``r - s`` is exact in float32 (``r`` is within a factor of two of
-    ``s``, or zero), and the target's ULP at ``|s|`` is ``2^(max(e, emin) - nmant)``, where
-    ``2^e`` is ``|s|`` with its mantissa bits cleared.
+    ``s``, or zero). Where ``agree`` (torch's kernel made ml_dtypes' bits on every tie
+    probed, :func:`_kernels_agree`) the half-ULP bound is torch's rounding to nearest;
+    otherwise it is checked on each value: the target's ULP at ``|s|`` is
+    ``2^(max(e, emin) - nmant)``, where ``2^e`` is ``|s|`` with its mantissa bits cleared.
     """
     n = s_in.numel()
     f32 = torch.float32
     s = to_float32(s_in, scratch, "s")
-    tops = _exponent_bits(fmt)
-    ex = torch.bitwise_and(s.view(torch.int32), 0x7F800000, out=scratch.get("e", torch.int32, n))
-    ex_lo, ex_hi = (int(v) for v in torch.aminmax(ex))
-    if ex_hi > tops.top:  # NaN, inf, or a binade above the largest finite value
+    mag = torch.abs(s, out=scratch.get("mag", f32, n))
+    lo, hi = (float(v) for v in torch.aminmax(mag))
+    if not hi <= fmt.max:  # NaN, inf, or beyond the largest finite value
         return None
-    rv = to_float32(res, scratch, "r")
-    err = torch.sub(rv, s, out=rv if rv is not res else scratch.get("err", f32, n))
-    lo, hi = torch.aminmax(err)
-    max_abs = max(-float(lo), float(hi))
-    if not math.isfinite(max_abs):  # a value in the top binade beyond the range became ±inf
+    if res.element_size() == 2:  # torch widens 16-bit values inside the subtraction
+        err = torch.sub(res, s, out=scratch.get("err", f32, n))
+    else:
+        rv = to_float32(res, scratch, "r", finite=True)
+        err = torch.sub(rv, s, out=rv if rv is not res else scratch.get("err", f32, n))
+    e_lo, e_hi = torch.aminmax(err)
+    max_abs = max(-float(e_lo), float(e_hi))
+    if not agree and not _within_half_ulp(mag, err, lo, fmt, scratch):
         return None
-    small = _small_counts(s, res, ex, tops.emin, fmt) if ex_lo < tops.emin else (0, 0, 0)
-    # |r - s| / 2^max(e, emin) <= 2^-(nmant+1): at most half a ULP (so nothing saturated)
-    scale = (ex.clamp_min_(tops.emin) if ex_lo < tops.emin else ex).view(f32)
-    w = torch.div(err, scale, out=scale)
-    lo, hi = torch.aminmax(w)
-    if max(-float(lo), float(hi)) > 2.0 ** -(fmt.nmant + 1):
-        return None
-    rel = err.div_(s).abs_()
-    if ex_lo == 0:  # zeros among the values (0 / 0): they have no relative error
+    small = _small_counts(mag, res, fmt, lo == 0) if lo < fmt.smallest_normal else (0, 0, 0)
+    rel = torch.div(err, mag, out=mag)
+    if lo == 0:  # zeros among the values (0 / 0): they have no relative error
         rel.nan_to_num_(nan=0.0)
     # float32 quotients of exact operands, correctly rounded: the largest is the float32
     # rounding of the exact largest (within 6e-8 of it, relative)
-    max_rel = float(rel.max())
+    r_lo, r_hi = torch.aminmax(rel)
+    max_rel = max(-float(r_lo), float(r_hi))
     if not max_rel <= 1:  # at most half a ULP: never more than the value itself
         return None
-    rel_sum = float(rel.sum())
+    rel_sum = float(rel.abs_().sum())
     # a relative error is 0 or positive: its sign counts the inexact values (a float32 sum
     # of at most 2^24 ones and zeros is exact)
     inexact = int(rel.sign_().sum())
@@ -338,29 +341,43 @@ def _quick_chunk(
     return _Quick(n - inexact, flushed, subnormal, max_abs, max_rel, rel_sum, n - zeros)
 
 
+def _within_half_ulp(
+    mag: torch.Tensor, err: torch.Tensor, lo: float, fmt: Format, scratch: Scratch
+) -> bool:
+    """Whether every ``|err|`` is at most half the target's ULP at ``mag``."""
+    emin = _emin_bits(fmt)
+    ex = torch.bitwise_and(
+        mag.view(torch.int32), 0x7F800000, out=scratch.get("e", torch.int32, mag.numel())
+    )
+    scale = (ex.clamp_min_(emin) if lo < fmt.smallest_normal else ex).view(torch.float32)
+    w = torch.div(err, scale, out=scale)
+    w_lo, w_hi = torch.aminmax(w)
+    return max(-float(w_lo), float(w_hi)) <= 2.0 ** -(fmt.nmant + 1)
+
+
 _ROW = 256  # values per row when the rows holding small values are picked out
 
 
 def _small_counts(
-    s: torch.Tensor, res: torch.Tensor, ex: torch.Tensor, emin: int, fmt: Format
+    mag: torch.Tensor, res: torch.Tensor, fmt: Format, has_zeros: bool
 ) -> tuple[int, int, int]:
-    """(zeros, flushed to zero, subnormal results) of a chunk that holds values below the
-    target's smallest normal (``ex``: the exponent bits of each value, ``emin``: those of
-    the smallest normal); counted on the rows of ``_ROW`` values that hold such values
-    (8-bit results: from a histogram of their bit patterns)."""
-    n = s.numel()
+    """(zeros, flushed to zero, subnormal results) of a chunk that holds magnitudes below
+    the target's smallest normal; counted on the rows of ``_ROW`` values that hold such
+    values (8-bit results: from a histogram of their bit patterns). ``has_zeros``: the
+    smallest magnitude is 0 (otherwise no zero is counted)."""
+    n = mag.numel()
     full = n - n % _ROW
-    s_rows = s[:full].view(-1, _ROW)
+    m_rows = mag[:full].view(-1, _ROW)
     bits = res.view(BITS_BY_SIZE[res.element_size()])
     if full:
-        rows = torch.nonzero(ex[:full].view(-1, _ROW).amin(dim=1) < emin).reshape(-1)
-        if len(rows) * 4 < len(s_rows):  # a few rows: gather them (and the ragged tail)
-            s_sub = s_rows.index_select(0, rows).reshape(-1)
+        rows = torch.nonzero(m_rows.amin(dim=1) < fmt.smallest_normal).reshape(-1)
+        if len(rows) * 4 < len(m_rows):  # a few rows: gather them (and the ragged tail)
+            m_sub = m_rows.index_select(0, rows).reshape(-1)
             b_sub = bits[:full].view(-1, _ROW).index_select(0, rows).reshape(-1)
             if full < n:
-                s_sub, b_sub = torch.cat((s_sub, s[full:])), torch.cat((b_sub, bits[full:]))
-            s, bits = s_sub, b_sub
-    zeros = s.numel() - int(torch.count_nonzero(s))
+                m_sub, b_sub = torch.cat((m_sub, mag[full:])), torch.cat((b_sub, bits[full:]))
+            mag, bits = m_sub, b_sub
+    zeros = mag.numel() - int(torch.count_nonzero(mag)) if has_zeros else 0
     if bits.dtype is torch.uint8:  # one histogram of the 256 patterns, classified once
         counts = torch.bincount(bits, minlength=256)
         zero, small = _classes(fmt.row)
@@ -386,18 +403,10 @@ def _classes(row: DTypeRow) -> tuple[torch.Tensor, torch.Tensor]:
     return zero, small
 
 
-@dataclass(frozen=True)
-class _Exponents:
-    top: int  # the float32 exponent bits of the target's largest finite value
-    emin: int  # those of its smallest normal
-
-
 @cache
-def _exponent_bits(fmt: Format) -> _Exponents:
-    def bits(v: float) -> int:
-        return int(np.asarray(v, np.float32).view(np.int32)) & 0x7F800000
-
-    return _Exponents(bits(fmt.max), bits(fmt.smallest_normal))
+def _emin_bits(fmt: Format) -> int:
+    """The float32 exponent bits of the target's smallest normal."""
+    return int(np.asarray(fmt.smallest_normal, np.float32).view(np.int32)) & 0x7F800000
 
 
 @cache

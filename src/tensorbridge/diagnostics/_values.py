@@ -123,11 +123,15 @@ class Scratch:
         return t[:n]
 
 
-def to_float32(t: torch.Tensor, scratch: Scratch, name: str) -> torch.Tensor:
+def to_float32(
+    t: torch.Tensor, scratch: Scratch, name: str, *, finite: bool = False
+) -> torch.Tensor:
     """A flat float tensor of at most 32 bits as float32, in ``scratch``'s buffer ``name``.
 
     8-bit floats go through a table of torch's own cast of their 256 patterns: torch's
-    CPU kernel converts float8 about ten times slower than a table lookup does.
+    CPU kernel converts float8 about ten times slower than a table lookup does. With
+    ``finite`` (the caller knows no value is NaN or inf), float8_e4m3fn and float8_e5m2
+    take their bits to float16's places instead, twice as fast again as the table.
     """
     n = t.numel()
     if t.dtype is torch.float32:
@@ -135,8 +139,22 @@ def to_float32(t: torch.Tensor, scratch: Scratch, name: str) -> torch.Tensor:
     out = scratch.get(name, torch.float32, n)
     if t.element_size() != 1:
         return out.copy_(t)
+    if finite and t.dtype in _HALF_SHIFT:
+        shift, scale = _HALF_SHIFT[t.dtype]
+        half = scratch.get("half", torch.int16, n).copy_(t.view(torch.int8))  # sign-extended
+        half.bitwise_left_shift_(shift)
+        if shift == 7:  # e4m3: bit 14 holds a copy of the sign; float16's top exponent bit
+            half.bitwise_and_(~(1 << 14))
+        out.copy_(half.view(torch.float16))
+        return out.mul_(scale) if scale != 1 else out
     index = scratch.get("index", torch.int32, n).copy_(t.view(torch.uint8))
     return torch.index_select(_float8_table(t.dtype), 0, index, out=out)
+
+
+# float8 bits shifted into float16's places (sign, exponent, mantissa) read as float16
+# times a power of two: e5m2 is float16's top byte; e4m3fn's exponent bias is 8 below
+# float16's, subnormals included (its NaN pattern would read as 480: finite values only)
+_HALF_SHIFT = {torch.float8_e5m2: (8, 1.0), torch.float8_e4m3fn: (7, 256.0)}
 
 
 @cache
