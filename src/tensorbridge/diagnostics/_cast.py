@@ -41,7 +41,7 @@ from ._values import (
 )
 
 ULP_BINS = ("0", "<=0.5", "<=1", "<=2", ">2")
-_CHUNK = 1 << 20  # values per chunk: its few float32 buffers stay in the last-level cache between passes
+_CHUNK = 1 << 20  # values per chunk: its float32 buffers stay in the last-level cache
 
 
 @dataclass(frozen=True)
