@@ -78,10 +78,12 @@ def test_the_table() -> None:
     ]
     assert [x for x in LAYOUTS if x.whole] == [ONNX_4BIT, ONNX_2BIT, ONNX_6BIT]
     assert [x for x in LAYOUTS if x.pads] == [ONNX_4BIT, ONNX_2BIT, ONNX_6BIT]
-    with pytest.raises(ValueError, match="only a whole layout pads"):
+    with pytest.raises(InvalidArgumentError, match=r"pads rows; pass whole=True"):
         Layout("x", 4, pads=True)
-    with pytest.raises(ValueError, match="bits dividing 8"):
+    with pytest.raises(InvalidArgumentError, match=r"pass bits that divide 8 and a block"):
         Layout("x", 6, split=32)
+    with pytest.raises(InvalidArgumentError, match=r"9-bit values; pass bits from 1 to 8"):
+        Layout("x", 9)
 
 
 # --- golden bytes, computed by hand --------------------------------------------------------

@@ -91,11 +91,19 @@ class Layout:
 
     def __post_init__(self) -> None:
         if not 1 <= self.bits <= 8:
-            raise ValueError(f"{self.name}: bits must be 1 to 8, not {self.bits}")
+            raise InvalidArgumentError(
+                f"layout {self.name!r} has {self.bits}-bit values; pass bits from 1 to 8"
+            )
         if self.split and (8 % self.bits or self.split % (8 // self.bits)):
-            raise ValueError(f"{self.name}: split blocks need bits dividing 8 and whole bytes")
+            raise InvalidArgumentError(
+                f"layout {self.name!r} splits blocks of {self.split} {self.bits}-bit values; "
+                "pass bits that divide 8 and a block that fills whole bytes"
+            )
         if self.pads and not self.whole:
-            raise ValueError(f"{self.name}: only a whole layout pads (its one row's end)")
+            raise InvalidArgumentError(
+                f"layout {self.name!r} pads rows; pass whole=True (only a tensor packed "
+                "flat pads, at its one end)"
+            )
 
     @property
     def group_values(self) -> int:
