@@ -7,6 +7,7 @@ tensorbridge writes are read by ``gguf.GGUFReader``; quantized tensors dequantiz
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import struct
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 import tensorbridge as tb
+from tensorbridge import packing
 from tensorbridge.cli import main
 from tensorbridge.dtypes import PACKED
 from tensorbridge.errors import FormatError, UnsupportedDtypeError, UnsupportedTensorError
@@ -234,7 +236,9 @@ def test_quantized_types_dequantize_as_gguf_does(
     )
 
 
-def test_mxfp4_nibble_order_is_the_layouts_not_a_global_rule(tmp_path: Path) -> None:
+def test_mxfp4_nibble_order_is_the_layouts_not_a_global_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # one MXFP4 block: e8m0 scale byte 127 (2**0), then the codes of 32 values
     codes = np.array([1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 0, 8] * 2, np.uint8)
     codes[16:] = codes[16:][::-1]
@@ -251,14 +255,14 @@ def test_mxfp4_nibble_order_is_the_layouts_not_a_global_rule(tmp_path: Path) -> 
     assert interleaved.tolist() == e2m1[np.stack([codes[:16], codes[16:]], 1).reshape(-1)].tolist()
     assert interleaved.tolist() != expected.tolist()
     assert "element j in the low nibble and element j + 16" in ggml.BY_NAME["MXFP4"].layout
-    assert [t.name for t in TYPES if t.nibbles] == ["Q4_0", "Q4_1", "IQ4_NL", "MXFP4", "NVFP4"]
-    assert {t.nibbles for t in TYPES if t.nibbles} == {"halves"}
-    # the kernel follows the row: told "pairs", the same bytes give safetensors' order
-    pairs = np.empty((1, 32), np.float32)
-    codes_, where = ggml._nibbles(block[:, 1:], "pairs")
-    for half, at in zip(codes_, where, strict=True):
-        pairs[:, at] = ggml._KVALUES[half] * 0.5
-    assert pairs[0].tolist() == interleaved.tolist()
+    assert [t.name for t in TYPES if t.packing] == ["Q4_0", "Q4_1", "IQ4_NL", "MXFP4", "NVFP4"]
+    assert {t.packing.name for t in TYPES if t.packing} == {"gguf_halves", "gguf_halves_16"}
+    assert ggml.BY_NAME["MXFP4"].packing is packing.GGUF_HALVES
+    # the kernel follows the row: told TORCH_X2, the same bytes give safetensors' order
+    mxfp4 = dataclasses.replace(ggml.BY_NAME["MXFP4"], packing=packing.TORCH_X2)
+    monkeypatch.setitem(ggml.BY_NAME, "MXFP4", mxfp4)
+    pairs = tbg.dequantize_blocks(block, "MXFP4", (32,))
+    assert pairs.tolist() == interleaved.tolist()
 
 
 def test_nvfp4_nibble_order_within_its_sub_blocks(tmp_path: Path) -> None:

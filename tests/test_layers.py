@@ -95,6 +95,7 @@ SHARED = (
     "_files",  # confined, bounded file reads
     "_keys",  # the dotted-name rules, flatten / rebuild
     "_packed",  # packed dtypes' pseudo rows
+    "packing",  # sub-byte layouts: torch's, ONNX's, GGUF's (public: the table of them)
     "_progress",  # progress_bar
     "_entry_points",  # an entry point group, read from the installed distributions
 )

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, Union
 import ml_dtypes
 import numpy as np
 
+from . import packing
 from ._torch_checks import is_torch_dtype
 from .errors import UnsupportedDtypeError
 
@@ -187,11 +188,12 @@ class PackedRow:
     """A torch dtype that packs several values into each byte, and NumPy's one-a-byte dtype.
 
     NumPy (ml_dtypes) keeps one sub-byte value a byte; torch's packed dtypes keep
-    ``per_byte`` of them, value ``k * i + j`` in bits ``[j * bits, (j + 1) * bits)`` of
-    byte ``i`` (low bits first: torch's ``Float4_e2m1fn_x2.h`` and safetensors' ``F4``).
+    several, as their :class:`~tensorbridge.packing.Layout` says (``float4_e2m1fn_x2``:
+    :data:`~tensorbridge.packing.TORCH_X2`, element ``2i`` in the low nibble of byte
+    ``i``, as torch's ``Float4_e2m1fn_x2.h`` and safetensors' ``F4`` have it).
     Converting between the two is an explicit pack / unpack (``dtype=`` names the other
     side), and the last dimension changes by ``per_byte``. Adding a packed type is one
-    row in ``_PACKED``.
+    row in ``_PACKED_SPEC``.
 
     >>> row = PACKED[0]
     >>> row.name, row.per_byte, row.unpack(np.array([0x21], np.uint8)).view(np.uint8)
@@ -200,7 +202,7 @@ class PackedRow:
 
     name: str
     numpy: np.dtype[Any]  # one value a byte
-    per_byte: int
+    layout: packing.Layout
     safetensors: str | None
     category: Category
 
@@ -213,44 +215,38 @@ class PackedRow:
         return dtype
 
     @property
+    def per_byte(self) -> int:
+        return 8 // self.layout.bits
+
+    @property
     def bits(self) -> int:
-        return 8 // self.per_byte
+        return self.layout.bits
 
     def unpack(self, packed: np.ndarray) -> np.ndarray:
         """Packed bytes (uint8) -> one value a byte; the last axis grows ``per_byte`` times."""
-        k, bits = self.per_byte, self.bits
-        out = np.empty((*packed.shape[:-1], packed.shape[-1] * k), np.uint8)
-        mask = (1 << bits) - 1
-        for j in range(k):
-            np.bitwise_and(np.right_shift(packed, j * bits), mask, out=out[..., j::k])
-        return out.view(self.numpy)
+        count = packed.shape[-1] * self.per_byte if packed.ndim else 0
+        return self.layout.unpack(packed, count).view(self.numpy)
 
     def pack(self, values: np.ndarray) -> np.ndarray:
         """One value a byte (last axis a multiple of ``per_byte``) -> packed uint8 bytes."""
-        k, bits = self.per_byte, self.bits
-        u = values.view(np.uint8)
-        mask = (1 << bits) - 1
-        packed: np.ndarray = u[..., 0::k] & mask
-        for j in range(1, k):
-            packed = packed | ((u[..., j::k] & mask) << (j * bits)).astype(np.uint8)
-        return packed.astype(np.uint8, copy=False)
+        return self.layout.pack(values)
 
     def __repr__(self) -> str:
         return f"PackedRow({self.name})"
 
 
-# (torch name, ml_dtypes name of one value, values a byte, safetensors code, category)
-_PACKED_SPEC: tuple[tuple[str, str, int, str | None, Category], ...] = (
-    ("float4_e2m1fn_x2", "float4_e2m1fn", 2, "F4", "float"),
+# (torch name, ml_dtypes name of one value, its packing, safetensors code, category)
+_PACKED_SPEC: tuple[tuple[str, str, packing.Layout, str | None, Category], ...] = (
+    ("float4_e2m1fn_x2", "float4_e2m1fn", packing.TORCH_X2, "F4", "float"),
 )
 
 
 def _build_packed() -> tuple[PackedRow, ...]:
     rows = []
-    for name, unpacked, per_byte, code, category in _PACKED_SPEC:
+    for name, unpacked, layout, code, category in _PACKED_SPEC:
         ndt = getattr(ml_dtypes, unpacked, None)
         if ndt is not None:
-            rows.append(PackedRow(name, np.dtype(ndt), per_byte, code, category))
+            rows.append(PackedRow(name, np.dtype(ndt), layout, code, category))
     return tuple(rows)
 
 

@@ -23,6 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import FormatError, QuantizationError
+from ..packing import TORCH_X2
 
 if TYPE_CHECKING:
     import torch
@@ -32,10 +33,10 @@ if TYPE_CHECKING:
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 # e2m1: code bits s e e m; the OCP MX spec's table (also ml_dtypes.float4_e2m1fn's)
 FP4_VALUES = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
-# one byte -> its two values, element 2j in the low nibble (safetensors F4, torchao, gpt-oss)
-# (one 8-byte item a byte: NumPy gathers those faster than rows of a 2-D table)
+# one byte -> its two values, element 2j in the low nibble (TORCH_X2: safetensors F4,
+# torchao, gpt-oss); one 8-byte item a byte: NumPy gathers those faster than 2-D rows
 _FP4_PAIRS_U64 = (
-    np.stack([FP4_VALUES[np.arange(256) & 0xF], FP4_VALUES[np.arange(256) >> 4]], axis=1)
+    FP4_VALUES[TORCH_X2.unpack(np.arange(256, dtype=np.uint8)[:, None], 2)]
     .view(np.uint64)
     .reshape(256)
 )
@@ -291,9 +292,12 @@ def e8m0_to_f32(scale: torch.Tensor) -> torch.Tensor:
     return _e8m0()[u8.long()]
 
 
-def fp4_encode(x: torch.Tensor) -> torch.Tensor:
-    """float32 -> e2m1 codes one a byte (round to nearest even, saturating at +-6)."""
+def fp4_encode(x: torch.Tensor, *, packed: bool = False) -> torch.Tensor:
+    """float32 -> e2m1 codes one a byte (round to nearest even, saturating at +-6), or
+    with ``packed`` two a byte along the last axis, element ``2j`` in the low nibble
+    (:data:`~tensorbridge.packing.TORCH_X2`, as every fp4 scheme stores them)."""
     import torch
 
     a = x.detach().to(torch.float32).cpu().numpy()
-    return torch.from_numpy(a.astype(ml_dtypes.float4_e2m1fn).view(np.uint8))
+    codes = a.astype(ml_dtypes.float4_e2m1fn).view(np.uint8)
+    return torch.from_numpy(TORCH_X2.pack(codes) if packed else codes)

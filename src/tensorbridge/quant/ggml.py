@@ -4,12 +4,14 @@ llama.cpp's GGUF files (:mod:`tensorbridge.io.gguf`) store tensors as ggml types
 ones (F32, BF16, I8, ...) and block-quantized ones (Q4_0 ... Q8_0, the K-quants, IQ types,
 MXFP4, NVFP4), ``block_size`` values in ``type_size`` bytes. This module holds what is
 ggml's rather than the file's: the table of types (:data:`TYPES`, each with its block
-layout, nibble order included) and :func:`dequantize_blocks`, which decodes blocks to
+layout, its packing included) and :func:`dequantize_blocks`, which decodes blocks to
 float32 as the ``gguf`` package (the reference) does, with kernels of its own for the
 commonest types. It sits beside the other quantization kernels of :mod:`tensorbridge.quant`
 and imports nothing of :mod:`tensorbridge.io` or :mod:`tensorbridge.quant.api`: the GGUF
 reader calls it, not the other way round. The fp4 e2m1 values are
-:data:`tensorbridge.quant.base.FP4_VALUES` (one table for every scheme).
+:data:`tensorbridge.quant.base.FP4_VALUES` (one table for every scheme); how a block's
+codes share its bytes is a :class:`tensorbridge.packing.Layout` (ggml's split runs,
+:data:`~tensorbridge.packing.GGUF_HALVES`, at each type's block size).
 
 >>> BY_NAME["Q8_0"].block_size, BY_NAME["Q8_0"].type_size, BY_NAME["BF16"].plain
 (32, 34, 'bfloat16')
@@ -19,13 +21,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import MissingExtraError, UnsupportedDtypeError
+from ..packing import GGUF_HALVES, Layout
 from .base import FP4_VALUES
 
 __all__ = [
@@ -47,7 +50,8 @@ class GgmlType:
 
     ``plain`` names the dtype-table row of a type stored one value per element
     (F32, BF16, I8, ...), ``None`` for a block-quantized one. ``layout`` says, for
-    the quantized types this module documents, where the values sit in a block.
+    the quantized types this module documents, where the values sit in a block;
+    ``packing``, for the 4-bit types, how the codes share a block's bytes.
     """
 
     name: str
@@ -56,10 +60,10 @@ class GgmlType:
     type_size: int
     plain: str | None = None
     layout: str = ""
-    # where a 4-bit type's block puts its values: "halves" (element j in the low nibble
-    # of byte j, element j + n/2 in the high one, n = 32 or NVFP4's groups of 16), or
-    # "pairs" (2j low, 2j + 1 high: safetensors' F4, torchao, gpt-oss); "" otherwise
-    nibbles: str = ""
+    # how a 4-bit type's block packs its codes: GGUF_HALVES (element j in the low nibble
+    # of byte j, element j + n/2 in the high one; n = 32, or NVFP4's groups of 16), where
+    # safetensors' F4, torchao and gpt-oss put 2j low and 2j + 1 high (TORCH_X2)
+    packing: Layout | None = None
 
     @property
     def quantized(self) -> bool:
@@ -81,15 +85,31 @@ _Q4_LAYOUT = (
     "nibble and element j + 16 in the high nibble of byte j"
 )
 
+# ggml's split runs at the other block sizes its types use (the same rule: run q of a
+# block's values in field q of its bytes; gguf.quants' dequantize_blocks of each type)
+_HALVES_16 = replace(GGUF_HALVES, name="gguf_halves_16", split=16, holds=("ggml NVFP4",))
+_HALVES_64 = replace(GGUF_HALVES, name="gguf_halves_64", split=64, holds=("ggml Q4_K",))
+_HALVES_128 = replace(
+    GGUF_HALVES, name="gguf_halves_128", split=128, holds=("ggml Q6_K low nibbles",)
+)
+_QUARTERS_128 = replace(
+    GGUF_HALVES, name="gguf_quarters_128", bits=2, split=128, holds=("ggml Q6_K high bits",)
+)
+
 # The codes and sizes of ggml's types (ggml.h's enum ggml_type and ggml.c's type_traits;
 # the gguf package's GGML_QUANT_SIZES agrees, tests/test_io_gguf.py checks). Codes 4, 5 and
 # 31-33, 36-38 were removed from ggml and are unknown here.
 TYPES: tuple[GgmlType, ...] = (
     GgmlType("F32", 0, 1, 4, "float32"),
     GgmlType("F16", 1, 1, 2, "float16"),
-    GgmlType("Q4_0", 2, 32, 18, layout=_Q4_LAYOUT.format(extra=""), nibbles="halves"),
+    GgmlType("Q4_0", 2, 32, 18, layout=_Q4_LAYOUT.format(extra=""), packing=GGUF_HALVES),
     GgmlType(
-        "Q4_1", 3, 32, 20, layout=_Q4_LAYOUT.format(extra=" and an f16 minimum"), nibbles="halves"
+        "Q4_1",
+        3,
+        32,
+        20,
+        layout=_Q4_LAYOUT.format(extra=" and an f16 minimum"),
+        packing=GGUF_HALVES,
     ),
     GgmlType("Q5_0", 6, 32, 22),
     GgmlType("Q5_1", 7, 32, 24),
@@ -105,7 +125,7 @@ TYPES: tuple[GgmlType, ...] = (
     GgmlType("IQ2_XS", 17, 256, 74),
     GgmlType("IQ3_XXS", 18, 256, 98),
     GgmlType("IQ1_S", 19, 256, 50),
-    GgmlType("IQ4_NL", 20, 32, 18, nibbles="halves"),
+    GgmlType("IQ4_NL", 20, 32, 18, packing=GGUF_HALVES),
     GgmlType("IQ3_S", 21, 256, 110),
     GgmlType("IQ2_S", 22, 256, 82),
     GgmlType("IQ4_XS", 23, 256, 136),
@@ -118,8 +138,8 @@ TYPES: tuple[GgmlType, ...] = (
     GgmlType("BF16", 30, 1, 2, "bfloat16"),
     GgmlType("TQ1_0", 34, 256, 54),
     GgmlType("TQ2_0", 35, 256, 66),
-    GgmlType("MXFP4", 39, 32, 17, layout=_MXFP4_LAYOUT, nibbles="halves"),
-    GgmlType("NVFP4", 40, 64, 36, layout=_NVFP4_LAYOUT, nibbles="halves"),
+    GgmlType("MXFP4", 39, 32, 17, layout=_MXFP4_LAYOUT, packing=GGUF_HALVES),
+    GgmlType("NVFP4", 40, 64, 36, layout=_NVFP4_LAYOUT, packing=_HALVES_16),
     GgmlType("Q1_0", 41, 128, 18),
 )
 BY_CODE = {t.code: t for t in TYPES}
@@ -172,23 +192,17 @@ def _q8_0(blocks: np.ndarray, out: np.ndarray) -> None:
     np.multiply(blocks[:, 2:].view(np.int8), _f16(blocks[:, :2]), out=out)
 
 
-def _nibbles(
-    qs: np.ndarray, order: str
-) -> tuple[tuple[np.ndarray, np.ndarray], tuple[slice, slice]]:
-    """The low and high nibbles of ``qs`` and where each goes in a block's values."""
-    n = 2 * qs.shape[1]
-    if order == "halves":
-        return (qs & 0x0F, qs >> 4), (slice(0, n // 2), slice(n // 2, n))
-    if order == "pairs":
-        return (qs & 0x0F, qs >> 4), (slice(0, n, 2), slice(1, n, 2))
-    raise ValueError(f"unknown nibble order {order!r}")
+def _codes(gtype: GgmlType, qs: np.ndarray) -> np.ndarray:
+    """The codes of blocks' packed bytes ``qs``, one a byte, in the order ``gtype``'s
+    packing puts them."""
+    assert gtype.packing is not None  # the kernels are called for 4-bit types only
+    return gtype.packing.unpack(qs, qs.shape[1] * 8 // gtype.packing.bits)
 
 
 def _q4_0(blocks: np.ndarray, out: np.ndarray) -> None:
     d = _f16(blocks[:, :2])
-    codes, where = _nibbles(blocks[:, 2:], BY_NAME["Q4_0"].nibbles)
-    for half, at in zip(codes, where, strict=True):
-        np.multiply(half.view(np.int8) - np.int8(8), d, out=out[:, at])
+    codes = _codes(BY_NAME["Q4_0"], blocks[:, 2:])
+    np.multiply(codes.view(np.int8) - np.int8(8), d, out=out)
 
 
 def _mxfp4(blocks: np.ndarray, out: np.ndarray) -> None:
@@ -196,9 +210,7 @@ def _mxfp4(blocks: np.ndarray, out: np.ndarray) -> None:
     # ggml_e8m0_to_fp32_half: 2**(e - 128) as float32 bits, subnormal for e < 2
     bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - 1) << np.uint32(23))
     d = bits.view(np.float32)
-    codes, where = _nibbles(blocks[:, 1:], BY_NAME["MXFP4"].nibbles)
-    for half, at in zip(codes, where, strict=True):
-        np.multiply(_KVALUES[half], d, out=out[:, at])
+    np.multiply(_KVALUES[_codes(BY_NAME["MXFP4"], blocks[:, 1:])], d, out=out)
 
 
 def _q4_k(blocks: np.ndarray, out: np.ndarray) -> None:
@@ -210,8 +222,7 @@ def _q4_k(blocks: np.ndarray, out: np.ndarray) -> None:
     mn = np.concatenate([mid & 0x3F, (top >> 4) | ((mid >> 2) & 0x30)], axis=1)
     ds = (d * sc.astype(np.float32))[:, :, None]  # exact: 11 bits times 6
     dm = (dmin * mn.astype(np.float32))[:, :, None]
-    qs = blocks[:, 16:].reshape(n, 4, 1, 32)
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(n, 8, 32)
+    codes = _HALVES_64.unpack(blocks[:, 16:], 256).reshape(n, 8, 32)
     values = out.reshape(n, 8, 32)
     np.multiply(codes, ds, out=values)  # rounded once, then the minimum: as gguf does
     np.subtract(values, dm, out=values)
@@ -219,12 +230,10 @@ def _q4_k(blocks: np.ndarray, out: np.ndarray) -> None:
 
 def _q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
     n = len(blocks)
-    ql = blocks[:, :128].reshape(n, 2, 1, 64)
-    qh = blocks[:, 128:192].reshape(n, 2, 1, 32)
     ds = _f16(blocks[:, 208:210]) * blocks[:, 192:208].view(np.int8).astype(np.float32)
-    low = np.concatenate([ql & 0x0F, ql >> 4], axis=2).reshape(n, 2, 128)
-    high = np.concatenate([qh & 3, (qh >> 2) & 3, (qh >> 4) & 3, qh >> 6], axis=2)
-    codes = (low | (high.reshape(n, 2, 128) << 4)).view(np.int8) - np.int8(32)
+    low = _HALVES_128.unpack(blocks[:, :128], 256)
+    high = _QUARTERS_128.unpack(blocks[:, 128:192], 256)
+    codes = (low | (high << 4)).view(np.int8) - np.int8(32)
     np.multiply(codes.reshape(n, 16, 16), ds[:, :, None], out=out.reshape(n, 16, 16))
 
 

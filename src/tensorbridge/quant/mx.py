@@ -386,8 +386,7 @@ class MX(Scheme):
             return {"scale": scales_only if as_bytes else scales_only.view(torch.float8_e8m0fnu)}
         scaled = blocks / scale
         if self.fp4:
-            codes = fp4_encode(scaled.reshape(xf.shape))
-            out = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+            out = fp4_encode(scaled.reshape(xf.shape), packed=True)
         else:
             dt = getattr(torch, element)
             out = torch.clamp(scaled, -max_pos, max_pos).to(dt).reshape(xf.shape)

@@ -291,8 +291,7 @@ class NVFP4(Scheme):
             return {"scale": scale, "global_scale": global_scale}
         reciprocal = (1.0 / per_tensor) / fp8.to(torch.float32)
         scaled = torch.clamp(blocks * reciprocal[..., None], -_F4_MAX, _F4_MAX)
-        codes = fp4_encode(scaled.reshape(xf.shape))
-        packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+        packed = fp4_encode(scaled.reshape(xf.shape), packed=True)
         return {"codes": packed, "scale": scale, "global_scale": global_scale}
 
 
