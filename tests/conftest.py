@@ -94,6 +94,7 @@ _F16_EDGES = [
     0x7C01, 0xFC01, 0x7DFF, 0x0001, 0x8001, 0x03FF, 0x0400, 0x7BFF, 0xFBFF, 0x3C00,
 ]  # fmt: skip
 N_RANDOM = 4096
+_BCOMPLEX32 = np.dtype(ml_dtypes.bcomplex32) if hasattr(ml_dtypes, "bcomplex32") else None
 
 
 def _seed(name: str) -> int:
@@ -124,8 +125,8 @@ def make_patterns(row: tb.DTypeRow) -> np.ndarray:
     # complex: every (real, imag) pair of the component's edge table, then random bits
     half = size // 2
     table = {2: _F16_EDGES, 4: _F32_EDGES, 8: _F64_EDGES}[half]
-    if ml_dtypes.real(np.zeros(1, row.numpy)).dtype == ml_dtypes.bfloat16:
-        table = [e >> 16 for e in _F32_EDGES]  # bcomplex32: float32's upper halves
+    if _BCOMPLEX32 is not None and row.numpy == _BCOMPLEX32:
+        table = [e >> 16 for e in _F32_EDGES]  # bcomplex32's bfloat16 parts: float32's tops
     comp = np.array(table, f"u{half}")
     pairs = np.stack(np.meshgrid(comp, comp, indexing="ij"), axis=-1).reshape(-1, 2)
     parts = [np.ascontiguousarray(pairs).view(np.uint8).reshape(-1)]

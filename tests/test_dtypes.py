@@ -42,7 +42,8 @@ def test_table_holds_every_dtype_both_libraries_know() -> None:
 
     assert [r.name for r in tb.dtype_table()] == available
     assert isinstance(tb.dtype_table(), tuple)
-    assert len(tb.dtype_table()) == 35  # the installed ml_dtypes (0.7) has every one
+    if all(hasattr(ml_dtypes, n) for n in EXPECTED[14:]):  # ml_dtypes 0.7 has every one
+        assert len(tb.dtype_table()) == 35
 
 
 def test_row_attributes_say_what_torch_has() -> None:

@@ -379,7 +379,12 @@ def import_array(
     copied = host_copy or bool(header.flags & IS_COPIED)
     readonly = None if host_copy else header.readonly
     if numpy and numpy_route(header):
-        return Imported(np.from_dlpack(CapsuleHolder(capsule, header.device)), readonly, copied)
+        try:
+            arr = np.from_dlpack(CapsuleHolder(capsule, header.device))
+        except (BufferError, TypeError, ValueError, RuntimeError):
+            pass  # NumPy refused it (a rank past its limit): the capsule is unused, go on
+        else:
+            return Imported(arr, readonly, copied)
     row = header.numpy_only
     if row is not None:
         relabel(capsule, row)

@@ -491,7 +491,8 @@ def _either(rows: tuple[DTypeRow, ...]) -> str:
 
 
 def _explain_numpy_only(row: DTypeRow) -> str:
-    exact = exact_widenings(row)
+    widest = BY_NAME["complex128" if row.category == "complex" else "float64"]
+    exact = exact_widenings(row) or (widest,)  # every type of the table has some today
     how = f"dtype={_either(exact)} (each holds every {row.name} value exactly)"
     packed = PACKED_BY_NUMPY.get(row.numpy)
     if packed is not None:
