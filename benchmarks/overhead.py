@@ -1,10 +1,13 @@
-"""Section 6: per-call overhead on 1,000 elements, every dtype in ``tb.dtype_table()``.
+"""Section 6: per-call overhead on 1,000 elements, every dtype of the table torch has.
 
 The target: ``tb.to_numpy`` / ``tb.to_torch`` within 2x (3x for ml_dtypes) of the bare
 ``t.numpy()`` / ``torch.from_numpy(a)`` for every dtype, bf16 included (a lean fast
 path: one table lookup, no repeated checks). For dtypes NumPy and torch cannot exchange
 by themselves (the ml_dtypes rows) the bare baseline is the float32 one, and the
 hand-written bit-cast ``t.view(carrier).numpy().view(ml_dtype)`` is shown as the floor.
+torch's sub-byte integers (int4 and its kin, one value a byte) are timed against the
+same bytes as int8: ``t.view(torch.int8).numpy()`` / ``torch.from_numpy(a.view(np.int8))``.
+The NumPy-only rows (float8_e4m3, ...) have no tensor to time.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ def _overhead_cases(
     carrier = row.carrier
     if carrier is not None:
         cases["hand"] = lambda: t.view(carrier).numpy().view(row.numpy)
+    if not row.kernels:  # the same bytes as int8, viewed by hand in the call
+        cases["bare_np"] = lambda: t.view(torch.int8).numpy()
+        cases["bare_t"] = lambda: torch.from_numpy(a.view(np.int8))
     return cases
 
 
@@ -44,16 +50,19 @@ def run(ctx: Context, sec: Section) -> None:
         is the same dtype's `t.numpy()` / `torch.from_numpy(a)`; for dtypes NumPy and torch
         cannot exchange by themselves (the ml_dtypes rows) it is the float32 one (marked
         f32). *hand* is the hand-written bit-cast `t.view(carrier).numpy().view(ml_dtype)`,
-        the floor for those rows. Ratio = tb time / bare time, from the minima / from the
-        medians; goal (minima, both directions) <= 2x for dtypes both sides hold natively,
-        <= 3x for the ml_dtypes rows (bfloat16, float8, complex32)."""
+        the floor for those rows. torch's sub-byte integers (int4 and its kin: one value a
+        byte, no torch kernels) are timed against the same bytes as int8 (marked int8),
+        `t.view(torch.int8).numpy()` / `torch.from_numpy(a.view(np.int8))`. Ratio = tb time
+        / bare time, from the minima / from the medians; goal (minima, both directions)
+        <= 2x for dtypes both sides hold natively, <= 3x for the ml_dtypes rows (bfloat16,
+        float8, complex32, the sub-byte integers)."""
     )
     n = 1000
     repeats = ctx.pick(15, 5, 3)
     f32_t = torch.zeros(n, dtype=torch.float32)
     f32_a = np.zeros(n, np.float32)
     rows = []
-    for row in tb.dtype_table():
+    for row in (r for r in tb.dtype_table() if r.in_torch):
         with warnings.catch_warnings():
             # torch warns whenever it allocates a complex32 (ComplexHalf) tensor
             warnings.filterwarnings("ignore", "ComplexHalf support is experimental")
@@ -70,7 +79,7 @@ def run(ctx: Context, sec: Section) -> None:
         rows.append(
             [
                 row.name,
-                "same" if native else "f32",
+                "same" if native else ("f32" if row.kernels else "int8"),
                 fmt_pair(st["bare_np"]),
                 fmt_pair(st["hand"]) if "hand" in st else "—",
                 fmt_pair(st["tb_np"]),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -19,7 +20,54 @@ import torch
 import _budget  # noqa: F401
 import tensorbridge as tb
 
-ROWS = tb.dtype_table()
+# The rows torch and NumPy both have (the `row` fixture), and the ml_dtypes types torch
+# lacks (the `numpy_only_row` fixture).
+ROWS = tuple(r for r in tb.dtype_table() if r.in_torch)
+NUMPY_ONLY_ROWS = tuple(r for r in tb.dtype_table() if not r.in_torch)
+
+# --- issue 29 §2: what the file formats and diagnostics do not hold yet -------------------------
+# The bridge (to_numpy / to_torch / trees / describe / plans / DLPack) handles every row; a
+# file format or a diagnostic that does not handle a new row yet is named here with the
+# rows it lacks, and exactly the tests that need it skip those rows (parametrized ones
+# through PENDING_TESTS, loops over the table through `held`). Whoever teaches a format a
+# row removes the row here; its tests then run for it.
+SUBBYTE = frozenset(r.name for r in ROWS if not r.kernels)  # int1 ... uint4
+NEW_ROWS = SUBBYTE | {r.name for r in NUMPY_ONLY_ROWS}  # every row issue 29 added
+PENDING: dict[str, frozenset[str]] = {
+    ".pt": SUBBYTE,  # torch.save: "dtype torch.int4 is not recognized"
+    "Zarr": NEW_ROWS,  # no Zarr data type for int1 ... (zarr_dtypes.py, tensorstore names)
+    "tb.stats": SUBBYTE,  # reduces with torch's kernels, which int4 lacks
+}
+# (test module, test function) -> the format or diagnostic its row parameter goes through
+PENDING_TESTS: dict[tuple[str, str], str] = {
+    ("test_io_pt", "test_round_trip_every_dtype"): ".pt",
+    ("test_diagnostics", "test_every_row_compares_equal_to_itself_and_casts_safely_to_itself"): (
+        "tb.stats"
+    ),
+}
+
+
+def pending_reason(what: str, row: str) -> str:
+    return f"issue 29 §2: {what} does not hold {row} yet"
+
+
+def held(what: str, rows: Any = None) -> tuple[tb.DTypeRow, ...]:
+    """The rows (by default every row torch has) that ``what`` holds today."""
+    return tuple(r for r in (ROWS if rows is None else rows) if r.name not in PENDING[what])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Skip exactly the parametrizations PENDING_TESTS names, with the reason why."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        row = callspec.params.get("row") if callspec is not None else None
+        module = getattr(item, "module", None)
+        if not isinstance(row, tb.DTypeRow) or module is None:
+            continue
+        what = PENDING_TESTS.get((module.__name__, getattr(item, "originalname", "")))
+        if what is not None and row.name in PENDING[what]:
+            item.add_marker(pytest.mark.skip(reason=pending_reason(what, row.name)))
+
 
 _F32_EDGES = [
     0x00000000, 0x80000000,  # +0, -0
@@ -46,6 +94,7 @@ _F16_EDGES = [
     0x7C01, 0xFC01, 0x7DFF, 0x0001, 0x8001, 0x03FF, 0x0400, 0x7BFF, 0xFBFF, 0x3C00,
 ]  # fmt: skip
 N_RANDOM = 4096
+_BCOMPLEX32 = np.dtype(ml_dtypes.bcomplex32) if hasattr(ml_dtypes, "bcomplex32") else None
 
 
 def _seed(name: str) -> int:
@@ -76,6 +125,8 @@ def make_patterns(row: tb.DTypeRow) -> np.ndarray:
     # complex: every (real, imag) pair of the component's edge table, then random bits
     half = size // 2
     table = {2: _F16_EDGES, 4: _F32_EDGES, 8: _F64_EDGES}[half]
+    if _BCOMPLEX32 is not None and row.numpy == _BCOMPLEX32:
+        table = [e >> 16 for e in _F32_EDGES]  # bcomplex32's bfloat16 parts: float32's tops
     comp = np.array(table, f"u{half}")
     pairs = np.stack(np.meshgrid(comp, comp, indexing="ij"), axis=-1).reshape(-1, 2)
     parts = [np.ascontiguousarray(pairs).view(np.uint8).reshape(-1)]
@@ -94,6 +145,12 @@ def row(request: pytest.FixtureRequest) -> tb.DTypeRow:
     return request.param  # type: ignore[no-any-return]
 
 
+@pytest.fixture(params=NUMPY_ONLY_ROWS, ids=lambda r: r.name)
+def numpy_only_row(request: pytest.FixtureRequest) -> tb.DTypeRow:
+    """Every row of an ml_dtypes type torch lacks (float8_e4m3, float6_e2m3fn, bcomplex32...)."""
+    return request.param  # type: ignore[no-any-return]
+
+
 @pytest.fixture
 def patterns(row: tb.DTypeRow) -> np.ndarray:
     """Bit patterns for ``row`` (see the module docstring), a fresh writable array."""
@@ -101,7 +158,12 @@ def patterns(row: tb.DTypeRow) -> np.ndarray:
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
-    """The bytes of a tensor's values in C order, read through torch alone (no tensorbridge)."""
+    """The bytes of a tensor's values in C order, read through torch alone (no tensorbridge).
+
+    One-byte dtypes are read as uint8 (torch has no copy kernel for int4 and its kin).
+    """
+    if t.element_size() == 1:
+        t = t.view(torch.uint8)
     t = t.detach().cpu().resolve_conj().resolve_neg()
     dense = torch.empty(t.shape, dtype=t.dtype).copy_(t).reshape(-1)  # fresh C-order strides
     return bytes(dense.view(torch.uint8).numpy().tobytes())

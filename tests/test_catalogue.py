@@ -235,6 +235,14 @@ ROWS: list[Row] = [
         "pass `dtype=np.float32` to dequantize, or convert `t.int_repr()`",
     ),
     Row(
+        "to_numpy:int3",
+        "a `torch.int3` tensor (no NumPy type)",
+        lambda e: tb.to_numpy(torch.zeros(2, dtype=torch.uint8).view(torch.int3)),
+        tb.UnsupportedDtypeError,
+        r"pass dtype=np\.int8 for its bytes as torch holds them",
+        "pass `dtype=np.int8` for its bytes as torch holds them",
+    ),
+    Row(
         "to_numpy:meta",
         "a meta tensor",
         lambda e: tb.to_numpy(torch.ones(2, device="meta")),
@@ -462,12 +470,12 @@ ROWS: list[Row] = [
         skip=no_longdouble,
     ),
     Row(
-        "to_torch:int4",
-        "an `ml_dtypes.int4` array",
-        lambda e: tb.to_torch(np.zeros(2, __import__("ml_dtypes").int4)),
+        "to_torch:float8_e4m3",
+        "an `ml_dtypes.float8_e4m3` array (a type torch lacks)",
+        lambda e: tb.to_torch(np.zeros(2, __import__("ml_dtypes").float8_e4m3)),
         tb.UnsupportedDtypeError,
-        r"pass a\.astype\(np\.int8\) \(lossless\)",
-        "pass `a.astype(np.int8)` (lossless)",
+        r"pass dtype=torch\.bfloat16, torch\.float16 or torch\.float32 \(each holds every",
+        "pass `dtype=torch.bfloat16`, `torch.float16` or `torch.float32` (each exact)",
     ),
     Row(
         "to_torch:masked",
@@ -564,7 +572,7 @@ ROWS: list[Row] = [
         "`tb.resolve_dtype('floaty')`",
         lambda e: tb.resolve_dtype("floaty"),
         tb.UnsupportedDtypeError,
-        r"known names: bfloat16",
+        r"known names: bcomplex32, bfloat16",
         "pass a known name",
     ),
     Row(

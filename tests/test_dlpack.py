@@ -93,6 +93,14 @@ class LegacyProducer:
         return tuple(self._inner.__dlpack_device__())  # type: ignore[return-value]
 
 
+def exported(row: tb.DTypeRow) -> tb.DTypeRow:
+    """The row DLPack carries for ``row``: torch exports its sub-byte integers (int4, ...)
+    as int8 / uint8 (DLPack has no code for them), so a producer's import is that."""
+    if row.in_torch and not row.kernels:
+        return tb.resolve_dtype("int8" if row.category == "int" else "uint8")
+    return row
+
+
 def _tensor(patterns: np.ndarray) -> torch.Tensor:
     """A fresh tensor holding the patterns' bytes (built through bytes, not tensorbridge)."""
     u8 = torch.tensor(np.frombuffer(patterns.tobytes(), np.uint8))
@@ -111,7 +119,7 @@ def test_to_numpy_of_a_producer_shares_every_dtype_bit_exact(
     a = tb.to_numpy(p)
 
     assert p.calls == 1
-    assert a.dtype == row.numpy and a.tobytes() == patterns.tobytes()
+    assert a.dtype == exported(row).numpy and a.tobytes() == patterns.tobytes()
     assert data_address(a) == t.data_ptr() and a.flags.writeable
     a.view(np.uint8)[:1] = 1  # the shared memory: the producer sees the write
     assert tensor_bytes(t)[:1] == b"\x01"
@@ -126,7 +134,7 @@ def test_to_torch_of_a_producer_shares_every_dtype_bit_exact(
     u = tb.to_torch(p)
 
     assert p.calls == 1
-    assert type(u) is torch.Tensor and u.dtype is row.torch
+    assert type(u) is torch.Tensor and u.dtype is exported(row).torch
     assert tensor_bytes(u) == patterns.tobytes() and u.data_ptr() == t.data_ptr()
 
 
@@ -191,7 +199,7 @@ def test_read_only_producer_gives_a_read_only_view(row: tb.DTypeRow, patterns: n
     a = tb.to_numpy(p)
 
     assert p.calls == 1
-    assert a.dtype == row.numpy and a.tobytes() == patterns.tobytes()
+    assert a.dtype == exported(row).numpy and a.tobytes() == patterns.tobytes()
     assert data_address(a) == t.data_ptr()  # still zero-copy
     assert not a.flags.writeable
     with pytest.raises(ValueError, match="read-only"):
@@ -210,7 +218,7 @@ def test_read_only_producer_is_copied_into_a_tensor(row: tb.DTypeRow, patterns: 
     u = tb.to_torch(p)
 
     assert p.calls == 1
-    assert u.dtype is row.torch and tensor_bytes(u) == raw
+    assert u.dtype is exported(row).torch and tensor_bytes(u) == raw
     assert u.data_ptr() != t.data_ptr()  # never a writable alias of read-only memory
     u.view(torch.uint8).fill_(7)
     assert tensor_bytes(t) == raw

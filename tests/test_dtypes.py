@@ -14,26 +14,45 @@ import pytest
 import torch
 
 import tensorbridge as tb
-from conftest import ROWS
+from conftest import NUMPY_ONLY_ROWS, ROWS
 from tensorbridge import dtypes
 
-# The table, in the table's order; a row needs both libraries to know the dtype.
+# The table, in the table's order; a row needs both libraries to know the dtype,
+# except the NumPy-only rows (ml_dtypes types torch lacks), which need ml_dtypes alone.
 EXPECTED = [
     "bool", "uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
     "float16", "float32", "float64", "complex64", "complex128",
     "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
     "float8_e8m0fnu", "complex32",
+    "int1", "int2", "int4", "uint1", "uint2", "uint4",
+    "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e5m3fnu",
+    "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn", "bcomplex32",
 ]  # fmt: skip
 NATIVE = EXPECTED[:14]
+SUBBYTE = EXPECTED[21:27]  # torch has them, without kernels
+NUMPY_ONLY = EXPECTED[27:]
 
 
 def test_table_holds_every_dtype_both_libraries_know() -> None:
     available = [
-        n for n in EXPECTED if hasattr(torch, n) and (n in NATIVE or hasattr(ml_dtypes, n))
+        n
+        for n in EXPECTED
+        if (n in NATIVE or hasattr(ml_dtypes, n)) and (n in NUMPY_ONLY or hasattr(torch, n))
     ]
 
     assert [r.name for r in tb.dtype_table()] == available
     assert isinstance(tb.dtype_table(), tuple)
+    if all(hasattr(ml_dtypes, n) for n in EXPECTED[14:]):  # ml_dtypes 0.7 has every one
+        assert len(tb.dtype_table()) == 35
+
+
+def test_row_attributes_say_what_torch_has() -> None:
+    for r in tb.dtype_table():
+        assert r.in_torch is (r.name not in NUMPY_ONLY), r
+        assert r.kernels is (r.name not in SUBBYTE and r.name not in NUMPY_ONLY), r
+        assert r.carried is (r.name not in NATIVE), r
+    assert all(r.in_torch for r in ROWS) and not any(r.in_torch for r in NUMPY_ONLY_ROWS)
+    assert len(ROWS) + len(NUMPY_ONLY_ROWS) == len(tb.dtype_table())
 
 
 def test_row_is_frozen(row: tb.DTypeRow) -> None:
@@ -76,8 +95,8 @@ def test_lookups_agree_both_ways(row: tb.DTypeRow) -> None:
 
 def test_every_name_and_alias_means_one_row() -> None:
     seen: dict[str, str] = {}
-    for r in ROWS:
-        for key in (r.name, str(r.torch), *r.aliases):
+    for r in tb.dtype_table():
+        for key in (r.name, *((str(r.torch),) if r.in_torch else ()), *r.aliases):
             assert key not in seen, f"{key!r} names both {seen[key]} and {r.name}"
             seen[key] = r.name
 
@@ -134,8 +153,8 @@ TORCH_UNSUPPORTED = [
     ("bits1x8", "pass tensor.view(torch.uint8) for its raw bytes"),
     ("bits2x4", "pass tensor.view(torch.uint8) for its raw bytes"),
     ("bits4x2", "pass tensor.view(torch.uint8) for its raw bytes"),
-    *[(f"uint{n}", "unpack it to torch.int8 / torch.uint8 first") for n in range(1, 8)],
-    *[(f"int{n}", "unpack it to torch.int8 / torch.uint8 first") for n in range(1, 8)],
+    *[(f"uint{n}", "pass dtype=np.uint8 for its bytes as torch holds them") for n in (3, 5, 6, 7)],
+    *[(f"int{n}", "pass dtype=np.int8 for its bytes as torch holds them") for n in (3, 5, 6, 7)],
     ("float4_e2m1fn_x2", "pass dtype=ml_dtypes.float4_e2m1fn to unpack"),
 ]
 
@@ -165,8 +184,21 @@ def test_torch_dtypes_without_a_numpy_dtype(name: str, fix: str) -> None:
         (object, "object arrays have no torch dtype"),
         (str, "string dtype <U0 has no torch dtype"),
         (">f4", ">f4 is byte-swapped; pass a.astype(a.dtype.newbyteorder('='))"),
-        ("float8_e4m3", "ml_dtypes float8_e4m3 has no torch dtype; pass a.astype(np.float32)"),
-        ("int4", "ml_dtypes int4 has no torch dtype; pass a.astype(np.int8) (lossless)"),
+        (
+            "float8_e4m3",
+            "ml_dtypes float8_e4m3 has no torch dtype; pass dtype=torch.bfloat16, "
+            "torch.float16 or torch.float32 (each holds every float8_e4m3 value exactly)",
+        ),
+        (
+            ml_dtypes.float8_e5m3fnu,
+            "ml_dtypes float8_e5m3fnu has no torch dtype; pass dtype=torch.bfloat16 or "
+            "torch.float32 (each holds every float8_e5m3fnu value exactly)",
+        ),
+        (
+            np.dtype(ml_dtypes.bcomplex32),
+            "ml_dtypes bcomplex32 has no torch dtype; pass dtype=torch.complex64 (each "
+            "holds every bcomplex32 value exactly)",
+        ),
     ],
     ids=str,
 )
@@ -185,7 +217,7 @@ def test_what_is_not_a_dtype(spec: object) -> None:
 
     msg = str(info.value)
     assert msg.startswith(f"{spec!r} is not a dtype; pass a torch dtype, a NumPy dtype or a name")
-    assert "known names: bfloat16, bool," in msg
+    assert "known names: bcomplex32, bfloat16, bool," in msg
 
 
 @pytest.mark.parametrize(
@@ -207,5 +239,5 @@ def test_errors_inherit_the_builtin_a_caller_expects(cls: type, builtin: type) -
 
 def test_lookup_dicts_are_derived_from_the_table() -> None:
     assert list(dtypes.BY_TORCH.values()) == list(ROWS)
-    assert list(dtypes.BY_NUMPY.values()) == list(ROWS)
+    assert list(dtypes.BY_NUMPY.values()) == list(tb.dtype_table())
     assert set(dtypes.BY_SAFETENSORS.values()) == {r for r in ROWS if r.safetensors}

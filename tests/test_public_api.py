@@ -147,6 +147,8 @@ DOCUMENTED = [
     "tensorbridge._entry_points",
     "tensorbridge._commit",
     "tensorbridge._tensorfile",
+    "tensorbridge._ml_cast",
+    "tensorbridge._plan_numpy_runs",
     "tensorbridge.dcp._hf_layout",
     "tensorbridge.dcp.safetensors",
     "tensorbridge.diagnostics._cast",

@@ -788,8 +788,8 @@ def test_non_tensor_input_is_refused() -> None:
     [
         ("bits8", "tensor.view(torch.uint8)"),
         ("bits16", "tensor.view(torch.uint8)"),
-        ("uint4", "unpack it to torch.int8 / torch.uint8"),
-        ("int3", "unpack it to torch.int8 / torch.uint8"),
+        ("uint3", "pass dtype=np.uint8 for its bytes as torch holds them"),
+        ("int3", "pass dtype=np.int8 for its bytes as torch holds them"),
     ],
 )
 def test_tensor_of_an_unsupported_dtype_is_refused(dtype: str, fix: str) -> None:

@@ -12,6 +12,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -568,8 +569,9 @@ def test_fp4_array_without_dtype_names_the_fix() -> None:
         tb.to_torch(a)
 
     assert str(info.value) == (
-        "ml_dtypes float4_e2m1fn has no torch dtype; pass "
-        "to_torch(a, dtype=torch.float4_e2m1fn_x2) to pack two values a byte"
+        "ml_dtypes float4_e2m1fn has no torch dtype; pass dtype=torch.float4_e2m1fn_x2 to "
+        "pack two values a byte, or dtype=torch.bfloat16, torch.float16 or torch.float32 "
+        "(each holds every float4_e2m1fn value exactly)"
     )
     with pytest.raises(tb.CopyRequiredError, match=r"is float4_e2m1fn \(packing makes a new"):
         tb.to_torch(a, dtype=FLOAT4_X2, copy=False)
@@ -640,36 +642,66 @@ def test_longdouble_wider_than_8_bytes(kind: type) -> None:
     )
 
 
-ML_UNSUPPORTED = [
-    ("int4", "a.astype(np.int8)"),
-    ("uint4", "a.astype(np.uint8)"),
-    ("int2", "a.astype(np.int8)"),
-    ("uint2", "a.astype(np.uint8)"),
-    ("int1", "a.astype(np.int8)"),
-    ("uint1", "a.astype(np.uint8)"),
-    ("float6_e2m3fn", "a.astype(np.float32)"),
-    ("float6_e3m2fn", "a.astype(np.float32)"),
-    ("float8_e4m3", "a.astype(np.float32)"),
-    ("float8_e3m4", "a.astype(np.float32)"),
-    ("float8_e4m3b11fnuz", "a.astype(np.float32)"),
-    ("float8_e5m3fnu", "a.astype(np.float32)"),
-    ("bcomplex32", "a.astype(np.complex64)"),
-]
+# What to_torch of each NumPy-only type names: the torch dtypes that hold every value
+# exactly (worked out by hand from each format's range and precision; the dtype table
+# computes them from the values, and the test below checks the claim value by value).
+EXACT_WIDENINGS = {
+    "float8_e3m4": ("bfloat16", "float16", "float32"),  # 4 mantissa bits, 2^-6 .. 15.5
+    "float8_e4m3": ("bfloat16", "float16", "float32"),  # 2^-9 .. 240
+    "float8_e4m3b11fnuz": ("bfloat16", "float16", "float32"),  # 2^-13 .. 30
+    "float8_e5m3fnu": ("bfloat16", "float32"),  # up to 114688: past float16's 65504
+    "float6_e2m3fn": ("bfloat16", "float16", "float32"),
+    "float6_e3m2fn": ("bfloat16", "float16", "float32"),
+    "float4_e2m1fn": ("bfloat16", "float16", "float32"),
+    "bcomplex32": ("complex64",),  # bfloat16 parts: complex32's float16 parts cannot
+}
 
 
-@pytest.mark.parametrize(("name", "fix"), ML_UNSUPPORTED, ids=[n for n, _ in ML_UNSUPPORTED])
-def test_ml_dtypes_without_a_torch_dtype(name: str, fix: str) -> None:
-    kind = getattr(ml_dtypes, name, None)
-    if kind is None:
-        pytest.skip(reason=f"this ml_dtypes has no {name}")
-    a = np.zeros(4, kind)
+def test_ml_dtypes_without_a_torch_dtype(numpy_only_row: tb.DTypeRow) -> None:
+    row = numpy_only_row
+    exact = [f"torch.{n}" for n in EXACT_WIDENINGS[row.name]]
+    a = (
+        np.arange(4, dtype=np.uint8).view(row.numpy)
+        if row.itemsize == 1
+        else np.zeros(4, row.numpy)
+    )
 
     with pytest.raises(tb.UnsupportedDtypeError) as info:
         tb.to_torch(a)
 
-    assert str(info.value) == f"ml_dtypes {name} has no torch dtype; pass {fix} (lossless)"
-    with pytest.raises(tb.UnsupportedDtypeError, match=f"ml_dtypes {name} has no torch dtype"):
-        tb.torch_dtype(kind)
+    named = exact[0] if len(exact) == 1 else f"{', '.join(exact[:-1])} or {exact[-1]}"
+    how = f"dtype={named} (each holds every {row.name} value exactly)"
+    if row.name == "float4_e2m1fn":
+        how = f"dtype=torch.float4_e2m1fn_x2 to pack two values a byte, or {how}"
+    assert str(info.value) == f"ml_dtypes {row.name} has no torch dtype; pass {how}"
+    with pytest.raises(tb.UnsupportedDtypeError, match=f"ml_dtypes {row.name} has no torch"):
+        tb.torch_dtype(row.numpy)
+    with pytest.raises(tb.UnsupportedDtypeError, match=f"ml_dtypes {row.name} has no torch"):
+        row.torch  # noqa: B018
+
+
+def test_the_named_widenings_hold_every_value_exactly(numpy_only_row: tb.DTypeRow) -> None:
+    row = numpy_only_row
+    if row.itemsize == 1:
+        values = np.arange(256, dtype=np.uint16).astype(np.uint8).view(row.numpy)
+        exact: Any = np.float64
+    else:  # bcomplex32: every bfloat16 pattern as the real and as the imaginary part
+        every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+        zero = np.zeros_like(every)
+        pairs = np.concatenate([np.stack([every, zero], -1), np.stack([zero, every], -1)])
+        values = np.ascontiguousarray(pairs).view(row.numpy).reshape(-1)
+        exact = np.complex128
+    with np.errstate(invalid="ignore"):  # NaN parts: NumPy's cast warns, and keeps them
+        want = values.astype(exact)
+
+    for name in EXACT_WIDENINGS[row.name]:
+        t = tb.to_torch(values, dtype=getattr(torch, name))
+        got = t.to(torch.float64 if exact is np.float64 else torch.complex128).numpy()
+        for g, w in ((got.real, want.real), (got.imag, want.imag)):
+            assert np.array_equal(g, w, equal_nan=True), name
+            assert np.array_equal(np.signbit(g), np.signbit(w)), name
+    if row.name == "float8_e5m3fnu":  # and the one it leaves out cannot
+        assert np.isinf(tb.to_torch(values, dtype=torch.float16).numpy()).any()
 
 
 @pytest.mark.parametrize(

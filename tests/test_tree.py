@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 
 import tensorbridge as tb
 from _budget import examples
+from conftest import ROWS  # the rows torch has (NumPy-only ones: their own tests)
 from tensorbridge import _memory as M
 from tensorbridge import _staging as S
 from tensorbridge import tree as T
 from tensorbridge.tree import tree_to_numpy, tree_to_torch
 
-ROWS = tb.dtype_table()
 Pair = namedtuple("Pair", "first second")
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -19,7 +19,10 @@ import torch
 import tensorbridge as tb
 from tensorbridge import _versions
 
-EXTENDED = [r for r in tb.dtype_table() if r.carrier is not None]
+# the ml_dtypes types torch has kernels for: NumPy 2.5 imports them through DLPack
+EXTENDED = [r for r in tb.dtype_table() if r.carried and r.kernels]
+# torch's sub-byte integers ml_dtypes has: DLPack has no code for them
+SUBBYTE = [r for r in tb.dtype_table() if r.in_torch and not r.kernels]
 
 
 def test_docstring_examples_run() -> None:
@@ -58,6 +61,15 @@ def test_numpy_dlpack_extended_says_what_np_from_dlpack_does(row: tb.DTypeRow) -
     else:
         with pytest.raises((RuntimeError, BufferError), match="Unsupported dtype in DLTensor"):
             np.from_dlpack(t)
+
+
+@pytest.mark.parametrize("row", SUBBYTE, ids=lambda r: r.name)
+def test_torch_exports_its_sub_byte_integers_as_bytes_on_every_stack(row: tb.DTypeRow) -> None:
+    # aten/src/ATen/DLConvertor.cpp: int1-int7 say kDLInt 8, uint1-uint7 kDLUInt 8
+    t = torch.arange(16, dtype=torch.uint8).view(row.torch)
+    a = np.from_dlpack(t)
+    assert a.dtype == (np.int8 if row.category == "int" else np.uint8)
+    assert a.ctypes.data == t.data_ptr()
 
 
 def test_torch_dlpack_read_only_says_what_dunder_dlpack_takes() -> None:

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import tensorbridge as tb
-from conftest import make_patterns
+from conftest import held, make_patterns
 
 zarr = pytest.importorskip("zarr", reason="zarr is an extra: pip install tensorbridge[zarr]")
 
@@ -214,7 +214,7 @@ def test_entry_points_name_every_type_and_load_as_zarr_3_2_would() -> None:
 
 def _reference_store(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
     """A store of every table row's bit patterns, and the expected bytes as uint8 .npy."""
-    arrays = {r.name: make_patterns(r) for r in tb.dtype_table()}
+    arrays = {r.name: make_patterns(r) for r in held("Zarr")}
     arrays["bfloat16_2d"] = make_patterns(tb.resolve_dtype("bf16")).reshape(256, 256)
     arrays["scalar"] = np.array(np.uint16(0x7FC1)).view(ml_dtypes.bfloat16)
     store = tmp_path / "ref.zarr"
@@ -337,7 +337,7 @@ def test_arrays_tensorstore_writes_read_back_bit_for_bit(
 
 
 def test_every_table_row_round_trips_through_the_format(tmp_path: Path) -> None:
-    tensors = {r.name: tb.to_torch(make_patterns(r)) for r in tb.dtype_table()}
+    tensors = {r.name: tb.to_torch(make_patterns(r)) for r in held("Zarr")}
     tensors["scalar"] = torch.tensor(-0.0, dtype=torch.bfloat16)
     tensors["empty"] = torch.zeros(0, 3, dtype=torch.float8_e5m2)
     tensors["columns"] = torch.arange(24, dtype=torch.int32).reshape(4, 6).t()  # not contiguous

@@ -5,8 +5,9 @@ A page asks for generated content with an HTML comment on a line of its own,
 ``GENERATORS[NAME]`` returns. An unknown name fails the build. The generators:
 
 * ``dtype-table``: one row per entry of ``tensorbridge.dtype_table()`` (name, torch
-  dtype, NumPy dtype, bytes, safetensors code, aliases), so the page lists exactly
-  what the installed torch and ml_dtypes support.
+  dtype, NumPy dtype, bytes, safetensors code, aliases; the torch side says "no kernels"
+  for torch's sub-byte integers and "NumPy only" for the types torch lacks), so the page
+  lists exactly what the installed torch and ml_dtypes support.
 * ``unsupported-dtypes``: dtypes with no counterpart on the other side, each with the
   message (and so the fix) that tensorbridge itself raises for it.
 * ``cli-reference``: the ``--help`` of ``tensorbridge`` and of every subcommand, read
@@ -47,12 +48,15 @@ def dtype_table() -> str:
     ]
     for row in tb.dtype_table():
         numpy_side = f"`numpy.{row.numpy}`" if row.carrier is None else f"`ml_dtypes.{row.numpy}`"
+        torch_side = _code(str(row.torch)) if row.in_torch else "— (NumPy only)"
+        if row.in_torch and not row.kernels:
+            torch_side += " (no kernels)"
         lines.append(
             "| "
             + " | ".join(
                 [
                     f"**{row.name}**",
-                    _code(str(row.torch)),
+                    torch_side,
                     numpy_side,
                     str(row.itemsize),
                     _code(row.safetensors) if row.safetensors else "—",

@@ -6,12 +6,27 @@
   consumed once, and a producer may do work (a device sync, a copy) per call. A call
   that the producer rejects with ``TypeError`` (an old signature without
   ``max_version``) made no capsule, so it is retried without the keyword.
-* **torch imports, the table converts.** The capsule becomes a torch tensor through
-  torch's importer (zero-copy wherever torch knows the device), and the existing
-  tensor paths take it from there; so bfloat16, every float8 and complex32 arrive as
-  themselves whatever NumPy can import through DLPack. Only negative strides, which
-  torch cannot hold (its importer aborts the process on them), go through NumPy's
-  importer instead.
+* **Two routes, one result.** ``to_numpy`` of host memory takes NumPy's own importer
+  (``np.from_dlpack``) where the stack imports every type of the table through it
+  (NumPy >= 2.5 with ml_dtypes >= 0.7: :data:`~tensorbridge._versions.NUMPY_DLPACK_EXTENDED`,
+  the one place that compares versions); everywhere else, and for ``to_torch`` and
+  device memory always, the capsule becomes a torch tensor through torch's importer
+  (zero-copy wherever torch knows the device) and the tensor paths take it from there,
+  so bfloat16, every float8 and complex32 arrive as themselves whatever NumPy can
+  import. Both give the same dtype, bytes, sharing and writability (tested where both
+  run). Negative strides, which torch cannot hold (its importer aborts the process on
+  them), go through NumPy's importer on either route.
+* **Types torch lacks.** A capsule of an ml_dtypes type torch has no dtype for
+  (float8_e3m4, float8_e4m3, float8_e4m3b11fnuz, bcomplex32: the (code, bits) ml_dtypes
+  registers with NumPy) is relabelled, before torch's importer takes it, as the
+  same-width integer of its row's carrier, and its memory viewed as the ml_dtypes type:
+  an array, as NumPy's route gives. float6 and float4 codes are refused (``dlpack.h``:
+  a consumer must stop importing their bits other than 6 and 4, and neither NumPy nor
+  torch imports those).
+* **Sub-byte integers.** torch exports int1-int7 / uint1-uint7 as ``int8`` / ``uint8``
+  (DLPack has no code for them; ``aten/src/ATen/DLConvertor.cpp``): a producer's int8
+  stays int8. Handed the torch tensor itself, tensorbridge knows its dtype and never
+  goes through DLPack.
 * **Read-only stays read-only.** torch's importer ignores DLPack's read-only flag.
   A DLPack >= 1.0 ("versioned") capsule carries it; an unversioned capsule cannot say,
   so, as ``np.from_dlpack`` does, its memory counts as read-only too. Read-only
@@ -37,7 +52,8 @@ import numpy as np
 import torch
 import torch.utils.dlpack
 
-from .dtypes import BY_NAME
+from ._versions import NUMPY_DLPACK_EXTENDED
+from .dtypes import BY_NAME, DTypeRow
 from .errors import CopyRequiredError, UnsupportedDtypeError, UnsupportedTensorError
 
 __all__ = ["Imported", "import_array", "is_producer", "numpy_from", "torch_from"]
@@ -57,7 +73,22 @@ DTYPE_CODES = {
     6: "bool", 7: "float8_e3m4", 8: "float8_e4m3", 9: "float8_e4m3b11fnuz",
     10: "float8_e4m3fn", 11: "float8_e4m3fnuz", 12: "float8_e5m2", 13: "float8_e5m2fnuz",
     14: "float8_e8m0fnu", 15: "float6_e2m3fn", 16: "float6_e3m2fn", 17: "float4_e2m1fn",
+    18: "bcomplex",
 }  # fmt: skip
+SIZED = (0, 1, 2, 4, 5, 18)  # the codes whose name takes the bit width
+SUB_BYTE = (15, 16, 17)  # float6 / float4: bits 6 / 4 only, never one value a byte
+# What np.from_dlpack imports, by (code, bits): NumPy's own types (the switch in
+# numpy/_core/src/multiarray/dlpack.c's from_dlpack) and, with NumPy >= 2.5, the types
+# ml_dtypes 0.7 registers (register_dlpack_dtype of its _DLPACK_TYPES).
+NUMPY_OWN = frozenset(
+    {(6, 8), (2, 16), (2, 32), (2, 64), (5, 64), (5, 128)}
+    | {(code, bits) for code in (0, 1) for bits in (8, 16, 32, 64)}
+)
+ML_DTYPES_REGISTERED = frozenset({(4, 16), (5, 32), (18, 32)} | {(c, 8) for c in range(7, 15)})
+NUMPY_IMPORTS = NUMPY_OWN | (ML_DTYPES_REGISTERED if NUMPY_DLPACK_EXTENDED else frozenset())
+NUMPY_DEVICES = (CPU, CUDA_HOST, ROCM_HOST)  # host memory np.from_dlpack reads
+# to_numpy takes NumPy's importer where the stack imports every type of the table with it
+NUMPY_ROUTE = NUMPY_DLPACK_EXTENDED
 
 
 class DLDevice(ctypes.Structure):
@@ -132,7 +163,11 @@ def is_producer(x: Any) -> bool:
 
 @dataclass(frozen=True)
 class Header:
-    """What a capsule says about its array before anyone imports it."""
+    """What a capsule says about its array before anyone imports it.
+
+    ``dtype`` is the DLPack type's name ("float32", "bfloat16", "float8_e4m3"); ``code``
+    and ``bits`` its ``DLDataType``.
+    """
 
     versioned: bool
     version: tuple[int, int] | None
@@ -140,6 +175,17 @@ class Header:
     device: tuple[int, int]
     dtype: str
     negative_strides: bool
+    code: int = 0
+    bits: int = 0
+    lanes: int = 1
+
+    @property
+    def numpy_only(self) -> DTypeRow | None:
+        """The row of a type NumPy has and torch lacks (float8_e4m3, bcomplex32), else None."""
+        row = BY_NAME.get(self.dtype)
+        if row is None or row.in_torch or self.code in SUB_BYTE or self.lanes != 1:
+            return None
+        return row if self.bits == 8 * row.itemsize else None
 
     @property
     def readonly(self) -> str | None:
@@ -178,9 +224,9 @@ def read_header(capsule: Any) -> Header:
             f"a PyCapsule named {name!r} is not a DLPack capsule ('dltensor' or "
             "'dltensor_versioned'); pass the array that exports __dlpack__"
         )
-    code, bits, lanes = dl.dtype.code, dl.dtype.bits, dl.dtype.lanes
+    code, bits, lanes = int(dl.dtype.code), int(dl.dtype.bits), int(dl.dtype.lanes)
     dtype = DTYPE_CODES.get(code, f"code {code}")
-    if code in (0, 1, 2, 4, 5):
+    if code in SIZED:
         dtype += str(bits)
     if lanes != 1:
         dtype += f"x{lanes}"
@@ -192,6 +238,33 @@ def read_header(capsule: Any) -> Header:
         (int(dl.device.device_type), int(dl.device.device_id)),
         dtype,
         negative,
+        code,
+        bits,
+        lanes,
+    )
+
+
+def relabel(capsule: Any, row: DTypeRow) -> None:
+    """Name a capsule's type the integer of ``row``'s carrier (same width), so that torch's
+    importer, which lacks ``row``'s type, takes the memory; the consumer (us) owns the
+    capsule's ``DLManagedTensor`` once it has it, and the bytes are viewed as ``row`` next."""
+    raw = capsule_name(capsule)
+    if raw == VERSIONED:
+        dl = DLManagedTensorVersioned.from_address(capsule_pointer(capsule, VERSIONED)).dl_tensor
+    else:
+        dl = DLManagedTensor.from_address(capsule_pointer(capsule, UNVERSIONED)).dl_tensor
+    carrier = row.carrier_numpy
+    dl.dtype.code = 1 if carrier.kind == "u" else 0  # kDLUInt / kDLInt
+    dl.dtype.bits = 8 * carrier.itemsize
+
+
+def numpy_route(header: Header) -> bool:
+    """Whether ``to_numpy`` takes NumPy's importer for this capsule (see the module doc)."""
+    return (
+        NUMPY_ROUTE
+        and header.device[0] in NUMPY_DEVICES
+        and header.lanes == 1
+        and (header.code, header.bits) in NUMPY_IMPORTS
     )
 
 
@@ -288,8 +361,13 @@ def export(x: Any, what: str, host_copy_allowed: bool) -> tuple[Any, bool]:
     return capsule, host_copy
 
 
-def import_array(x: Any, what: str = "import", *, host_copy_allowed: bool = True) -> Imported:
+def import_array(
+    x: Any, what: str = "import", *, host_copy_allowed: bool = True, numpy: bool = False
+) -> Imported:
     """Import a producer or capsule with one export; zero-copy where torch can read it.
+
+    ``numpy``: the caller wants an array (``to_numpy``), so NumPy's own importer is used
+    where :func:`numpy_route` says so.
 
     >>> t = torch.arange(3.0)
     >>> got = import_array(t.__dlpack__(max_version=(1, 0)))
@@ -300,6 +378,16 @@ def import_array(x: Any, what: str = "import", *, host_copy_allowed: bool = True
     header = read_header(capsule)
     copied = host_copy or bool(header.flags & IS_COPIED)
     readonly = None if host_copy else header.readonly
+    if numpy and numpy_route(header):
+        try:
+            arr = np.from_dlpack(CapsuleHolder(capsule, header.device))
+        except (BufferError, TypeError, ValueError, RuntimeError):
+            pass  # NumPy refused it (a rank past its limit): the capsule is unused, go on
+        else:
+            return Imported(arr, readonly, copied)
+    row = header.numpy_only
+    if row is not None:
+        relabel(capsule, row)
     if header.negative_strides:
         # torch has no negative strides (its importer aborts the process on them); NumPy
         # keeps them, and the NumPy paths copy or share as they do for any such array.
@@ -312,12 +400,13 @@ def import_array(x: Any, what: str = "import", *, host_copy_allowed: bool = True
                 f"cannot import it ({e}); pass a copy with positive strides (x.copy() in "
                 "its own library)"
             ) from e
-        return Imported(arr, readonly, copied)
+        return Imported(arr if row is None else arr.view(row.numpy), readonly, copied)
     try:
         tensor = torch.utils.dlpack.from_dlpack(capsule)
     except (BufferError, ImportError, RuntimeError, TypeError, ValueError) as e:
         what_failed = f"the {header.dtype} DLPack array on {device_name(header.device)}"
-        if header.dtype in BY_NAME:  # a dtype torch has: the device or layout failed
+        known = BY_NAME.get(header.dtype)
+        if known is not None and known.in_torch:  # a dtype torch has: the device or layout
             raise UnsupportedTensorError(
                 f"torch {torch.__version__} cannot import {what_failed} ({e}); move it to "
                 "the CPU with its own library first"
@@ -326,7 +415,33 @@ def import_array(x: Any, what: str = "import", *, host_copy_allowed: bool = True
             f"torch {torch.__version__} cannot import {what_failed} ({e}); cast it to a "
             "dtype torch has (e.g. float32) with its own library first"
         ) from e
+    if row is not None:  # the carrier's integers: the memory as the type torch lacks
+        return numpy_only(tensor, row, header, what, host_copy_allowed, readonly, copied)
     return Imported(tensor, readonly, copied)
+
+
+def numpy_only(
+    tensor: torch.Tensor,
+    row: DTypeRow,
+    header: Header,
+    what: str,
+    host_copy_allowed: bool,
+    readonly: str | None,
+    copied: bool,
+) -> Imported:
+    """A relabelled import of a type torch lacks, as the array NumPy alone can hold."""
+    if not tensor.is_cpu:
+        if not host_copy_allowed:
+            raise CopyRequiredError(
+                f"{what}(copy=False) cannot share memory: the input is {row.name} on "
+                f"{device_name(header.device)}, and only NumPy holds {row.name}, on the host; "
+                "pass copy=None to allow a copy to the host"
+            )
+        tensor, readonly, copied = tensor.cpu(), None, True
+    arr = tensor.numpy().view(row.numpy)
+    if readonly:
+        arr.flags.writeable = False
+    return Imported(arr, readonly, copied)
 
 
 def aliases(result: Any, source: torch.Tensor) -> bool:
@@ -352,7 +467,7 @@ def numpy_from(
 
     A result that shares read-only memory comes back read-only, whatever ``readonly``.
     """
-    got = import_array(x, "to_numpy", host_copy_allowed=copy is not False)
+    got = import_array(x, "to_numpy", host_copy_allowed=copy is not False, numpy=True)
     if got.copied and copy:
         copy = None  # the producer's copy is already new memory
     result = convert(got.value, dtype=dtype, copy=copy, readonly=readonly, out=out)

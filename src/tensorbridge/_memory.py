@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._ml_cast import astype
 from .dtypes import BY_TORCH, DTypeRow
 
 # Tensor subclasses whose storage holds their values as a plain tensor's does.
@@ -55,6 +56,46 @@ def as_tensor(a: np.ndarray, row: DTypeRow) -> torch.Tensor:
     if row.carrier is None:
         return torch.from_numpy(a)
     return torch.from_numpy(a.view(row.carrier_numpy)).view(row.torch)
+
+
+# --- dtypes torch has no kernels for (int4, ...): bytes on the carrier, values in NumPy ---------
+
+
+def move_bits(t: torch.Tensor, row: DTypeRow, device: Any) -> torch.Tensor:
+    """``t`` (of ``row``) on ``device``, a new tensor; moved as the carrier's bytes where
+    torch has no kernels for ``row`` (``.to()`` of an int4 tensor raises)."""
+    if row.kernels:
+        return t.to(device)
+    carrier = row.carrier
+    assert carrier is not None  # a kernel-less row is carried
+    return t.view(carrier).to(device).view(t.dtype)
+
+
+def host_array(t: torch.Tensor, row: DTypeRow) -> np.ndarray:
+    """``t``'s values as an array on the host: a view of a CPU tensor's memory, else a
+    transfer (as the carrier's bytes where torch has no kernels). Conj/neg bits are
+    resolved first (a copy)."""
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    if not t.is_cpu:
+        t = move_bits(t, row, "cpu")
+    return as_numpy(t, row)
+
+
+def copy_into(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``out.copy_(t)`` for every table dtype: where torch has no kernels for either side,
+    ``t`` is cast by ml_dtypes' ``astype`` on the host, and the carrier's bytes copied."""
+    src, dst = BY_TORCH.get(t.dtype), BY_TORCH.get(out.dtype)
+    if src is None or dst is None or (src.kernels and dst.kernels):
+        return out.copy_(t)
+    if src is not dst:
+        t = as_tensor(astype(host_array(t, src), dst.numpy), dst)
+    if dst.kernels:
+        return out.copy_(t)
+    carrier = dst.carrier
+    assert carrier is not None  # a kernel-less row is carried
+    out.view(carrier).copy_(t.view(carrier))
+    return out
 
 
 # --- reading memory that must not be written ---------------------------------------------------

@@ -15,11 +15,12 @@ imports all of it through :mod:`tensorbridge._plan`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import _plan_numpy_runs as runs
+from ._ml_cast import astype
 from ._plan_base import (
     CACHE_LIMIT,
     NUMPY_PLANS,
@@ -30,7 +31,6 @@ from ._plan_base import (
     Plan,
     Run,
     check_cast,
-    check_out,
     decisions,
     dequantizing,
     needs_copy,
@@ -42,6 +42,7 @@ from ._plan_base import (
 from .dtypes import (
     DTypeRow,
     PackedRow,
+    is_byte,
     native_row,
     resolve_dtype,
     unpacked_target,
@@ -106,27 +107,6 @@ def _spec_row(dtype: Any) -> DTypeRow | None:
     return None if dtype is None else resolve_dtype(dtype)
 
 
-def _readonly(arr: np.ndarray) -> np.ndarray:
-    arr = arr.view()
-    arr.flags.writeable = False
-    return arr
-
-
-def _fill_out(arr: np.ndarray, out: np.ndarray) -> np.ndarray:
-    check_out(out, arr.shape, "to_numpy")
-    np.copyto(out, arr, casting="unsafe")
-    return out
-
-
-def _finishing(run: Callable[[Any], np.ndarray], readonly: bool, into: bool) -> Run:
-    """Wrap a value -> array executor with ``out=`` or ``readonly=``."""
-    if into:
-        return lambda x, out: _fill_out(run(x), out)
-    if readonly:
-        return lambda x, out: _readonly(run(x))
-    return lambda x, out: run(x)
-
-
 # --- to_numpy ---------------------------------------------------------------------------------
 
 
@@ -141,7 +121,7 @@ def decide_numpy(
 
     from . import _dtensor as dtensor
     from . import _quantized as quantized
-    from .dtypes import PACKED_BY_TORCH
+    from .dtypes import PACKED_BY_TORCH, SHELL_BY_TORCH
 
     if type(x) is not torch.Tensor and dtensor.is_dtensor(x):
         return _dtensor_to_numpy(x, dtype, copy, readonly, into, gather)
@@ -164,10 +144,30 @@ def decide_numpy(
     packed = PACKED_BY_TORCH.get(t.dtype)
     if packed is not None:
         return _unpack_to_numpy(packed, t, dtype, copy, readonly, into)
+    if t.dtype in SHELL_BY_TORCH:
+        return _shell_to_numpy(t, dtype, copy, readonly, into)
     src = resolve_dtype(t.dtype)
     dst = src if dtype is None else resolve_dtype(dtype)
     check_cast(src, dst)
     return _strided_to_numpy(t, src, dst, detach, copy, readonly, into)
+
+
+def _shell_to_numpy(
+    t: torch.Tensor, dtype: Any, copy: bool | None, readonly: bool, into: bool
+) -> Plan:
+    """torch's int3, uint5, ... (no NumPy type, no kernels): only ``dtype=`` int8 / uint8,
+    which views the tensor's bytes as torch holds them; anything else is refused."""
+    as_bytes = None if dtype is None else resolve_dtype(dtype)
+    if as_bytes is None or not is_byte(as_bytes):
+        resolve_dtype(t.dtype)  # raises, naming dtype=np.int8 / np.uint8
+    assert as_bytes is not None
+    tdt = as_bytes.torch
+    rest = plan_numpy(plain_tensor(t).view(tdt), None, copy, readonly, into)
+
+    def run(x: torch.Tensor, out: Any) -> Any:
+        return rest.run(plain_tensor(x).view(tdt), out)
+
+    return Plan("numpy", rest.steps, rest.reason, rest.copies, rest.src, rest.dst, False, run)
 
 
 def _strided_to_numpy(
@@ -193,6 +193,9 @@ def _strided_to_numpy(
     elif dst is not src:
         reason = f"is {src.name} and a cast to {dst.name} makes new values"
     tail = ("readonly",) if readonly and not into else ()
+    if not (src.kernels and dst.kernels) and (into or copy or reason is not None):
+        steps = (*steps, "resolve") if resolve else steps
+        return _through_numpy(src, dst, steps, reason, copy, readonly, into, on_host)
 
     def plain(x: torch.Tensor) -> torch.Tensor:
         return x.detach() if detach else x
@@ -201,15 +204,15 @@ def _strided_to_numpy(
         moves = tuple(s for s, on in (("cast", dst is not src), ("transfer", not on_host)) if on)
 
         def run_into(x: torch.Tensor, out: np.ndarray) -> np.ndarray:
-            return _into_numpy(plain(x), src, dst, out)
+            return runs.into_numpy(plain(x), src, dst, out)
 
         return Plan("numpy", (*steps, *moves, "into out"), reason, True, src, dst, False, run_into)
     if reason is None:
         if copy:
-            run: Run = _fresh(src, detach, readonly, keep_order=True)
+            run: Run = runs.fresh(src, detach, readonly, keep_order=True)
             quick = None if detach else run
             return Plan("numpy", (*steps, "copy", *tail), None, True, src, dst, True, run, quick)
-        view = _view(src, detach, readonly)
+        view = runs.view(src, detach, readonly)
         quick = None if detach or resolve else view
         return Plan("numpy", (*steps, "view", *tail), None, False, src, dst, False, view, quick)
     needs_copy("to_numpy", reason, copy)
@@ -235,110 +238,53 @@ def _strided_to_numpy(
             src,
             dst,
             not resolve,
-            _finishing(run_device, readonly, False),
+            runs.finishing(run_device, readonly, False),
         )
     shown = ("resolve",) if resolve else ()
     if dst is not src:
         shown = (*shown, "cast")
-    run = _fresh(dst, detach, readonly, keep_order=False, src=src)
+    run = runs.fresh(dst, detach, readonly, keep_order=False, src=src)
     quick = None if detach or resolve else run
     return Plan("numpy", (*steps, *shown, *tail), reason, True, src, dst, not resolve, run, quick)
 
 
-def _fresh(
-    dst: DTypeRow, detach: bool, readonly: bool, keep_order: bool, src: DTypeRow | None = None
-) -> Run:
-    """The host copy / cast executor: NumPy allocates, torch's kernel converts.
+def _through_numpy(
+    src: DTypeRow,
+    dst: DTypeRow,
+    steps: tuple[str, ...],
+    reason: str | None,
+    copy: bool | None,
+    readonly: bool,
+    into: bool,
+    on_host: bool,
+) -> Plan:
+    """A copy, cast or transfer of a dtype torch has no kernels for (int4, ...), or into one
+    NumPy alone has (float8_e4m3, ...): the values reach the host (a kernel-less dtype as
+    its carrier's bytes), NumPy copies them and ml_dtypes' ``astype`` casts them.
 
-    It refuses a tensor off the host (raising ``TypeError``), so that it can serve as
-    the plan's quick executor; conj/neg bits are resolved by the copy itself. A C-order
-    cast from a source torch converts itself is written out inline: it is every
-    ``dtype=`` call's hot path.
+    A plain copy or transfer (no cast) may be staged by the trees, which move a kernel-less
+    dtype's bytes on its carrier too.
     """
-    import torch
-
     from . import _memory as mem
 
-    if src is not None and not (detach or readonly or keep_order):
-        ndt, tdt = dst.numpy, dst.torch
-        if not mem.plain_cast(src):
+    if reason is not None and not into:
+        needs_copy("to_numpy", reason, copy)
+    cast = dst is not src
+    ndt = dst.numpy
 
-            def cast_table(x: torch.Tensor, out: Any) -> np.ndarray:
-                if not x.is_cpu:
-                    raise TypeError("not a host tensor")
-                fresh = np.empty(x.shape, ndt)
-                mem.cast_into(mem.as_tensor(fresh, dst), x)
-                return fresh
-
-            return cast_table
-        if dst.carrier is None:
-
-            def cast(x: torch.Tensor, out: Any) -> np.ndarray:
-                if not x.is_cpu:
-                    raise TypeError("not a host tensor")
-                fresh = np.empty(x.shape, ndt)
-                torch.from_numpy(fresh).copy_(x)
-                return fresh
-
-            return cast
-        bits = dst.carrier_numpy
-
-        def cast_carried(x: torch.Tensor, out: Any) -> np.ndarray:
-            if not x.is_cpu:
-                raise TypeError("not a host tensor")
-            fresh = np.empty(x.shape, ndt)
-            torch.from_numpy(fresh.view(bits)).view(tdt).copy_(x)
-            return fresh
-
-        return cast_carried
-
-    def run(x: torch.Tensor, out: Any) -> np.ndarray:
-        if not x.is_cpu:
-            raise TypeError("not a host tensor")
-        fresh = mem.fresh_copy(x.detach() if detach else x, dst, keep_order)
-        if readonly:
-            fresh.flags.writeable = False
+    def run(x: torch.Tensor) -> np.ndarray:
+        t = plain_tensor(x)
+        a = mem.host_array(t, src)
+        if cast:
+            return astype(a, ndt)  # ml_dtypes' own cast
+        fresh: np.ndarray = a.copy(order="K") if t.is_cpu else a  # a transfer is new memory
         return fresh
 
-    return run
-
-
-def _view(row: DTypeRow, detach: bool, readonly: bool) -> Run:
-    """The zero-copy executors, written out: this is every call's hot path."""
-    from . import _memory as mem
-
-    if row.carrier is None and not detach and not readonly:
-        return lambda x, out: x.numpy()
-    carrier, ndt = row.carrier, row.numpy
-    if carrier is not None and not detach and not readonly:
-        return lambda x, out: x.view(carrier).numpy().view(ndt)
-    if readonly:
-        return lambda x, out: _readonly(mem.as_numpy(x.detach() if detach else x, row))
-    return lambda x, out: mem.as_numpy(x.detach(), row)
-
-
-def _into_numpy(t: torch.Tensor, src: DTypeRow, dst: DTypeRow, out: np.ndarray) -> np.ndarray:
-    from . import _memory as mem
-    from .dtypes import BY_TORCH
-
-    check_out(out, tuple(t.shape), "to_numpy")
-    if not out.flags.writeable:
-        raise UnsupportedTensorError("out= is read-only; pass a writable array")
-    if dst is not src:
-        t = t.to(dst.torch)  # dtype= first, then the cast into out's dtype
-    if not t.is_cpu:
-        t = mem.to_host(t)
-    same = BY_TORCH.get(t.dtype)
-    if same is not None and same.numpy == out.dtype and not (t.is_conj() or t.is_neg()):
-        np.copyto(out, mem.as_numpy(t, same))  # a plain copy: memcpy, NumPy's fastest
-    elif out.dtype.isnative and all(s >= 0 and s % out.itemsize == 0 for s in out.strides):
-        mem.as_tensor(out, numpy_row(out)).copy_(t)
-    else:  # a layout torch cannot view: let NumPy write it
-        row = BY_TORCH[t.dtype]
-        if t.is_conj() or t.is_neg():
-            t = t.resolve_conj().resolve_neg()
-        np.copyto(out, mem.as_numpy(t, row), casting="unsafe")
-    return out
+    moves = (*(("transfer",) if not on_host else ()), *(("cast",) if cast else ()))
+    done = ("into out",) if into else (*(moves or ("copy",)), *(("readonly",) if readonly else ()))
+    shown = (*steps, *moves, *done) if into else (*steps, *done)
+    batch = not (cast or into)
+    return Plan("numpy", shown, reason, True, src, dst, batch, runs.finishing(run, readonly, into))
 
 
 def _array_to_numpy(
@@ -346,8 +292,8 @@ def _array_to_numpy(
 ) -> Plan:
     """Arrays given to ``to_numpy`` (as tree leaves often are) follow the same contract.
 
-    Only a cast imports torch (its kernel makes the new values): a view, or a plain copy,
-    of an array needs none of it.
+    Only a cast by torch's kernel imports torch: a view, a plain copy, or a cast from or
+    into a dtype torch has no kernels for (ml_dtypes' ``astype``) needs none of it.
     """
     dst = _spec_row(dtype)
     src = native_row(a.dtype)
@@ -359,10 +305,18 @@ def _array_to_numpy(
         src = numpy_row(a)
         check_cast(src, dst)
         cast_to = dst
-        from . import _memory as mem
+        if src.kernels and dst.kernels:
+            from . import _memory as mem
 
-        def run_cast(x: np.ndarray) -> np.ndarray:
-            return mem.fresh_copy(mem.host_tensor(x, src), cast_to, keep_order=False)
+            def run_cast(x: np.ndarray) -> np.ndarray:
+                return mem.fresh_copy(mem.host_tensor(x, src), cast_to, keep_order=False)
+
+        else:  # a dtype torch has no kernels for (int4) or lacks (float8_e4m3): ml_dtypes'
+
+            def run_cast(x: np.ndarray) -> np.ndarray:
+                return astype(x, cast_to.numpy)
+
+            viewable = False  # not for the trees' staging, which casts with torch
 
         steps = ("byteswap", "cast") if not a.dtype.isnative else ("cast",)
         return Plan(
@@ -373,20 +327,35 @@ def _array_to_numpy(
             src,
             dst,
             viewable,
-            _finishing(run_cast, readonly, into),
+            runs.finishing(run_cast, readonly, into),
         )
     if into:
         return Plan(
-            "numpy", ("into out",), None, True, src, src, False, lambda x, out: _fill_out(x, out)
+            "numpy",
+            ("into out",),
+            None,
+            True,
+            src,
+            src,
+            False,
+            lambda x, out: runs.fill_out(x, out),
         )
     if copy:
         from . import _memory as mem
 
-        run: Run = _finishing(mem.fresh_array_copy, readonly, False)
-        return Plan("numpy", ("copy",), None, True, src, src, viewable and src is not None, run)
+        run: Run = runs.finishing(mem.fresh_array_copy, readonly, False)
+        batch = viewable and src is not None and src.in_torch  # the trees stage with torch
+        return Plan("numpy", ("copy",), None, True, src, src, batch, run)
     if readonly:
         return Plan(
-            "numpy", ("view", "readonly"), None, False, src, src, False, lambda x, out: _readonly(x)
+            "numpy",
+            ("view", "readonly"),
+            None,
+            False,
+            src,
+            src,
+            False,
+            lambda x, out: runs.readonly_view(x),
         )
     return Plan("numpy", ("view",), None, False, src, src, False, lambda x, out: x)
 
@@ -558,7 +527,9 @@ def _unpack_to_numpy(
     steps = ("unpack",) if widen is None else ("unpack", "cast")
     if t.device.type != "cpu":
         steps = ("transfer", *steps)
-    return Plan("numpy", steps, reason, True, None, None, False, _finishing(unpack, readonly, into))
+    return Plan(
+        "numpy", steps, reason, True, None, None, False, runs.finishing(unpack, readonly, into)
+    )
 
 
 def _dtensor_to_numpy(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._ml_cast import astype
 from ._plan_base import (
     CACHE_LIMIT,
     NEGATIVE,
@@ -42,6 +43,7 @@ from .dtypes import (
     DTypeRow,
     PackedRow,
     explain_numpy,
+    is_byte,
     packed_target,
     resolve_dtype,
 )
@@ -137,12 +139,10 @@ def decide_torch(
             src = BY_NUMPY[native]
             reason = f"is byte-swapped ({a.dtype.str})"
             steps = ("byteswap",)
-        elif a.dtype in PACKED_BY_NUMPY and dtype is not None:
-            return _pack_to_torch(
-                PACKED_BY_NUMPY[a.dtype], dtype, device, copy, requires_grad, into
-            )
         else:
             raise UnsupportedDtypeError(explain_numpy(a.dtype))
+    if not src.in_torch:
+        return _numpy_only_to_torch(src, dtype, device, copy, requires_grad, into)
     dst = src if dtype is None else resolve_dtype(dtype)
     check_cast(src, dst)
     target = device_of(device)
@@ -166,6 +166,13 @@ def decide_torch(
     moves = (*(("cast",) if dst is not src else ()), *(("transfer",) if remote else ()))
     grad = ("requires grad",) if requires_grad else ()
     batch = a.dtype.isnative and state == VIEWABLE and (target is None or target.type != "meta")
+    if not (src.kernels and dst.kernels) and (into or copy or reason is not None):
+        if reason is not None and not into:
+            needs_copy("to_torch", reason, copy)
+        batch = batch and dst is src and not into  # the trees stage its bytes on the carrier
+        shown = (*steps, *moves, *(("into out",) if into else ())) or ("copy",)
+        run = _through_numpy(src, dst, target if remote else None, requires_grad)
+        return Plan("torch", (*shown, *grad), reason, True, src, dst, batch, run)
 
     if into:
 
@@ -220,6 +227,54 @@ def decide_torch(
     return Plan("torch", (*shown, *grad), reason, True, src, dst, batch, run_host, quick)
 
 
+def _through_numpy(
+    src: DTypeRow, dst: DTypeRow, target: torch.device | None, requires_grad: bool
+) -> Run:
+    """The executor of a copy, cast or transfer that involves a dtype torch has no kernels
+    for (int4, ...): NumPy copies, ml_dtypes' ``astype`` casts, and the new array becomes
+    a tensor (moved as its carrier's bytes)."""
+    from . import _memory as mem
+
+    cast = dst is not src
+
+    def run(x: np.ndarray, out: Any) -> torch.Tensor:
+        fresh = astype(x, dst.numpy) if cast else np.array(x, order="K", subok=False)
+        t = mem.as_tensor(fresh, dst)
+        if target is not None:
+            t = mem.move_bits(t, dst, target)
+        return finish_tensor(t, requires_grad, out)
+
+    return run
+
+
+def _numpy_only_to_torch(
+    src: DTypeRow, dtype: Any, device: Any, copy: bool | None, requires_grad: bool, into: bool
+) -> Plan:
+    """An array of a dtype torch lacks (float8_e4m3, float4_e2m1fn, ...): refused without
+    ``dtype=``, packed for a packed torch dtype, else cast by ml_dtypes' ``astype`` to the
+    ``dtype=`` and converted as an array of that dtype."""
+    packed = PACKED_BY_NUMPY.get(src.numpy)
+    if packed is not None and dtype is not None and packed_target(dtype) is packed:
+        return _pack_to_torch(packed, device, copy, requires_grad, into)
+    if dtype is None:
+        raise UnsupportedDtypeError(explain_numpy(src.numpy))
+    dst = resolve_dtype(dtype)
+    dst.torch  # noqa: B018  # raises for a NumPy-only target, naming the fix
+    check_cast(src, dst)
+    reason = f"is {src.name} and a cast to {dst.name} makes new values"
+    needs_copy("to_torch", reason, copy)
+    ndt = dst.numpy
+    rest = plan_torch(np.empty(0, ndt), None, device, None, requires_grad, into)
+
+    def run(x: np.ndarray, out: Any) -> torch.Tensor:
+        wide = astype(x, ndt)
+        made: torch.Tensor = rest.run(wide, out)
+        return made
+
+    steps = ("cast", *(s for s in rest.steps if s != "view"))
+    return Plan("torch", steps, reason, True, src, dst, False, run)
+
+
 def _tensor_view(row: DTypeRow, subclass: bool, requires_grad: bool) -> Run:
     """The zero-copy executors, written out: this is every call's hot path."""
     import torch
@@ -249,25 +304,12 @@ def _tensor_view(row: DTypeRow, subclass: bool, requires_grad: bool) -> Run:
 
 
 def _pack_to_torch(
-    packed: PackedRow, dtype: Any, device: Any, copy: bool | None, requires_grad: bool, into: bool
+    packed: PackedRow, device: Any, copy: bool | None, requires_grad: bool, into: bool
 ) -> Plan:
     import torch
 
     from . import _memory as mem
 
-    if packed_target(dtype) is not packed:  # widen first, then the usual cast
-        dst = resolve_dtype(dtype)
-        reason = f"is {packed.numpy} and a cast to {dst.name} makes new values"
-        needs_copy("to_torch", reason, copy)
-        wide = np.empty(0, np.float32)
-
-        def run_wide(x: np.ndarray, out: Any) -> torch.Tensor:
-            w = x.astype(np.float32)
-            made: torch.Tensor = plan_torch(w, dtype, device, None, requires_grad, into).run(w, out)
-            return made
-
-        rest = plan_torch(wide, dtype, device, None, requires_grad, into)
-        return Plan("torch", ("cast", *rest.steps[1:]), reason, True, None, dst, False, run_wide)
     reason = f"is {packed.numpy} (packing makes a new array)"
     needs_copy("to_torch", reason, copy)
 
@@ -298,16 +340,33 @@ def _tensor_to_torch(
     import torch
 
     from . import _memory as mem
-    from .dtypes import BY_TORCH
+    from .dtypes import BY_TORCH, SHELL_BY_TORCH
 
     dst = None if dtype is None else resolve_dtype(dtype)
     row = BY_TORCH.get(t.dtype)
+    if row is None and t.dtype in SHELL_BY_TORCH and (dst is not None or copy or device):
+        # int3, uint5, ...: no kernels, no NumPy type. dtype= int8 / uint8 views its bytes;
+        # a copy or a move copies them (and keeps the dtype); other casts are refused
+        if dst is not None and not is_byte(dst):
+            resolve_dtype(t.dtype)  # raises, naming dtype=torch.int8 / torch.uint8
+        as_bytes = SHELL_BY_TORCH[t.dtype].torch if dst is None else dst.torch
+        rest = _tensor_to_torch(t.view(as_bytes), None, device, copy, requires_grad, into)
+        keep = dst is None
+
+        def run_bytes(x: torch.Tensor, out: Any) -> torch.Tensor:
+            made: torch.Tensor = rest.run(x.view(as_bytes), out)
+            return made.view(x.dtype) if keep else made
+
+        return Plan("torch", rest.steps, rest.reason, rest.copies, dst, dst, False, run_bytes)
     cast = dst is not None and dst.torch is not t.dtype
     move = device is not None and mem.indexed(torch.device(device)) != t.device
     reason = "needs a cast or a device transfer" if cast or move else None
     grad = ("requires grad",) if requires_grad else ()
     target = dst.torch if dst is not None else None
     moves = (*(("cast",) if cast else ()), *(("transfer",) if move else ()))
+    if row is not None and not (row.kernels and (dst or row).kernels) and (reason or copy):
+        needs_copy("to_torch", reason or "", copy)
+        return _tensor_through_numpy(row, dst or row, device, moves, reason, requires_grad)
     plain = type(t) is torch.Tensor or isinstance(t, mem.PLAIN_SUBCLASSES)
     batch = (
         plain
@@ -335,6 +394,43 @@ def _tensor_to_torch(
         return finish_tensor(x.to(device=device, dtype=target), requires_grad, out)
 
     return Plan("torch", (*moves, *grad), reason, True, row, dst or row, batch, run_move)
+
+
+def _tensor_through_numpy(
+    row: DTypeRow,
+    dst: DTypeRow,
+    device: Any,
+    moves: tuple[str, ...],
+    reason: str | None,
+    requires_grad: bool,
+) -> Plan:
+    """A tensor's copy, cast or move where torch has no kernels for a side (int4, ...):
+    copies and moves run on the carrier's bytes; a cast reaches the host, where ml_dtypes'
+    ``astype`` makes the values, and goes back to ``device`` (by default the tensor's)."""
+    import torch
+
+    from . import _memory as mem
+
+    cast = dst is not row
+    carrier = row.carrier  # not a cast: the row itself is kernel-less, so carried
+
+    def run(x: torch.Tensor, out: Any) -> torch.Tensor:
+        t = x.detach()
+        where = t.device if device is None else mem.indexed(torch.device(device))
+        if cast:
+            made = mem.as_tensor(astype(mem.host_array(t, row), dst.numpy), dst)
+        elif t.device == where:
+            assert carrier is not None
+            made = t.view(carrier).clone().view(t.dtype)
+        else:
+            made = mem.move_bits(t, row, where)
+        if made.device != where:
+            made = mem.move_bits(made, dst, where)
+        return finish_tensor(made, requires_grad, out)
+
+    steps = moves or ("copy",)
+    grad = ("requires grad",) if requires_grad else ()
+    return Plan("torch", (*steps, *grad), reason, True, row, dst, False, run)
 
 
 def _subclass_to_torch(
@@ -399,9 +495,11 @@ def finish_tensor(t: torch.Tensor, requires_grad: bool, out: torch.Tensor | None
     import torch
 
     if out is not None:
+        from . import _memory as mem
+
         check_out(out, tuple(t.shape), "to_torch")
         with torch.no_grad():  # filling a caller's buffer is not an op to differentiate
-            out.copy_(t)
+            mem.copy_into(out, t)
         t = out
     if requires_grad:
         if not (t.is_floating_point() or t.is_complex()):

@@ -180,6 +180,8 @@ def make_job(group: Group, planned: Sequence[Leaf]) -> Job:
         value = first.value
         if isinstance(value, np.ndarray):
             value = mem.reader(value, first.src)
+        if not first.src.kernels:  # int4, ...: torch copies its carrier's bytes, not it
+            value = value.view(first.src.carrier)
         return Job(group, value, cast, first.at)
     n = group.hi - group.lo
     if first.layout.where == HOST:
@@ -318,7 +320,10 @@ def place_members(
 ) -> None:
     """Each member of a converted group, as a view of ``buf`` laid out like its source."""
     if not group.shared:
-        made[planned[group.members[0]].at] = buf
+        first = planned[group.members[0]]
+        if buf.dtype is not first.dst.torch:  # moved as its carrier's bytes (int4, ...)
+            buf = buf.view(first.dst.torch)
+        made[first.at] = buf
         for k in group.members[1:]:  # alike but distinct objects: distinct views of one copy
             made[planned[k].at] = buf.as_strided(buf.shape, buf.stride(), buf.storage_offset())
         return

@@ -167,7 +167,9 @@ class Cast(NamedTuple):
         if row is None or self.per_leaf:
             return self.given
         dst = self.dst(row)
-        return None if dst is row else dst.torch
+        if dst is row:
+            return None
+        return dst.torch if dst.in_torch else dst  # a NumPy-only row: to_numpy takes the row
 
 
 def _is_packing(spec: DTypeLike) -> bool:

@@ -18,7 +18,10 @@ The rules, in one place:
   NumPy, so they are bit-identical to ``Tensor.to()``: round-to-nearest-even, every
   NaN narrowed to bfloat16 becomes 0xFFFF, float8_e4m3fn saturates overflow and
   inf to ±448 (torch >= 2.13; NaN before), float8_e5m2 overflows to inf.
-  ``tb.cast_report`` shows what a cast would do before you run it.
+  ``tb.cast_report`` shows what a cast would do before you run it. A cast to or from a
+  dtype torch has no kernels for (int4 and the other sub-byte integers) or lacks (the
+  NumPy-only rows: float8_e4m3, float6, ...) is ml_dtypes' own ``astype`` instead, and
+  their copies move bytes (see :mod:`tensorbridge.dtypes`).
 * **DTensors** are never read as if their storage held the whole tensor: pass
   ``gather=True`` for the whole tensor on every rank (a collective), or take
   :func:`local_shard` for this rank's block; by default they are refused with
@@ -63,7 +66,10 @@ def to_numpy(
             producer (JAX, CuPy, MLX, ...) or capsule, imported once, zero-copy where
             the device allows, and read-only when its memory is (or cannot say).
         dtype: ``None`` for the exact counterpart (bfloat16 -> ``ml_dtypes.bfloat16``),
-            or a NumPy dtype, torch dtype or name ("f32") to cast with torch's kernel.
+            or a NumPy dtype, torch dtype or name ("f32") to cast with torch's kernel
+            (ml_dtypes' ``astype`` to or from int4 and its kin, and into the types only
+            NumPy has, such as ``ml_dtypes.float8_e4m3``). torch's int3 / uint5 / ...
+            convert only with ``dtype=np.int8`` / ``np.uint8``: a view of their bytes.
         copy: ``None`` shares when possible, ``True`` always copies, ``False`` raises
             :class:`CopyRequiredError` when sharing is impossible.
         readonly: return an array that cannot be written through.
@@ -116,7 +122,9 @@ def to_torch(
             CuPy, MLX, ...) or capsule, or anything ``np.asarray`` takes. A producer is
             shared where the device allows; read-only memory (DLPack's read-only flag,
             or an unversioned capsule that cannot say) is copied like a read-only array.
-        dtype: ``None`` for the exact counterpart, or a dtype / name to cast to.
+        dtype: ``None`` for the exact counterpart, or a dtype / name to cast to; an
+            array of a type torch lacks (``ml_dtypes.float8_e4m3``, ...) needs one (its
+            refusal names the dtypes that hold every value exactly).
         device: where the tensor should live; accelerators are fed through pinned
             memory with ``non_blocking=True``.
         copy: ``None`` shares when possible, ``True`` always copies, ``False`` raises

@@ -3,9 +3,32 @@
 Every conversion, file format and command looks dtypes up here; nothing else
 branches on a particular dtype. A row pairs a torch dtype with the NumPy dtype
 that holds the same bits: NumPy's own for the classic types, and the
-``ml_dtypes`` types (bfloat16, the float8 family, complex32) for the ones NumPy
-lacks. Both sides of a row have the same item size, so converting is a
-reinterpretation of the same bytes (zero-copy, bit-exact).
+``ml_dtypes`` types (bfloat16, the float8 family, complex32, the sub-byte
+integers) for the ones NumPy lacks. Both sides of a row have the same item size,
+so converting is a reinterpretation of the same bytes (zero-copy, bit-exact).
+
+Three kinds of dtype go beyond that, each said by an attribute, never by a name:
+
+* **Kernel-less rows** (``kernels=False``): torch's ``int1``, ``int2``, ``int4``,
+  ``uint1``, ``uint2``, ``uint4`` pair with ml_dtypes' types of the same name (one
+  value a byte on both sides), but torch has no kernels for them (``clone``,
+  ``copy_``, ``.to()``, ``.numpy()`` raise). Their bytes cross zero-copy through the
+  ``uint8`` carrier, every copy runs on that carrier and every cast (``dtype=`` to
+  or from them) through ml_dtypes' ``astype``. Bytes pass verbatim: a zero-copy
+  conversion never inspects values, so a byte whose bits above the type's width are
+  set is kept as it is, and ml_dtypes reads only its low N bits (int4 reads ``0x18``
+  as -8, like ``0x08``). ml_dtypes' casts wrap wider integers (200 -> int4 -8) and
+  truncate floats.
+* **NumPy-only rows** (``in_torch=False``): the ml_dtypes types torch lacks
+  (``float8_e3m4``, ``float8_e4m3``, ``float8_e4m3b11fnuz``, ``float8_e5m3fnu``,
+  ``float6_e2m3fn``, ``float6_e3m2fn``, ``float4_e2m1fn``, ``bcomplex32``).
+  ``row.torch`` raises :class:`~tensorbridge.UnsupportedDtypeError`; ``to_numpy(t,
+  dtype=...)`` casts into them with ml_dtypes' ``astype``, and ``to_torch`` of such
+  an array needs a ``dtype=`` (:func:`exact_widenings` names the exact ones).
+* **Shell dtypes**, no row: torch's ``int3``, ``int5``-``int7``, ``uint3``,
+  ``uint5``-``uint7`` (and any sub-byte integer the installed ml_dtypes lacks) have
+  no NumPy type and no kernels. They are refused unless ``dtype=`` names ``int8`` or
+  ``uint8``: the bytes exactly as torch holds them, a zero-copy view.
 
 Rows whose dtype the installed ml_dtypes lacks (``complex32`` before ml_dtypes
 0.7) are skipped when the table is built, by asking for the dtype rather than
@@ -15,30 +38,34 @@ supported (2.10), so only ml_dtypes decides which rows exist.
 
 The table is built without importing torch (about 2.7 s): a row names its torch
 dtype, which is looked up the first time ``row.torch`` (or ``row.carrier``) is
-asked for, and the lookups by torch dtype (``BY_TORCH``, ``PACKED_BY_TORCH``) are
-made on first use. Reading a file's header, or copying its arrays to another file,
-never needs torch.
+asked for, and the lookups by torch dtype (``BY_TORCH``, ``PACKED_BY_TORCH``,
+``SHELL_BY_TORCH``) are made on first use. Reading a file's header, or copying its
+arrays to another file, never needs torch.
 
-Identity, never ``dtype.kind``: ml_dtypes reports bfloat16 as kind ``'V'`` (like
-a structured or void dtype), float8_e5m2 as ``'f'`` and complex32 as ``'c'``.
+Identity, never ``dtype.kind``: ml_dtypes reports bfloat16 and int4 as kind ``'V'``
+(like a structured or void dtype), float8_e5m2 as ``'f'`` and complex32 as ``'c'``.
 
 >>> import tensorbridge as tb, torch
 >>> tb.numpy_dtype(torch.bfloat16)
 dtype(bfloat16)
 >>> tb.torch_dtype("f32")
 torch.float32
+>>> tb.resolve_dtype(torch.int4).kernels, tb.resolve_dtype("float8_e4m3").in_torch
+(False, False)
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, Union
 
 import ml_dtypes
 import numpy as np
 
 from . import packing
+from ._ml_cast import exact_in
 from ._torch_checks import is_torch_dtype
 from .errors import UnsupportedDtypeError
 
@@ -58,7 +85,8 @@ class DTypeRow:
 
     Attributes:
         name: the canonical name, shared by torch and NumPy/ml_dtypes ("bfloat16").
-        torch: the torch dtype (torch is imported when it is first asked for).
+        torch: the torch dtype (torch is imported when it is first asked for); raises
+            :class:`~tensorbridge.UnsupportedDtypeError` for a NumPy-only row.
         numpy: the NumPy dtype (NumPy's own or an ml_dtypes one).
         carrier: ``None`` when ``Tensor.numpy()`` / ``torch.from_numpy`` handle the
             dtype natively; otherwise a same-width torch integer dtype that both
@@ -69,6 +97,11 @@ class DTypeRow:
         carried: whether the bits cross through ``carrier`` (``carrier is not None``,
             answered without torch).
         torch_name: torch's name for the dtype, where it is not ``name``.
+        kernels: whether torch has kernels for the dtype (``copy_``, ``.to()``,
+            ``.numpy()``). ``False`` for torch's sub-byte integers and the NumPy-only
+            rows: their copies run on the carrier's bytes, their casts through
+            ml_dtypes' ``astype``.
+        in_torch: whether torch has the dtype at all (``False``: a NumPy-only row).
     """
 
     name: str
@@ -78,10 +111,14 @@ class DTypeRow:
     aliases: tuple[str, ...] = ()
     carried: bool = False
     torch_name: str | None = None
+    kernels: bool = True
+    in_torch: bool = True
 
     @cached_property
     def torch(self) -> TorchDType:
         """The torch dtype (imports torch on first use; then a plain attribute)."""
+        if not self.in_torch:
+            raise UnsupportedDtypeError(explain_numpy(self.numpy))
         import torch
 
         dtype: TorchDType = getattr(torch, self.torch_name or self.name)
@@ -153,17 +190,35 @@ _EXTENDED: tuple[tuple[str, Category, str | None, tuple[str, ...]], ...] = (
     ("float8_e8m0fnu", "float", "F8_E8M0", ("fp8_e8m0fnu", "e8m0")),
     ("complex32", "complex", None, ("c32", "chalf")),
 )
+# torch's sub-byte integers that ml_dtypes also has: one value a byte on both sides, no
+# torch kernels (torch's int1-int7 / uint1-uint7 are shells: views only).
+_SUBBYTE: tuple[tuple[str, Category], ...] = (
+    ("int1", "int"), ("int2", "int"), ("int4", "int"),
+    ("uint1", "uint"), ("uint2", "uint"), ("uint4", "uint"),
+)  # fmt: skip
+# The ml_dtypes types torch lacks: NumPy-only rows.
+_NUMPY_ONLY: tuple[tuple[str, Category], ...] = (
+    ("float8_e3m4", "float"), ("float8_e4m3", "float"), ("float8_e4m3b11fnuz", "float"),
+    ("float8_e5m3fnu", "float"), ("float6_e2m3fn", "float"), ("float6_e3m2fn", "float"),
+    ("float4_e2m1fn", "float"), ("bcomplex32", "complex"),
+)  # fmt: skip
 
 
 def _build() -> tuple[DTypeRow, ...]:
+    """The rows, skipping those whose type the installed ml_dtypes lacks (the one place)."""
     rows = []
     for name, category, code, aliases in _NATIVE:
         rows.append(DTypeRow(name, np.dtype(name), code, category, aliases))
     for name, category, code, aliases in _EXTENDED:
         ndt = getattr(ml_dtypes, name, None)
-        if ndt is None:
-            continue  # the installed ml_dtypes lacks it
-        rows.append(DTypeRow(name, np.dtype(ndt), code, category, aliases, carried=True))
+        if ndt is not None:
+            rows.append(DTypeRow(name, np.dtype(ndt), code, category, aliases, carried=True))
+    for in_torch, specs in ((True, _SUBBYTE), (False, _NUMPY_ONLY)):  # no torch kernels
+        for name, category in specs:
+            ndt = getattr(ml_dtypes, name, None)
+            if ndt is not None:
+                row = DTypeRow(name, np.dtype(ndt), None, category, carried=True, kernels=False)
+                rows.append(row if in_torch else dataclasses.replace(row, in_torch=False))
     return tuple(rows)
 
 
@@ -171,7 +226,9 @@ _TABLE = _build()
 BY_NUMPY: dict[np.dtype[Any], DTypeRow] = {r.numpy: r for r in _TABLE}
 BY_SAFETENSORS: dict[str, DTypeRow] = {r.safetensors: r for r in _TABLE if r.safetensors}
 BY_NAME: dict[str, DTypeRow] = {
-    key: r for r in _TABLE for key in (r.name, f"torch.{r.name}", *r.aliases)
+    key: r
+    for r in _TABLE
+    for key in (r.name, *((f"torch.{r.name}",) if r.in_torch else ()), *r.aliases)
 }
 # Every common spelling of a dtype in one dict, for the hot paths' single lookup; the torch
 # dtypes join it when BY_TORCH is made (the first time a torch dtype is looked up).
@@ -257,25 +314,48 @@ PACKED_BY_NUMPY: dict[np.dtype[Any], PackedRow] = {r.numpy: r for r in PACKED}
 if TYPE_CHECKING:  # made on first use by __getattr__ below, which imports torch
     BY_TORCH: dict[torch.dtype, DTypeRow]
     PACKED_BY_TORCH: dict[torch.dtype, PackedRow]
+    SHELL_BY_TORCH: dict[torch.dtype, DTypeRow]
+
+_BY_TORCH_NAMES = ("BY_TORCH", "PACKED_BY_TORCH", "SHELL_BY_TORCH")
 
 
 def __getattr__(name: str) -> Any:
-    """``BY_TORCH`` and ``PACKED_BY_TORCH``, made (importing torch) when first asked for."""
-    if name in ("BY_TORCH", "PACKED_BY_TORCH"):
+    """``BY_TORCH``, ``PACKED_BY_TORCH`` and ``SHELL_BY_TORCH``, made (importing torch) when
+    first asked for."""
+    if name in _BY_TORCH_NAMES:
         _by_torch()
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _by_torch() -> dict[torch.dtype, DTypeRow]:
-    """The rows by torch dtype; made once, when it also joins ``BY_SPEC``."""
+    """The rows by torch dtype; made once, when it also joins ``BY_SPEC``.
+
+    ``SHELL_BY_TORCH`` maps each of torch's sub-byte integers that has no row (no
+    ml_dtypes type: ``int3``, ``uint5``, ...) to the byte row (``int8`` or ``uint8``)
+    whose ``dtype=`` takes its bytes as torch holds them.
+    """
     made: dict[torch.dtype, DTypeRow] | None = globals().get("BY_TORCH")
     if made is None:
-        made = {r.torch: r for r in _TABLE}
+        import torch
+
+        made = {r.torch: r for r in _TABLE if r.in_torch}
         globals()["PACKED_BY_TORCH"] = {r.torch: r for r in PACKED}
+        shells = {}
+        for sign in ("int", "uint"):
+            for bits in range(1, 8):
+                tdt = getattr(torch, f"{sign}{bits}", None)
+                if tdt is not None and tdt not in made:
+                    shells[tdt] = BY_NAME[f"{sign}8"]
+        globals()["SHELL_BY_TORCH"] = shells
         BY_SPEC.update(made)
         globals()["BY_TORCH"] = made
     return made
+
+
+def is_byte(row: DTypeRow) -> bool:
+    """Whether ``row`` is int8 or uint8: what a shell dtype's bytes may be viewed as."""
+    return row.itemsize == 1 and row.kernels and row.category in ("int", "uint")
 
 
 def packed_target(spec: Any) -> PackedRow | None:
@@ -375,33 +455,52 @@ def torch_dtype(spec: DTypeLike) -> torch.dtype:
 
 # --- messages for dtypes with no counterpart -------------------------------------------------
 
-_ML_NO_TORCH = {
-    "int1": "a.astype(np.int8)",
-    "int2": "a.astype(np.int8)",
-    "int4": "a.astype(np.int8)",
-    "uint1": "a.astype(np.uint8)",
-    "uint2": "a.astype(np.uint8)",
-    "uint4": "a.astype(np.uint8)",
-    "float4_e2m1fn": "to_torch(a, dtype=torch.float4_e2m1fn_x2) to pack two values a byte",
-    "float6_e2m3fn": "a.astype(np.float32)",
-    "float6_e3m2fn": "a.astype(np.float32)",
-    "float8_e3m4": "a.astype(np.float32)",
-    "float8_e4m3": "a.astype(np.float32)",
-    "float8_e4m3b11fnuz": "a.astype(np.float32)",
-    "float8_e5m3fnu": "a.astype(np.float32)",
-    "bcomplex32": "a.astype(np.complex64)",
-}
-_ML_NO_TORCH_BY_DTYPE = {
-    np.dtype(getattr(ml_dtypes, n)): fix for n, fix in _ML_NO_TORCH.items() if hasattr(ml_dtypes, n)
-}
+_WIDEST_PART = 4  # exact widenings are sought among torch's dtypes up to 32-bit parts
+
+
+@cache
+def exact_widenings(row: DTypeRow) -> tuple[DTypeRow, ...]:
+    """The wider torch rows (up to 32 bits a part) that hold every value of ``row`` exactly.
+
+    Computed from the values themselves on first use (:func:`tensorbridge._ml_cast.exact_in`).
+
+    >>> [r.name for r in exact_widenings(resolve_dtype("float8_e5m3fnu"))]
+    ['bfloat16', 'float32']
+    """
+    parts = 2 if row.category == "complex" else 1
+    wider = sorted(
+        (
+            r
+            for r in _TABLE
+            if r.category == row.category and r.in_torch and r.kernels
+            and row.itemsize < r.itemsize <= _WIDEST_PART * parts
+        ),
+        key=lambda r: (r.itemsize, r.name),
+    )  # fmt: skip
+    exact = exact_in(row.numpy, [r.numpy for r in wider], complex_=parts == 2)
+    return tuple(r for r in wider if r.numpy in exact)
+
+
+def _either(rows: tuple[DTypeRow, ...]) -> str:
+    names = [f"torch.{r.name}" for r in rows]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def _explain_numpy_only(row: DTypeRow) -> str:
+    widest = BY_NAME["complex128" if row.category == "complex" else "float64"]
+    exact = exact_widenings(row) or (widest,)  # every type of the table has some today
+    how = f"dtype={_either(exact)} (each holds every {row.name} value exactly)"
+    packed = PACKED_BY_NUMPY.get(row.numpy)
+    if packed is not None:
+        how = f"dtype=torch.{packed.name} to pack {_COUNT[packed.per_byte]} values a byte, or {how}"
+    return f"ml_dtypes {row.name} has no torch dtype; pass {how}"
 
 
 def explain_numpy(ndt: np.dtype[Any]) -> str:
     """Why a NumPy dtype has no torch counterpart, and what to pass instead."""
-    fix = _ML_NO_TORCH_BY_DTYPE.get(ndt)
-    if fix is not None:
-        how = fix if fix.startswith("to_torch") else f"{fix} (lossless)"
-        return f"ml_dtypes {ndt} has no torch dtype; pass {how}"
+    row = BY_NUMPY.get(ndt)
+    if row is not None and not row.in_torch:
+        return _explain_numpy_only(row)
     if ndt.names is not None:
         if not ndt.names:  # np.dtype([]): a record of no fields, no bytes
             return f"structured dtype {ndt} has no fields and no torch dtype"
@@ -456,7 +555,12 @@ def _explain_torch(tdt: torch.dtype) -> str:
     if name.startswith("bits"):
         return f"{tdt} has no NumPy dtype; pass tensor.view(torch.uint8) for its raw bytes"
     if name.startswith(("int", "uint")):
-        return f"sub-byte {tdt} has no NumPy dtype; unpack it to torch.int8 / torch.uint8 first"
+        byte = "np.uint8" if name.startswith("u") else "np.int8"
+        return (
+            f"sub-byte {tdt} has no NumPy dtype (ml_dtypes has no {name}) and torch has no "
+            f"kernels for it; pass dtype={byte} for its bytes as torch holds them, one value a "
+            "byte (a zero-copy view)"
+        )
     if name == "complex32":
         return (
             "torch.complex32 needs ml_dtypes >= 0.7 for a NumPy dtype; upgrade ml_dtypes or "

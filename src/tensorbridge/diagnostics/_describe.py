@@ -300,6 +300,8 @@ def _describe_array(a: Array) -> Description:
             note = f"byte-swapped ({a.dtype.str}); torch holds native byte order only"
         else:
             note = explain_numpy(a.dtype)
+    if row is not None and not row.in_torch:  # float8_e4m3, ...: NumPy alone has it
+        note = explain_numpy(row.numpy)
     size = a.dtype.itemsize
     bstrides = tuple(int(s) for s in a.strides)
     strides = (
@@ -314,7 +316,7 @@ def _describe_array(a: Array) -> Description:
     c, f = bool(a.flags.c_contiguous), bool(a.flags.f_contiguous)
     return Description(
         kind=_kind(a),
-        torch_dtype=str(row.torch) if row is not None else None,
+        torch_dtype=str(row.torch) if row is not None and row.in_torch else None,
         numpy_dtype=str(a.dtype),
         dtype_note=note,
         category=row.category if row is not None else None,
