@@ -29,7 +29,7 @@ from ...dtypes import BY_NUMPY, PACKED_BY_NUMPY, DeviceLike, DTypeLike, DTypeRow
 from ...errors import FormatError, InvalidArgumentError, LinkError, UnsupportedDtypeError
 from .._common import loader
 from . import wire
-from .data_types import BY_CODE, FLOAT_DATA, INT64_DATA, STRING, DataType, decode, raw_nbytes
+from .data_types import BY_CODE, STRING, DataType, decode, raw_nbytes
 from .data_types import entries as typed_entries
 from .data_types import unpack as _unpack
 
@@ -109,6 +109,7 @@ class OnnxFile(TensorFile):
         self._links = Links.of(self.path, follow=follow_links)
         self._files: dict[str, tuple[Path, int]] = {}  # location -> confined path, size
         self._maps: dict[tuple[str, bool], Any] = {}  # (location, cow) -> its map
+        self._descriptors: dict[str, int] = {}  # location -> its open file
         try:
             self._read_header(size)
         except BaseException:
@@ -139,8 +140,11 @@ class OnnxFile(TensorFile):
                 continue
             try:
                 if kind == wire.TENSOR and not name:  # an initializer: its own name
-                    name = wire.tensor(self._map, at, n).name
-                elif kind == wire.SPARSE and not name:
+                    record = wire.tensor(self._map, at, n)
+                    self._add(record.name, kind, at, n)
+                    self._check_record(record, repr(record.name))
+                    continue
+                if kind == wire.SPARSE and not name:
                     name = wire.sparse_parts(self._map, at, n)[0].name
                 self._add(name, kind, at, n)
                 self._check(name)
@@ -188,7 +192,7 @@ class OnnxFile(TensorFile):
         elif kind == wire.SPARSE:
             rec = wire.sparse_parts(self._map, at, n)[0]
         else:
-            return self._attribute(kind, at, n, name)
+            return wire.attribute(self._map, kind, at, n, name)
         return rec if rec.name == name else replace(rec, name=name)  # a Constant's output
 
     def _span(self, name: str) -> tuple[int, int, int]:
@@ -197,28 +201,6 @@ class OnnxFile(TensorFile):
         except KeyError:
             keys = self.keys()[:10]
             raise KeyError(f"{name!r} is not in {self.path}; its keys are {keys}") from None
-
-    def _attribute(self, kind: int, at: int, n: int, name: str) -> wire.Record:
-        """A ``Constant``'s value_float(s) / value_int(s) / value_string(s) as a record."""
-        if kind == wire.TEXT:
-            return wire.Record(name, (), STRING, (at, n))
-        field, as_field, code = {
-            wire.VALUE_FLOAT: (2, FLOAT_DATA, 1),
-            wire.VALUE_FLOATS: (7, FLOAT_DATA, 1),
-            wire.VALUE_INT: (3, INT64_DATA, 7),
-            wire.VALUE_INTS: (8, INT64_DATA, 7),
-        }[kind]
-        count = 0
-        for f, w, v, m in wire.fields(self._map, at, at + n):
-            if f == field:
-                count += m // (4 if w == 5 else 1) if w == 2 and field == 7 else 1
-                if w == 2 and field == 8:
-                    count += int(np.count_nonzero(np.frombuffer(self._map, np.uint8, m, v) < 0x80))
-                    count -= 1
-        scalar = kind in (wire.VALUE_FLOAT, wire.VALUE_INT)
-        dims = () if scalar else (count,)
-        return wire.Record(name, dims, code, (at, n), typed=field, entries=count,
-                           as_field=as_field)  # fmt: skip
 
     def data_type(self, name: str) -> str:
         """The ONNX data type ``name`` is stored as: ``"FLOAT"``, ``"INT4"``, ``"FLOAT6E2M3"``."""
@@ -373,8 +355,10 @@ class OnnxFile(TensorFile):
         if (location, cow) not in self._maps:
             if not self._close.alive:
                 raise ValueError(f"{self.path} is closed; open it again")
-            fd = self._links.open_fd(path)
-            self._fds.append(fd)
+            fd = self._descriptors.get(location)
+            if fd is None:
+                fd = self._descriptors[location] = self._links.open_fd(path)
+                self._fds.append(fd)
             if os.fstat(fd).st_size != size:
                 raise FormatError(f"{path} changed size since {self.path.name} was opened")
             access = _mmap.ACCESS_COPY if cow else _mmap.ACCESS_READ
@@ -430,9 +414,28 @@ class OnnxFile(TensorFile):
         rec = self.record(name)
         t = self._type(rec)
         stored = rec.data_location == EXTERNAL or rec.raw is not None
-        if stored and not t.packed and self._span(name)[0] != wire.SPARSE:
-            return super()._owned(name)  # a copy of the mapped bytes
-        return self._array(name, copy_on_write=True)  # already new memory
+        if not stored or t.packed or self._span(name)[0] == wire.SPARSE:
+            return self._array(name, copy_on_write=True)  # already new memory
+        nbytes = raw_nbytes(t, math.prod(rec.dims))
+        self._source(rec, nbytes, False)  # checks the file and opens it
+        fd, at = self._descriptor(rec, nbytes)
+        out = np.empty(nbytes, np.uint8)  # read straight in: no pages of the map touched
+        got = 0
+        while got < nbytes:
+            n = os.preadv(fd, [out.data[got:]], at + got)
+            if n <= 0:
+                raise FormatError(f"{self._where}: tensor {name!r}: its data file was truncated")
+            got += n
+        row = row_of_type(t)
+        return out.view(row.carrier_numpy).view(row.numpy).reshape(rec.dims)
+
+    def _descriptor(self, rec: wire.Record, nbytes: int) -> tuple[int, int]:
+        """The descriptor of the file holding ``rec``'s bytes, and their offset."""
+        if rec.data_location != EXTERNAL:
+            assert rec.raw is not None
+            return self._fd, rec.raw[0]
+        location, offset = self._external(rec, nbytes, f"{self._where}: tensor {rec.name!r}")
+        return self._descriptors[location], offset
 
     def _typed(self, rec: wire.Record, t: DataType, count: int) -> np.ndarray:
         """The values of a typed field (each occurrence's entries, in order): new memory."""
@@ -444,7 +447,7 @@ class OnnxFile(TensorFile):
             if f != rec.typed:
                 continue
             if w == 0:
-                pieces.append(_varint_bytes(v))
+                pieces.append(wire.varint_bytes(v))
             else:
                 pieces.append(self._map[v : v + m])
         payload = np.frombuffer(b"".join(pieces), np.uint8)
@@ -543,16 +546,6 @@ def _close_all(fds: list[int]) -> None:
     for fd in fds:
         os.close(fd)
     fds.clear()
-
-
-def _varint_bytes(value: int) -> bytes:
-    """A varint's bytes (an unpacked entry, put back into a packed run)."""
-    out = bytearray()
-    while True:
-        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
-        value >>= 7
-        if not value:
-            return bytes(out)
 
 
 def open(

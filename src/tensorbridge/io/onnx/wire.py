@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import FormatError
-from .data_types import BY_CODE, TYPED_FIELDS
+from .data_types import BY_CODE, FLOAT_DATA, INT64_DATA, STRING, TYPED_FIELDS
 
 __all__ = [
     "CONSTANT_KINDS",
@@ -45,6 +45,7 @@ __all__ = [
     "VALUE_INTS",
     "Header",
     "Record",
+    "attribute",
     "fields",
     "graph_entries",
     "model_header",
@@ -55,6 +56,7 @@ __all__ = [
     "text",
     "unpack_span",
     "varint",
+    "varint_bytes",
 ]
 
 MAX_DIMS = 64  # NumPy's limit on dimensions (NPY_MAXDIMS); ONNX sets none
@@ -80,6 +82,8 @@ def varint(buf: Any, i: int, end: int) -> tuple[int, int]:
     Raises:
         FormatError: longer than 10 bytes, or cut off at ``end``.
     """
+    if i < end and buf[i] < 0x80:  # one byte: most tags, lengths and small values
+        return buf[i], i + 1
     value = shift = 0
     while shift < 70:
         if i >= end:
@@ -325,7 +329,8 @@ def tensor(buf: Any, start: int, size: int) -> Record:
         elif number == 3:
             segment = True
         elif number in TYPED_FIELDS:
-            counts[number] = counts.get(number, 0) + _count(buf, number, wire, at, n)
+            kind = TYPED_FIELDS[number]
+            counts[number] = counts.get(number, 0) + _entries(buf, kind, number, wire, at, n)
         elif number == 8:
             _want(number, wire, 2, "name")
             name = text(buf, at, n)
@@ -362,12 +367,12 @@ def _ints(buf: Any, wire: int, at: int, n: int) -> list[int]:
     return out
 
 
-def _count(buf: Any, number: int, wire: int, at: int, n: int) -> int:
-    """The typed entries one occurrence of field ``number`` holds (packed or one)."""
-    kind = TYPED_FIELDS[number]
+def _entries(buf: Any, kind: str, number: int, wire: int, at: int, n: int) -> int:
+    """The entries one occurrence of a repeated field holds (packed or one), whose
+    entries are ``kind`` ("varint", "fixed32", "fixed64" or "bytes")."""
     if wire != 2 or kind == "bytes":  # one entry (a string is one entry a field)
         expected = {"varint": 0, "fixed32": 5, "fixed64": 1, "bytes": 2}[kind]
-        _want(number, wire, expected, f"typed field {number}")
+        _want(number, wire, expected, f"repeated field {number}")
         return 1
     if kind in ("fixed32", "fixed64"):
         width = 4 if kind == "fixed32" else 8
@@ -376,13 +381,49 @@ def _count(buf: Any, number: int, wire: int, at: int, n: int) -> int:
                 f"packed field {number} holds {n} bytes, no whole {width}-byte entries"
             )
         return n // width
-    got, step = 0, 1 << 20
+    got, step = 0, 1 << 20  # a count of the bytes that end a varint
     for i in range(at, at + n, step):
         piece = np.frombuffer(buf, np.uint8, min(step, at + n - i), i)
         got += int(np.count_nonzero(piece < 0x80))
     if n and buf[at + n - 1] >= 0x80:
         raise FormatError(f"packed field {number} ends inside a varint (truncated or corrupt)")
     return got
+
+
+# a Constant's value_float(s) / value_int(s): the AttributeProto field, its entries' wire
+# kind, the TensorProto field they decode as, and the data type (FLOAT, INT64)
+_ATTRIBUTE_VALUES = {
+    VALUE_FLOAT: (2, "fixed32", FLOAT_DATA, 1),
+    VALUE_FLOATS: (7, "fixed32", FLOAT_DATA, 1),
+    VALUE_INT: (3, "varint", INT64_DATA, 7),
+    VALUE_INTS: (8, "varint", INT64_DATA, 7),
+}
+
+
+def attribute(buf: Any, kind: int, start: int, size: int, name: str) -> Record:
+    """A ``Constant``'s value_float(s) / value_int(s) / value_string(s) (the
+    ``AttributeProto`` at ``buf[start:start + size]``) as a record named ``name``."""
+    if kind == TEXT:
+        return Record(name, (), STRING, (start, size))  # listed, refused when read
+    number, entry, as_field, code = _ATTRIBUTE_VALUES[kind]
+    count = sum(
+        _entries(buf, entry, number, w, v, m)
+        for f, w, v, m in fields(buf, start, start + size)
+        if f == number
+    )
+    dims = () if kind in (VALUE_FLOAT, VALUE_INT) else (count,)
+    return Record(name, dims, code, (start, size), typed=number, entries=count,
+                  as_field=as_field)  # fmt: skip
+
+
+def varint_bytes(value: int) -> bytes:
+    """A varint's bytes (an unpacked entry, put back into a packed run)."""
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
 
 
 def unpack_span(packed: int) -> tuple[int, int, int]:
