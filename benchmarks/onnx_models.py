@@ -118,10 +118,10 @@ def _rows(ctx: Context, sec: Section, small: Path, large: Path, repeats: int) ->
     growth = st["tb large"].min / st["tb small"].min
     first = st["tb large"].min
     size = large.with_name(large.name + ".data").stat().st_size
+    small_size = small.with_name(small.name + ".data").stat().st_size
     out: list[tuple[str, str, str, str]] = [
         (
-            f"open + first initializer, {fmt_mib(small.with_name(small.name + '.data').stat().st_size)}"
-            " model, tb vs onnx",
+            f"open + first initializer, {fmt_mib(small_size)} model, tb vs onnx",
             f"{fmt_pair(st['tb small'])} vs {fmt_pair(st['onnx small'])} = "
             f"{fmt_ratio(speedup(st['onnx small'], st['tb small']), 0)}x",
             "",
@@ -157,8 +157,7 @@ def _rows(ctx: Context, sec: Section, small: Path, large: Path, repeats: int) ->
         (
             f"read every initializer into owned memory, {fmt_mib(size)}: tb.load(mmap=False) "
             "vs onnx.load + to_array",
-            f"{size / best['tb'] / 1e9:.2f} vs {size / best['onnx'] / 1e9:.2f} GB/s = "
-            f"{ratio:.2f}x",
+            f"{size / best['tb'] / 1e9:.2f} vs {size / best['onnx'] / 1e9:.2f} GB/s = {ratio:.2f}x",
             ">= 1x",
             ctx.check(sec, "ONNX read-all >= 1x onnx.load + to_array", ratio >= 1.0),
         )

@@ -356,7 +356,6 @@ def _seeds_onnx(scratch: Path) -> list[bytes]:
     with negative and 16-bit entries, int64_data, double_data), packed INT4 / FLOAT4,
     external data in the prepared file, a Constant node and metadata."""
     import ml_dtypes
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     raw = [numpy_helper.from_array(a, n) for n, a in (
@@ -379,7 +378,7 @@ def _seeds_onnx(scratch: Path) -> list[bytes]:
         ext.external_data.add(key=key, value=value)
     const = helper.make_node("Constant", [], ["c"], value_ints=[1, -2, 3])
     out = []
-    for i, (nodes, inits) in enumerate((([], raw), ([const], typed + [ext]), ([], raw + typed))):
+    for i, (nodes, inits) in enumerate((([], raw), ([const], [*typed, ext]), ([], raw + typed))):
         graph = helper.make_graph(nodes, "g", [], [], initializer=inits)
         m = helper.make_model(graph, producer_name="fuzz")
         helper.set_model_props(m, {"seed": str(i)})

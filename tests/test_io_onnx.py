@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 import tracemalloc
 import warnings
 from pathlib import Path
@@ -573,3 +575,20 @@ def test_the_open_cost_is_the_header_not_the_weights(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert peak < 1 << 20
     assert os.path.getsize(path) < 4096
+
+
+def test_reading_needs_no_onnx_package_and_writing_names_the_extra(tmp_path: Path) -> None:
+    path = model(tmp_path / "m.onnx", [numpy_helper.from_array(np.arange(3.0), "w")])
+    code = (
+        "import sys; sys.modules['onnx'] = None\n"  # as where onnx is not installed
+        "import tensorbridge as tb\n"
+        f"assert tb.load({str(path)!r})['w'].tolist() == [0.0, 1.0, 2.0]\n"
+        "try:\n"
+        f"    tb.save({{'w': tb.load({str(path)!r})['w']}}, {str(tmp_path / 'o.onnx')!r})\n"
+        "except tb.MissingExtraError as e:\n"
+        "    print(e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "pip install tensorbridge[onnx]" in done.stdout

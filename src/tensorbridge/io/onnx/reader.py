@@ -35,6 +35,7 @@ from .data_types import unpack as _unpack
 
 __all__ = ["MAX_MODEL_BYTES", "OnnxFile", "load", "open", "row_of_type"]
 
+_RECENT = 1024  # records kept parsed: a whole read of a model of as many parses each once
 # protobuf refuses to parse or serialize a message of 2 GiB or more (INT_MAX bytes)
 MAX_MODEL_BYTES = (1 << 31) - 1
 EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
@@ -110,6 +111,7 @@ class OnnxFile(TensorFile):
         self._files: dict[str, tuple[Path, int]] = {}  # location -> confined path, size
         self._maps: dict[tuple[str, bool], Any] = {}  # (location, cow) -> its map
         self._descriptors: dict[str, int] = {}  # location -> its open file
+        self._recent: dict[str, wire.Record] = {}  # the records last parsed, oldest first
         try:
             self._read_header(size)
         except BaseException:
@@ -186,6 +188,14 @@ class OnnxFile(TensorFile):
 
     def record(self, name: str) -> wire.Record:
         """``name``'s ``TensorProto`` as stored (a sparse tensor: its values')."""
+        rec = self._recent.get(name)
+        if rec is None:  # parsed again when asked again, but for the last few: memory bounded
+            rec = self._recent[name] = self._record(name)
+            if len(self._recent) > _RECENT:
+                del self._recent[next(iter(self._recent))]
+        return rec
+
+    def _record(self, name: str) -> wire.Record:
         kind, at, n = self._span(name)
         if kind == wire.TENSOR:
             rec = wire.tensor(self._map, at, n)
