@@ -592,3 +592,14 @@ def test_reading_needs_no_onnx_package_and_writing_names_the_extra(tmp_path: Pat
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "pip install tensorbridge[onnx]" in done.stdout
+
+
+@pytest.mark.parametrize("module", ["", ".data_types", ".wire", ".reader", ".writer"])
+def test_docstring_examples_run(module: str, tmp_path: Path, monkeypatch: Any) -> None:
+    import doctest
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    found = importlib.import_module(f"tensorbridge.io.onnx{module}")
+    result = doctest.testmod(found, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
