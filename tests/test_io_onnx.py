@@ -7,6 +7,8 @@ check uses ``onnxruntime``. Both are optional: the tests that need them skip wit
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import json
 import math
 import os
@@ -71,14 +73,12 @@ def typed(name: str, t: dt.DataType, a: np.ndarray) -> TensorProto:
     int32_data, a packed byte an entry for 4- and 2-bit types, one FLOAT6 code an entry)."""
     p = TensorProto(name=name, data_type=t.code, dims=a.shape)
     flat = a.reshape(-1)
-    if t.field == dt.FLOAT_DATA:
-        p.float_data.extend(flat.view(np.float32).tolist())
-    elif t.field == dt.DOUBLE_DATA:
-        p.double_data.extend(flat.view(np.float64).tolist())
-    elif t.field == dt.INT64_DATA:
-        p.int64_data.extend(flat.tolist())
-    elif t.field == dt.UINT64_DATA:
-        p.uint64_data.extend(flat.astype(np.uint64).tolist())
+    if t.field in (dt.FLOAT_DATA, dt.DOUBLE_DATA):  # complex: (real, imaginary) pairs
+        field = p.float_data if t.field == dt.FLOAT_DATA else p.double_data
+        field.extend(flat.view(np.float32 if t.field == dt.FLOAT_DATA else np.float64).tolist())
+    elif t.field in (dt.INT64_DATA, dt.UINT64_DATA):
+        field = p.int64_data if t.field == dt.INT64_DATA else p.uint64_data
+        field.extend(flat.astype(np.int64 if t.field == dt.INT64_DATA else np.uint64).tolist())
     elif t.bits in (4, 2):
         p.int32_data.extend(numpy_helper.from_array(a).raw_data)
     elif t.name in ("INT8", "INT16", "INT32"):
@@ -279,12 +279,9 @@ def test_string_and_unknown_types_are_listed_and_refused_by_name(tmp_path: Path)
 
 def test_a_model_is_recognised_by_its_bytes_whatever_its_name(tmp_path: Path) -> None:
     path = model(tmp_path / "weights.pt", [numpy_helper.from_array(np.ones(2, np.float32), "w")])
+    note = "weights.pt is an ONNX model, not a torch zip archive; read it as such"
     with tb.open(path) as f:
-        assert isinstance(f, tbo.OnnxFile)
-        assert f.notes == [
-            "weights.pt is an ONNX model, not a torch zip archive; read it as such (rename it "
-            "to weights.onnx)"
-        ]
+        assert isinstance(f, tbo.OnnxFile) and f.notes == [f"{note} (rename it to weights.onnx)"]
     assert tbo.sniff(path.read_bytes()[:64]) and not tbo.sniff(b"\x08\x04\x12\x08\x0a\x06in_x")
 
 
@@ -596,9 +593,6 @@ def test_reading_needs_no_onnx_package_and_writing_names_the_extra(tmp_path: Pat
 
 @pytest.mark.parametrize("module", ["", ".data_types", ".wire", ".reader", ".writer"])
 def test_docstring_examples_run(module: str, tmp_path: Path, monkeypatch: Any) -> None:
-    import doctest
-    import importlib
-
     monkeypatch.chdir(tmp_path)
     found = importlib.import_module(f"tensorbridge.io.onnx{module}")
     result = doctest.testmod(found, optionflags=doctest.ELLIPSIS)
