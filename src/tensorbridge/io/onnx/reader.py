@@ -145,6 +145,7 @@ class OnnxFile(TensorFile):
                     record = wire.tensor(self._map, at, n)
                     self._add(record.name, kind, at, n)
                     self._check_record(record, repr(record.name))
+                    self._remember(record.name, record)
                     continue
                 if kind == wire.SPARSE and not name:
                     name = wire.sparse_parts(self._map, at, n)[0].name
@@ -190,9 +191,13 @@ class OnnxFile(TensorFile):
         """``name``'s ``TensorProto`` as stored (a sparse tensor: its values')."""
         rec = self._recent.get(name)
         if rec is None:  # parsed again when asked again, but for the last few: memory bounded
-            rec = self._recent[name] = self._record(name)
-            if len(self._recent) > _RECENT:
-                del self._recent[next(iter(self._recent))]
+            rec = self._remember(name, self._record(name))
+        return rec
+
+    def _remember(self, name: str, rec: wire.Record) -> wire.Record:
+        self._recent[name] = rec
+        if len(self._recent) > _RECENT:
+            del self._recent[next(iter(self._recent))]
         return rec
 
     def _record(self, name: str) -> wire.Record:
