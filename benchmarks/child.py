@@ -60,6 +60,8 @@ PRELOAD = [
     "tensorbridge.diagnostics",
     "safetensors.numpy",  # optional: a module that fails to import is skipped
     "safetensors.torch",
+    "onnx",
+    "tensorbridge.io.onnx",
     "benchmarks.child",
 ]
 

@@ -69,6 +69,7 @@ def warm_up() -> None:
 
     import tensorbridge.dcp
     import tensorbridge.io
+    import tensorbridge.io.onnx
     import tensorbridge.quant.api  # noqa: F401
     from tensorbridge.io import zarr as tb_zarr
 

@@ -344,6 +344,48 @@ def _seeds_quant(scratch: Path) -> list[bytes]:
     ]
 
 
+_ONNX_DATA = "w.bin"  # the external data file beside the fuzzed model: 16 float32 values
+
+
+def _onnx_data(directory: Path) -> None:
+    (directory / _ONNX_DATA).write_bytes(np.arange(16, dtype=np.float32).tobytes())
+
+
+def _seeds_onnx(scratch: Path) -> list[bytes]:
+    """Models onnx writes: raw_data of several types, typed fields (float_data, int32_data
+    with negative and 16-bit entries, int64_data, double_data), packed INT4 / FLOAT4,
+    external data in the prepared file, a Constant node and metadata."""
+    import ml_dtypes
+    from onnx import TensorProto, helper, numpy_helper
+
+    raw = [numpy_helper.from_array(a, n) for n, a in (
+        ("w", np.arange(12, dtype=np.float32).reshape(3, 4)),
+        ("h", np.arange(5, dtype=ml_dtypes.bfloat16)),
+        ("q", np.array([-8, 7, 1], ml_dtypes.int4)),
+        ("f4", np.array([0.5, -6, 1.5], ml_dtypes.float4_e2m1fn)),
+        ("f6", np.array([1, 2, -0.5, 7.5, 3], ml_dtypes.float6_e2m3fn)),
+    )]  # fmt: skip
+    typed = [
+        helper.make_tensor("i8", TensorProto.INT8, [3], [-1, 0, 127]),
+        helper.make_tensor("f16", TensorProto.FLOAT16, [2], [1.5, -2.0]),
+        helper.make_tensor("i64", TensorProto.INT64, [2], [-5, 1 << 40]),
+        helper.make_tensor("f64", TensorProto.DOUBLE, [2], [0.25, -1e300]),
+        helper.make_tensor("fl", TensorProto.FLOAT, [2, 1], [3.5, -0.0]),
+    ]
+    ext = TensorProto(name="e", data_type=TensorProto.FLOAT, dims=[4, 4])
+    ext.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", _ONNX_DATA), ("offset", "0"), ("length", "64")):
+        ext.external_data.add(key=key, value=value)
+    const = helper.make_node("Constant", [], ["c"], value_ints=[1, -2, 3])
+    out = []
+    for i, (nodes, inits) in enumerate((([], raw), ([const], [*typed, ext]), ([], raw + typed))):
+        graph = helper.make_graph(nodes, "g", [], [], initializer=inits)
+        m = helper.make_model(graph, producer_name="fuzz")
+        helper.set_model_props(m, {"seed": str(i)})
+        out.append(m.SerializeToString())
+    return [out[1], out[0], out[2]]  # the first seed: external data and typed fields
+
+
 READERS: dict[str, Reader] = {
     r.name: r
     for r in (
@@ -359,6 +401,10 @@ READERS: dict[str, Reader] = {
         Reader("npz", "x.npz", _seeds_npz, expansion=1032),
         Reader("pt", "x.pt", _seeds_pt),
         Reader("gguf", "x.gguf", _seeds_gguf, open_kwargs={"dequantize": "f32"}),
+        # the header's names and spans take up to ~16 bytes of Python objects a byte of
+        # protobuf (many one-character initializers, measured), typed entries up to 8 (a
+        # one-byte varint read as int64): within the JSON readers' bound
+        Reader("onnx", "m.onnx", _seeds_onnx, prepare=_onnx_data, expansion=JSON_EXPANSION),
         Reader("dcp", ".metadata", _seeds_dcp, prepare=_prepare_dcp),
         # the data file: a torch.save zip per item, with the valid .metadata beside it
         Reader("distcp", DISTCP, _seeds_distcp, prepare=_prepare_dcp),

@@ -304,7 +304,7 @@ def test_convert_pt_to_pt_keeps_the_nesting(
     assert one_error_line(err, "convert") == (
         "list.pt: layers is a list, and leaving out its item 'layers.0' would "
         "renumber the items after it; keep all of its items or none (--include / --exclude), "
-        "or convert to .safetensors / .npz / .gguf / .zarr, which keep flat names"
+        "or convert to .safetensors / .npz / .gguf / .zarr / .onnx, which keep flat names"
     )
 
 
@@ -320,19 +320,21 @@ def test_metadata_that_names_tensors_and_no_metadata(
     assert rc == 1
     assert one_error_line(err, "convert") == (
         f"metadata key 'h1' of {src.name} is also a tensor's name; a torch zip archive cannot "
-        "hold both: write .safetensors or .gguf or .zarr, or pass --no-metadata to leave the "
-        "metadata out"
+        "hold both: write .safetensors or .gguf or .zarr or .onnx, or pass --no-metadata to "
+        "leave the metadata out"
     )
     rc, _, err = run(capsys, "convert", src, tmp_path / "h.pt", "--no-metadata")
     assert (rc, err) == (0, "")
     assert sorted(torch.load(tmp_path / "h.pt", weights_only=True)) == ["h1", "h2"]
     rc, _, err = run(capsys, "convert", src, tmp_path / "h.npz")  # the hint names only homes
-    assert rc == 0 and "(convert to .safetensors or .gguf or .zarr to keep it;" in err
+    assert rc == 0 and "(convert to .safetensors or .gguf or .zarr or .onnx to keep it;" in err
     with tb.open(src) as f:
         with pytest.raises(tb.TensorBridgeError, match=r"or pass metadata=False to leave"):
             tb.save(f, tmp_path / "api.pt")
         tb.save(f, tmp_path / "api.pt", metadata=False)
-        with pytest.warns(UserWarning, match=r"save to .safetensors or .gguf or .zarr to keep"):
+        with pytest.warns(
+            UserWarning, match=r"save to .safetensors or .gguf or .zarr or .onnx to keep"
+        ):
             tb.save(f, tmp_path / "api.npz")
         tb.save(f, tmp_path / "quiet.npz", metadata=False)  # no warning: asked for
     assert sorted(tbio.load(tmp_path / "api.pt")) == ["h1", "h2"]
@@ -1235,9 +1237,11 @@ def test_convert_help_lists_what_each_suffix_keeps(capsys: pytest.CaptureFixture
             last = line.split("  ")[1].strip()
             rows[last] = line
     assert set(rows) == {
-        ".safetensors", ".npy", ".npz", ".pt, .pth, .bin", ".gguf", ".zarr", "DIR/",
+        ".safetensors", ".npy", ".npz", ".pt, .pth, .bin", ".gguf", ".zarr", ".onnx", "DIR/",
         "NAME.safetensors.index.json", "DIR/ --format npy",
     }  # fmt: skip
+    assert "--into MODEL" in rows[".onnx"]
+    assert "--into MODEL" in out and "(.onnx destinations)" in out  # the row's own option
     assert "metadata as text" in rows[".safetensors"] and "shards" in rows[".safetensors"]
     assert "one array; no metadata" in rows[".npy"]
     assert "general.architecture required" in rows[".gguf"]
@@ -1270,8 +1274,6 @@ def test_json_metadata_keeps_gguf_types(capsys: pytest.CaptureFixture[str], tmp_
 
 
 _FOREIGN_FILES = {
-    "model.onnx": (b"\x08\x08\x12\x07pytorch\x1a\x052.1.0:\x00", "an ONNX model"),
-    "graph.bin": (b"\x08\x07:\x05\x0a\x03abc", "an ONNX model"),  # bytes, not the name
     "model.tflite": (b"\x1c\x00\x00\x00TFL3" + bytes(40), "a TensorFlow Lite model"),
     "weights.h5": (b"\x89HDF\r\n\x1a\n" + bytes(40), "an HDF5 file (Keras .h5 weights)"),
     "model.mlmodel": (b"\x08\x04\x12\x08\x0a\x06\x0a\x04in_x", "a Core ML model (.mlmodel)"),
@@ -1348,7 +1350,9 @@ def test_library_hints_become_the_options_they_name(
 
 
 def test_help_text_is_the_format_tables() -> None:
-    """``convert --help`` prints a stored copy of the destinations (no torch import): current."""
+    """``convert --help`` prints a stored copy of the destinations and of the formats' own
+    save options (no torch import): current."""
     from tensorbridge import _help_text, cli
 
     assert cli.destinations_from_table() == _help_text.DESTINATIONS
+    assert cli.save_options_from_table() == _help_text.SAVE_OPTIONS

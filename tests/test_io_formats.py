@@ -55,7 +55,7 @@ def test_rows_are_consistent() -> None:
     assert len(suffixes) == len(set(suffixes)) and len(kinds) == len(set(kinds))
     assert all(s.startswith(".") and s == s.lower() for s in suffixes)
     names = [f.name for f in FORMATS]
-    assert names == ["safetensors", "npy", "npz", "pt", "gguf", "zarr", "dcp", "npy-dir"]
+    assert names == ["safetensors", "npy", "npz", "pt", "gguf", "zarr", "dcp", "npy-dir", "onnx"]
     for f in FORMATS:
         assert f.single_array or f.many_arrays, f.name
         assert not f.text_metadata or f.metadata, f.name
@@ -93,8 +93,8 @@ def test_every_save_has_the_one_signature(fmt: Format) -> None:
 
 
 def test_listing_follows_the_table_order() -> None:
-    assert listing(lambda f: f.metadata, " or ") == ".safetensors or .pt or .gguf or .zarr"
-    assert listing(lambda f: f.many_arrays) == ".safetensors / .npz / .pt / .gguf / .zarr"
+    assert listing(lambda f: f.metadata, " or ") == ".safetensors or .pt or .gguf or .zarr or .onnx"
+    assert listing(lambda f: f.many_arrays) == ".safetensors / .npz / .pt / .gguf / .zarr / .onnx"
     assert listing(lambda f: False) == ""
 
 
@@ -303,7 +303,7 @@ def test_cli_messages_come_from_the_table(
     assert main(["convert", str(src), str(tmp_path / "o.npz")]) == 0
     assert capsys.readouterr().err == (
         "note: dropped metadata who: .npz files have no place for it (convert to "
-        ".safetensors or .pt or .gguf or .zarr to keep it; --no-metadata leaves it out "
+        ".safetensors or .pt or .gguf or .zarr or .onnx to keep it; --no-metadata leaves it out "
         "without this note)\n"
     )
     assert main(["convert", str(src), str(tmp_path / "o.npz"), "--overwrite", "-q"]) == 0

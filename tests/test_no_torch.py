@@ -1,7 +1,7 @@
 """Commands that need no torch do not import it (about 2.7 s of every command otherwise).
 
 ``tensorbridge inspect`` of a file, and ``convert`` between the formats NumPy can hold
-without a cast (safetensors, .npy, .npz, GGUF, Zarr, in every direction; bfloat16 and
+without a cast (safetensors, .npy, .npz, GGUF, Zarr, ONNX, in every direction; bfloat16 and
 float8 through ml_dtypes) run in a fresh interpreter in which ``import torch`` raises,
 and must still succeed, writing the source's bytes unchanged. Reading or writing a
 ``.pt`` file and casting (``--float-dtype``) still import torch and still work.
@@ -52,7 +52,8 @@ ARRAYS: dict[str, np.ndarray] = {
     "fp8": FLOAT[:, :2].astype(ml_dtypes.float8_e4m3fn),  # no inf in e4m3fn
     "i32": np.arange(-3, 3, dtype=np.int32).reshape(3, 2),
 }
-FORMATS = ("safetensors", "npy", "npz", "gguf", "zarr")
+FORMATS = ("safetensors", "npy", "npz", "gguf", "zarr", "onnx")
+EXTRAS = {"zarr": "Zarr stores", "onnx": "writing ONNX models"}  # formats of an optional package
 NO_FP8 = ("gguf",)  # GGUF has no float8 tensor type
 ARCH = ["--metadata", "general.architecture=llama"]  # what a GGUF file must name
 
@@ -70,6 +71,12 @@ def run(commands: list[list[str]], no_torch: bool) -> bool:
     return loaded
 
 
+def needs(fmt: str) -> None:
+    """Skip where the format's optional package is missing."""
+    if fmt in EXTRAS:
+        pytest.importorskip(fmt, reason=f"{EXTRAS[fmt]} need pip install tensorbridge[{fmt}]")
+
+
 def held(fmt: str) -> dict[str, np.ndarray]:
     """The arrays a file of ``fmt`` holds in these tests."""
     if fmt == "npy":
@@ -79,8 +86,7 @@ def held(fmt: str) -> dict[str, np.ndarray]:
 
 def source(tmp_path: Path, fmt: str) -> Path:
     """A file of ``fmt`` holding :func:`held`'s arrays."""
-    if fmt == "zarr":
-        pytest.importorskip("zarr", reason="Zarr stores need pip install tensorbridge[zarr]")
+    needs(fmt)
     path = tmp_path / f"source.{fmt}"
     arrays = held(fmt)
     if fmt == "npy":
@@ -112,8 +118,7 @@ def test_inspect_and_convert_import_no_torch(tmp_path: Path, src: str) -> None:
     commands = [["inspect", str(path)], ["inspect", "--json", str(path)]]
     expected: dict[Path, dict[str, np.ndarray]] = {}
     for dst in FORMATS:
-        if dst == "zarr":
-            pytest.importorskip("zarr", reason="Zarr stores need pip install tensorbridge[zarr]")
+        needs(dst)
         out = tmp_path / f"out-{dst}.{dst}"
         argv = ["convert", str(path), str(out), "--quiet"]
         want = held(src)

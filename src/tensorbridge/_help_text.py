@@ -1,6 +1,7 @@
 """Help text the command line prints without importing the format table (which imports torch).
 
-Generated from the format table by ``tensorbridge.cli.destinations_from_table()``;
+Generated from the format table by ``tensorbridge.cli.destinations_from_table()`` and
+``save_options_from_table()``;
 ``tests/test_cli.py`` checks that it is current (regenerate with
 ``PYTHONPATH=src python -c "import tensorbridge.cli as c; c.write_help_text()"``).
 """
@@ -23,10 +24,20 @@ DESTINATIONS = (
     "  .gguf                        tensors by name; typed metadata\n"
     "                               (general.architecture required)\n"
     "  .zarr                        one array per tensor; metadata as attributes\n"
+    "  .onnx                        initializers by name (--into MODEL: its "
+    "weights\n"
+    "                               replaced); metadata as text; weights as "
+    "external\n"
+    "                               data in DST.data\n"
     "  DIR/                         model.safetensors inside (a DCP source: "
     "shards +\n"
     "                               index)\n"
     "  NAME.safetensors.index.json  shards of --max-shard-size and their index\n"
     "  DIR/ --format npy            a DCP source: one NAME.npy per tensor; no\n"
     "                               metadata"
+)
+
+SAVE_OPTIONS = (
+    ("into", "MODEL", "an ONNX model whose initializers the tensors replace, by name", ".onnx"),
+    ("name_map", "JSON", 'a JSON file {"tensor": "initializer"} for renamed weights', ".onnx"),
 )

@@ -37,7 +37,13 @@ from ._errors import (
 from ._options import Parser
 from ._output import plural as _plural  # noqa: F401 - tests name it here
 
-__all__ = ["COMMANDS", "destinations_from_table", "main", "write_help_text"]
+__all__ = [
+    "COMMANDS",
+    "destinations_from_table",
+    "main",
+    "save_options_from_table",
+    "write_help_text",
+]
 
 # A command's name -> its module under tensorbridge.cli; the order of ``--help``.
 COMMANDS = {
@@ -80,7 +86,24 @@ def write_help_text() -> None:
 
     path = pathlib.Path(_help_text.__file__)
     head = path.read_text().split("DESTINATIONS = ")[0]
-    path.write_text(f"{head}DESTINATIONS = {pprint.pformat(destinations_from_table())}\n")
+    path.write_text(
+        f"{head}DESTINATIONS = {pprint.pformat(destinations_from_table())}\n\n"
+        f"SAVE_OPTIONS = {pprint.pformat(save_options_from_table())}\n"
+    )
+
+
+def save_options_from_table() -> tuple[tuple[str, str, str, str], ...]:
+    """The formats' save options ``convert`` offers (each row's ``cli_options``): option,
+    metavar, help and the destination suffixes that take it."""
+    from ..io import FORMATS
+
+    found: dict[str, tuple[str, str, str, str]] = {}
+    for f in FORMATS:
+        for option, metavar, text in f.cli_options:
+            _, _, _, suffixes = found.get(option, ("", "", "", ""))
+            joined = ", ".join(filter(None, [suffixes, *f.suffixes]))
+            found[option] = (option, metavar, text, joined)
+    return tuple(found.values())
 
 
 def destinations_from_table() -> str:

@@ -36,7 +36,8 @@ EXAMPLES = (
     "  tensorbridge convert model.safetensors emb.npy --include 'embed*'\n"
     "  tensorbridge convert model-Q4_K_M.gguf out.safetensors --dequantize bf16\n"
     "  tensorbridge convert deepseek-fp8/ out/model.safetensors --dequantize bf16\n"
-    "  tensorbridge convert dcp_checkpoint/ hf_model/ --max-shard-size 5GB --workers 4"
+    "  tensorbridge convert dcp_checkpoint/ hf_model/ --max-shard-size 5GB --workers 4\n"
+    "  tensorbridge convert finetuned.safetensors out.onnx --into model.onnx"
 )
 
 
@@ -166,7 +167,31 @@ def add_parser(subparsers: Any) -> None:
         metavar="ADDRESS",
         help="DCP source: run the tensor tasks on a dask.distributed cluster (shared disk)",
     )
+    from .._help_text import SAVE_OPTIONS  # the formats' own options, without the table
+
+    for option, metavar, text, suffixes in SAVE_OPTIONS:
+        p.add_argument(
+            "--" + option.replace("_", "-"),
+            dest=f"save_{option}",
+            metavar=metavar,
+            help=f"{text} ({suffixes} destinations)",
+        )
     reading(p, dequantize=False)
+
+
+def save_options(args: argparse.Namespace, fmt: Any, dst: str) -> dict[str, Any]:
+    """The format's own save options given (``--into``), each checked to be ``fmt``'s."""
+    from .._help_text import SAVE_OPTIONS
+
+    given = {o[0]: getattr(args, f"save_{o[0]}", None) for o in SAVE_OPTIONS}
+    given = {k: v for k, v in given.items() if v is not None}
+    for option in given:
+        if fmt is None or option not in fmt.save_options:
+            takes = next(o[3] for o in SAVE_OPTIONS if o[0] == option)
+            raise UsageError(
+                f"--{option.replace('_', '-')} applies to {takes} destinations, not {dst}"
+            )
+    return given
 
 
 class _Lazy(Mapping[str, Any]):
@@ -193,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
     entries = entry_files(args)
     args.created = _missing_directory(args.dst, entries is not None or is_chunked(args.src))
     if entries is not None or is_chunked(args.src):
+        save_options(args, None, args.dst)  # none applies
         if args.metadata or args.metadata_json:
             raise UsageError(
                 "--metadata applies to a checkpoint converted to safetensors, GGUF, .pt or "
@@ -296,6 +322,7 @@ def _destination(args: argparse.Namespace, quantize: str | None) -> tuple[Any, d
             f"(or a directory), not {args.dst}"
         )
     given_meta = metadata_args(args, dst.format)
+    args.save_options = save_options(args, dst.format, args.dst)
     if quantize is not None and not dst.format.quantized:
         raise UsageError(
             f"--quantize writes the schemes' published safetensors layouts, not {args.dst}; "
@@ -459,6 +486,7 @@ def _write(
         max_shard_size=args.max_shard_size,
         progress=progress(args),
         overwrite=True,
+        options=args.save_options,
     )
 
 

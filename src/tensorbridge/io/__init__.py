@@ -17,6 +17,8 @@ directory: one array per tensor)       ``pip install tensorbridge[zarr]``)
 a shard index (``*.index.json``) and   :mod:`tensorbridge.io.sharded`
 its shards, or a directory holding one
 GGUF (llama.cpp's ``.gguf``)           :mod:`tensorbridge.io.gguf`
+ONNX models' initializers (``.onnx``;  :mod:`tensorbridge.io.onnx` (writing needs
+external data beside it)               ``pip install tensorbridge[onnx]``)
 =====================================  =========================================
 
 **Reading** looks at a file's first bytes (:mod:`tensorbridge.io._detect`), not its
@@ -96,9 +98,11 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    """The torch formats' modules, which import torch, loaded when first used (PEP 562):
+    """The torch formats' modules, which import torch, and any registered format's module
+    named ``tensorbridge.io.<its name>`` (``tb.io.onnx``), loaded when first used (PEP 562):
     reading and writing the NumPy formats does not import torch."""
-    if name in ("dcp", "pt"):
+    own = {f.name: f.module for f in FORMATS}.get(name)
+    if name in ("dcp", "pt") or own == f"{__name__}.{name}":
         value = importlib.import_module(f".{name}", __name__)
     elif name == "Opaque":
         value = importlib.import_module(".pickle_machine", __name__).Opaque
@@ -165,17 +169,25 @@ def _reader(
         )
     f: TensorFile
     options: dict[str, Any] = {"follow_links": follow_links} if fmt and fmt.links else {}
-    if fmt is None:  # a shard index: each shard by its own reader
-        links = Links.of(path, follow=follow_links)
-        f = ShardedFile(path, lambda shard: _reader(shard, dtype, None, follow_links), links)
-    elif dequantize is not None:
-        f = fmt.reader(path, dequantize=dequantize, **options)
-    elif fmt.raw_dtype:
-        f = fmt.reader(path, dtype=dtype, **options)
-    else:
-        f = fmt.reader(path, **options)
-    f.follow_links = follow_links
     note = mismatch_note(path, kind)
+    try:
+        if fmt is None:  # a shard index: each shard by its own reader
+            links = Links.of(path, follow=follow_links)
+            f = ShardedFile(path, lambda shard: _reader(shard, dtype, None, follow_links), links)
+        elif dequantize is not None:
+            f = fmt.reader(path, dequantize=dequantize, **options)
+        elif fmt.raw_dtype:
+            f = fmt.reader(path, dtype=dtype, **options)
+        else:
+            f = fmt.reader(path, **options)
+    except FormatError as e:
+        if named is None or fmt is None or fmt is named:
+            raise
+        raise type(e)(
+            f"{e} ({path.name} was read as {describe(kind)}, as its first bytes say, not as "
+            f"{named.called or named.description})"
+        ) from None
+    f.follow_links = follow_links
     if note:
         f.notes.insert(0, note)
     return f
@@ -257,6 +269,7 @@ def save(
     quantize: Any = None,
     format: str | None = None,
     executor: Executor | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> None:
     """Save tensors or arrays to ``path``, streamed chunk by chunk, atomically.
 
@@ -275,7 +288,10 @@ def save(
     tensors of a ``.pt`` file (plain values), or into a GGUF file's key-value pairs
     (typed; ``general.architecture`` required); ``.npy`` / ``.npz`` have no place for
     it. ``quantize="q8_0"`` writes a GGUF file's floating-point matrices as Q8_0
-    blocks (see :func:`tensorbridge.io.gguf.save`).
+    blocks (see :func:`tensorbridge.io.gguf.save`). ``options`` are the destination
+    format's own save options (its row's ``save_options``): ``{"into": "model.onnx"}``
+    writes that ONNX model with its initializers replaced by the tensors
+    (:func:`tensorbridge.io.onnx.save`).
 
     >>> import tempfile, os, torch, tensorbridge as tb
     >>> p = os.path.join(tempfile.mkdtemp(), "w.safetensors")
@@ -311,6 +327,11 @@ def save(
         FormatError: a destination whose suffix is no format.
     """
     if isinstance(obj, TensorFile) and getattr(obj, "chunked", False):
+        if options:
+            raise InvalidArgumentError(
+                "options= are a format's own save options; a chunked checkpoint's save "
+                "takes none (convert it to the format first, then save with them)"
+            )
         save_chunked(
             obj,
             path,
@@ -347,9 +368,18 @@ def save(
             f"{listing(lambda f: f.metadata, ' or ')} to keep it, or leave out metadata= "
             f"({', '.join(map(str, list(given)[:5]))})"
         )
-    options: dict[str, Any] = {}
+    own = {k: v for k, v in (options or {}).items() if v is not None}
+    theirs = [k for k in fmt.save_options if k not in ("quantize", "max_shard_size", "index")]
+    unknown = [k for k in own if k not in theirs]
+    if unknown:
+        raise InvalidArgumentError(
+            f"options={{{unknown[0]!r}: ...}}: {suffix!r} files take "
+            f"{', '.join(map(repr, theirs)) or 'no options'}; leave it out or save to "
+            f"{listing(lambda f: unknown[0] in f.save_options, ' or ') or 'another format'}"
+        )
+    kwargs: dict[str, Any] = dict(own)
     if fmt.sharding:
-        options.update(max_shard_size=max_shard_size, index=dst.sharded)
+        kwargs.update(max_shard_size=max_shard_size, index=dst.sharded)
     if quantize is not None:
         if "quantize" not in fmt.save_options:
             quantizing = [f for f in FORMATS if "quantize" in f.save_options]
@@ -359,7 +389,7 @@ def save(
                 f"{listing(lambda f: 'quantize' in f.save_options, ' or ')} path, or leave out "
                 "quantize=)"
             )
-        options.update(quantize=quantize)
+        kwargs.update(quantize=quantize)
     if isinstance(obj, TensorFile):
         obj, given = file_values(obj, fmt, given, keep)
     if given is not None and fmt.text_metadata:  # the file's own metadata too
@@ -381,7 +411,7 @@ def save(
         float_dtype=float_dtype,
         metadata=given,
         progress=progress,
-        **options,
+        **kwargs,
     )
 
 

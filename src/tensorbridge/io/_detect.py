@@ -19,6 +19,8 @@ kind               how it is recognised
 ``zarr``           a directory whose ``zarr.json`` is a Zarr v3 group or array
 ``npy-dir``        a directory of ``NAME.npy`` files and no checkpoint file another
                    format looks for (what ``convert --format npy`` writes)
+(a row's kind)     its ``sniff`` hook claims the first ``SNIFF_BYTES`` bytes: a format
+                   without a fixed magic (ONNX's protobuf ``ModelProto``)
 ``dcp``            a pickle of ``torch.distributed.checkpoint``'s ``Metadata`` (a DCP
                    directory's ``.metadata``; the directory and its ``*.distcp`` files
                    resolve to it), recognised from the class name, never unpickled here
@@ -31,15 +33,13 @@ is (:data:`FOREIGN`); none of them is read:
 ``hdf5``           the HDF5 signature ``\\x89HDF\\r\\n\\x1a\\n`` (Keras ``.h5``, ``.weights.h5``)
 ``keras``          a zip archive with ``config.json`` and ``model.weights.h5`` (``.keras``)
 ``tflite``         a FlatBuffer whose file identifier (bytes 4-8) is ``TFL3``
-``onnx``           a protobuf ``ModelProto``: field 1 (``ir_version``) first, then a
-                   producer name or another ``ModelProto`` field
 ``coreml``         a protobuf starting with field 1 and a nested message (``.mlmodel``)
 ``mlpackage``      a directory with ``Manifest.json`` and ``Data/com.apple.CoreML``
 ``savedmodel``     a directory with ``saved_model.pb``, or that protobuf itself
 =================  ===================================================================
 
-A fixed magic (``npy``'s, GGUF's) is the format's own, read from its row in
-``tensorbridge.io._formats``; the structural rules above are this module's. Which
+A fixed magic (``npy``'s, GGUF's) or a sniff hook is the format's own, read from its
+row in ``tensorbridge.io._formats``; the structural rules above are this module's. Which
 format reads a kind, what it is called in messages, and which names a directory is
 searched for come from those rows too.
 
@@ -61,7 +61,7 @@ from pathlib import Path
 
 from .._files import open_regular
 from ..errors import FormatError, UncommittedCheckpointError
-from ._formats import FORMATS, INDEX_SUFFIX, Format, by_kind, by_suffix, version
+from ._formats import FORMATS, INDEX_SUFFIX, SNIFF_BYTES, Format, by_kind, by_suffix, version
 
 __all__ = [
     "FOREIGN",
@@ -97,7 +97,6 @@ def is_legacy_pt(head: bytes) -> bool:
 # kinds no format's description covers: refused, or read by the shard-index reader
 # model files of other toolkits: recognised so that a refusal names them, never read
 FOREIGN = {
-    "onnx": "an ONNX model",
     "tflite": "a TensorFlow Lite model",
     "keras": "a Keras .keras archive",
     "hdf5": "an HDF5 file (Keras .h5 weights)",
@@ -151,11 +150,20 @@ def detect(path: str | os.PathLike[str]) -> str:
         return "dcp" if _is_dcp_metadata(path) else "pickle"
     if head.lstrip()[:1] == b"{":
         return "index"
-    return _foreign_kind(path, head) or "unknown"
+    return _sniffed(path) or _foreign_kind(path, head) or "unknown"
+
+
+def _sniffed(path: str | os.PathLike[str]) -> str | None:
+    """The kind of the first row whose ``sniff`` hook claims the file's first bytes."""
+    sniffing = [f for f in FORMATS if f.sniff]
+    if not sniffing:
+        return None
+    with open_regular(path) as f:
+        head = f.read(SNIFF_BYTES)
+    return next((f.kinds[0] for f in sniffing if f.recognises(head)), None)
 
 
 _HDF5 = b"\x89HDF\r\n\x1a\n"
-_ONNX_FIELDS = (0x1A, 0x22, 0x28, 0x32, 0x3A, 0x42)  # ModelProto's fields 3-8 (tag bytes)
 
 
 def _foreign_kind(path: str | os.PathLike[str], head: bytes) -> str | None:
@@ -164,23 +172,17 @@ def _foreign_kind(path: str | os.PathLike[str], head: bytes) -> str | None:
         return "hdf5"
     if head[4:8] == b"TFL3":
         return "tflite"
-    if head[:1] != b"\x08":  # protobuf field 1 as a varint: ONNX, Core ML, SavedModel
+    if head[:1] != b"\x08":  # protobuf field 1 as a varint: Core ML, SavedModel (ONNX: sniffed)
         return None
     with open(path, "rb") as f:
         data = f.read(4096)
     version, i = _varint(data, 1)
-    if version is None or not 1 <= version <= 100 or i >= len(data):
-        return None
-    if data[i] in _ONNX_FIELDS:
-        return "onnx"
-    if data[i] != 0x12:
+    if version is None or not 1 <= version <= 100 or i >= len(data) or data[i] != 0x12:
         return None
     size, j = _varint(data, i + 1)
     if size is None or size == 0:
         return None
     body = data[j : j + min(size, 64)]
-    if all(32 <= c < 127 for c in body):
-        return "onnx"  # field 2 is ONNX's producer_name, text
     if body[:1] == b"\x0a":  # field 2 a message: Core ML's description, SavedModel's graph
         return "savedmodel" if Path(path).suffix.lower() == ".pb" else "coreml"
     return None

@@ -1,42 +1,28 @@
 """The registry of file formats: one table that every caller asks instead of testing names.
 
-A :class:`Format` row names a format's module and reader, the suffixes it is saved under,
-the kinds of content :mod:`tensorbridge.io._detect` recognises as it, and what it can
-do: hold one bare array or many named ones, metadata (typed or text), shards; map its
-reads; dequantize on read; take ``quantize=``; write values computed as they are
-written; be what a chunked (DCP) checkpoint converts to. A capability the row states
-is provided by the format's module under a fixed name (see "Adding a format" in
-``docs/dev/design.md``). ``tb.open`` picks the reader by content, ``tb.save`` the
-writer by suffix, and the command line words its messages ("a .npy file holds one
-array", "convert to .safetensors or .pt to keep it") from these rows.
+A :class:`Format` row names a format's module and reader, its suffixes, the content
+kinds :mod:`tensorbridge.io._detect` recognises as it (by a fixed ``magic``, or a
+``sniff`` hook given the first :data:`SNIFF_BYTES` bytes), and what it can do: one bare
+array or many, metadata (typed or text), shards, mapped reads, dequantizing,
+``quantize=`` and options of its own (``cli_options``: ``convert --into``), values
+computed as written, being what a DCP checkpoint converts to. Its module provides each
+capability under a fixed name, with one ``save(tensors, path, *, float_dtype=None,
+metadata=None, progress=None, **options)`` (see "Adding a file format" in
+``docs/dev/design.md``). ``tb.open`` picks the reader by content (the row's reader
+class, never the module's ``open``), ``tb.save`` the writer by suffix, and the command
+line words its messages from these rows.
 
 **Registration.** Every format, the built-in ones included, is registered through the
-entry point group ``tensorbridge.formats``: each entry point names a :class:`Format`
-row (``npz = "tensorbridge.io._formats:NPZ"``), in a module that imports nothing
-heavy. The group is read once, on the first question asked of the table; a format's
-own module is imported when its reader or writer is first used. Built-in rows whose
-entry points the installed metadata lacks (a source checkout on ``PYTHONPATH``, an
-install from before the group existed) are registered directly, so the table is the
-same either way. Code registers a row with :func:`register_format` and takes it back
-with :func:`unregister_format`.
-
-Every format module's ``save`` has one signature::
-
-    save(tensors, path, *, float_dtype=None, metadata=None, progress=None, **options)
-
-``tensors`` is a flat mapping of names to tensors or arrays (``many_arrays``) or one
-tensor or array (``single_array``); a format that keeps no metadata raises when
-``metadata`` is not empty; ``options`` are the format's own keyword-only options
-(``save_options``). The module-level writers replace an existing file; ``tb.save`` is
-the entry point that refuses to unless asked. Reading goes through the row's reader
-class rather than the module's ``open``, which may look at the name
-(``safetensors.open`` resolves directories): a file is read as what its bytes are,
-whatever it is called.
+entry point group ``tensorbridge.formats``, each naming a row in a module that imports
+nothing heavy (``npz = "tensorbridge.io._formats:NPZ"``). The group is read on the first
+question asked of the table; built-in rows the installed metadata lacks (a checkout on
+``PYTHONPATH``) are registered directly. :func:`register_format` and
+:func:`unregister_format` add and take back a row from code.
 
 >>> by_suffix(".NPZ").name, by_kind("pt-legacy").name
 ('npz', 'pt')
 >>> [f.suffixes[0] for f in FORMATS if f.metadata]
-['.safetensors', '.pt', '.gguf', '.zarr']
+['.safetensors', '.pt', '.gguf', '.zarr', '.onnx']
 """
 
 from __future__ import annotations
@@ -62,6 +48,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "FORMATS",
     "INDEX_SUFFIX",
+    "SNIFF_BYTES",
     "Format",
     "Layout",
     "PlannedFile",
@@ -79,6 +66,7 @@ __all__ = [
 
 INDEX_SUFFIX = ".index.json"  # NAME.safetensors.index.json: a sharded checkpoint's index
 ENTRY_POINT_GROUP = "tensorbridge.formats"
+SNIFF_BYTES = 4096  # what a row's sniff hook is given: the file's first bytes (all of a shorter)
 
 
 @dataclass(frozen=True, repr=False)
@@ -115,9 +103,11 @@ class Format:
     dequantizes: bool = False  # the reader takes ``dequantize=``: its tensors name their types
     writes: bool = True  # ``save`` writes it (False: read-only)
     save_options: tuple[str, ...] = ()  # the keyword options ``save`` takes beyond the common
+    cli_options: tuple[tuple[str, str, str], ...] = ()  # (option, METAVAR, help): --option
     quantizes: str = ""  # what ``save(quantize=...)`` writes ("" : it takes no quantize=)
     quantized: bool = False  # quantization schemes' published layouts are written in it
     magic: bytes = b""  # the first bytes that identify it, where a fixed magic does
+    sniff: str = ""  # else "module:function", a ``(head: bytes) -> bool`` told SNIFF_BYTES
     in_directory: tuple[str, ...] = ()  # names a checkpoint directory is searched for, best first
     directory_rank: int = 0  # directories are searched by rank, then table order: models first
     directory: bool = False  # a store is a directory (Zarr), recognised by its contents
@@ -155,6 +145,10 @@ class Format:
             )
         fn: Callable[..., None] = self._module().save
         return fn
+
+    def recognises(self, head: bytes) -> bool:
+        """Whether the row's ``sniff`` hook claims a file that starts with ``head``."""
+        return bool(self.sniff) and bool(load_object(self.sniff)(head))
 
     def metadata_value(self, value: Any, type_name: str) -> Any:
         """``value`` as the format's metadata type ``type_name`` (``typed_metadata`` rows)."""
@@ -336,7 +330,31 @@ NPY_DIR = Format(  # what ``convert dcp/ out/ --format npy`` writes
     file_per_entry=True,
     order=80,
 )
-BUILTIN = (SAFETENSORS, NPY, NPZ, PT, GGUF, ZARR, DCP, NPY_DIR)
+ONNX = Format(
+    "onnx",
+    "tensorbridge.io.onnx",
+    "OnnxFile",
+    "an ONNX model",
+    suffixes=(".onnx",),
+    kinds=("onnx",),
+    metadata=True,
+    text_metadata=True,
+    memory_map=True,
+    sniff="tensorbridge.io.onnx.wire:sniff",  # a protobuf: no magic
+    save_options=("into", "name_map", "chunk_bytes"),
+    cli_options=(
+        ("into", "MODEL", "an ONNX model whose initializers the tensors replace, by name"),
+        ("name_map", "JSON", 'a JSON file {"tensor": "initializer"} for renamed weights'),
+    ),
+    extra="onnx",  # to write; reading needs no onnx package
+    links=True,  # its external data files
+    in_directory=("*.onnx",),
+    directory_rank=1,
+    keeps="initializers by name (--into MODEL: its weights replaced); metadata as text; "
+    "weights as external data in DST.data",
+    order=90,
+)
+BUILTIN = (SAFETENSORS, NPY, NPZ, PT, GGUF, ZARR, DCP, NPY_DIR, ONNX)
 
 # what a directory destination gets: model.safetensors in it
 DIRECTORY_FORMAT = SAFETENSORS
@@ -536,7 +554,7 @@ def by_kind(kind: str) -> Format | None:
 
 def by_name(name: str) -> Format:
     """The format called ``name`` ("safetensors", "npy", "npz", "pt", "gguf", "zarr", "dcp",
-    "npy-dir", or a registered one's)."""
+    "npy-dir", "onnx", or a registered one's)."""
     _discover()
     return _BY_NAME[name]
 
@@ -577,6 +595,6 @@ def listing(has: Callable[[Format], bool], sep: str = " / ") -> str:
     """The usual suffixes of the writable formats that ``has`` a capability, for messages.
 
     >>> listing(lambda f: f.metadata, " or ")
-    '.safetensors or .pt or .gguf or .zarr'
+    '.safetensors or .pt or .gguf or .zarr or .onnx'
     """
     return sep.join(f.suffixes[0] for f in FORMATS if f.writes and has(f))
