@@ -142,6 +142,101 @@ def test_the_command_line_words_the_fixes_as_options(
     )
 
 
+# (quantize_checkpoint's arguments, its message in Python's words, convert's options,
+# the same message in the command line's words)
+OPTION_REFUSALS = [
+    (
+        {"scheme": "gptq"},
+        "scheme='gptq': tensorbridge dequantizes gptq but does not write it; pass one of "
+        "fp8-block, mxfp8, mxfp4, nvfp4-modelopt, nvfp4-compressed-tensors",
+        ["--quantize", "gptq"],
+        "--quantize gptq: tensorbridge dequantizes gptq but does not write it; pass one of "
+        "fp8-block, mxfp8, mxfp4, nvfp4-modelopt, nvfp4-compressed-tensors",
+    ),
+    (
+        {"scheme": "mxfp8", "layout": "gpt-oss"},
+        "layout='gpt-oss': mxfp8 is written in its published layout only; leave out layout= "
+        "(other layouts: mxfp4 (gpt-oss))",
+        ["--quantize", "mxfp8", "--layout", "gpt-oss"],
+        "--layout gpt-oss: mxfp8 is written in its published layout only; leave out --layout "
+        "(other layouts: mxfp4 (gpt-oss))",
+    ),
+    (
+        {"scheme": "mxfp4", "element": "e5m2"},
+        "element='e5m2': the element type is mxfp8's choice (e4m3 or e5m2); mxfp4's is "
+        "fixed, leave out element=",
+        ["--quantize", "mxfp4", "--element", "e5m2"],
+        "--element e5m2: the element type is mxfp8's choice (e4m3 or e5m2); mxfp4's is "
+        "fixed, leave out --element",
+    ),
+    (
+        {"scheme": "mxfp4", "block_size": (64, 64)},
+        "block_size= is fp8-block's; mxfp4 has fixed blocks (leave out block_size=)",
+        ["--quantize", "mxfp4", "--block-size", "64,64"],
+        "--block-size is fp8-block's; mxfp4 has fixed blocks (leave out --block-size)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "python", "argv", "options"), OPTION_REFUSALS)
+def test_refusals_speak_python_and_convert_speaks_options(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    kwargs: dict[str, object],
+    python: str,
+    argv: list[str],
+    options: str,
+) -> None:
+    """The library names its arguments (``scheme=``, ``layout=``); ``convert --quantize``
+    says the same refusal with the options that give them."""
+    src = _model(tmp_path / "src")
+    dst = tmp_path / "o.safetensors"
+    with pytest.raises(tb.QuantizationError) as e:
+        tb.quantize_checkpoint(src, dst, **kwargs)  # type: ignore[arg-type]
+    assert str(e.value) == python
+    assert main(["convert", str(src), str(dst), *argv]) == 2
+    assert capsys.readouterr().err == f"tensorbridge convert: error: {options}\n"
+    assert not dst.exists()
+
+
+def test_the_gpt_oss_refusal_speaks_python_and_convert_speaks_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch.manual_seed(0)
+    pre = "model.layers.0.mlp.experts."
+    sd = {pre + "gate_up_proj": torch.randn(2, 64, 64), pre + "down_proj": torch.randn(2, 64, 64)}
+    src = tmp_path / "e.safetensors"
+    tb.save(sd, src)
+    dst = tmp_path / "o.safetensors"
+    why = (
+        f"{pre}down_proj is left unquantized but model.layers.0.mlp.experts's other "
+        "projection is not: transformers' gpt-oss MXFP4 loader converts a whole experts "
+        "module; ignore both "
+    )
+    with pytest.raises(tb.QuantizationError) as e:
+        tb.quantize_checkpoint(src, dst, "mxfp4", layout="gpt-oss", ignore=[pre + "down_proj"])
+    assert str(e.value) == why + "(ignore=['model.layers.0.mlp.experts.*']) or neither"
+    argv = ["convert", str(src), str(dst), "--quantize", "mxfp4", "--layout", "gpt-oss"]
+    assert main([*argv, "--ignore", pre + "down_proj"]) == 1
+    assert capsys.readouterr().err == (
+        f"tensorbridge convert: error: {why}(--ignore 'model.layers.0.mlp.experts.*') or neither\n"
+    )
+
+
+def test_cast_report_says_scheme_as_its_own_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same refusal through ``cast-report --scheme``: there ``scheme=`` is ``--scheme``."""
+    src = _model(tmp_path / "src")
+    with tb.open(src) as f, pytest.raises(tb.QuantizationError, match=r"^scheme='gptq': "):
+        tb.quant_report(f, scheme="gptq")
+    assert main(["cast-report", str(src), "--scheme", "gptq"]) == 1
+    assert capsys.readouterr().err.startswith(
+        "tensorbridge cast-report: error: --scheme gptq: tensorbridge dequantizes gptq but "
+        "does not write it; pass one of fp8-block"
+    )
+
+
 def test_the_command_line_is_this_call(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = _model(tmp_path / "src")
     done = tb.quantize_checkpoint(src, f"{tmp_path / 'py'}/", "nvfp4-modelopt", verify=True)

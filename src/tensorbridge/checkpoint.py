@@ -131,7 +131,6 @@ def quantize_checkpoint(
         DestinationExistsError: ``dst`` exists and ``overwrite`` is false.
     """
     from .io import carried_metadata, destination, save
-    from .quant.registry import SCHEMES
     from .quant.write import (
         config_caveat,
         quantized_parts,
@@ -140,11 +139,7 @@ def quantize_checkpoint(
         writable,
     )
 
-    scheme = writable(scheme, layout, element)
-    if block_size is not None and not SCHEMES[scheme].takes_block_size:
-        raise QuantizationError(
-            f"block_size= is fp8-block's; {scheme} has fixed blocks (leave out block_size=)"
-        )
+    scheme = writable(scheme, layout, element, block_size)
     target = destination(dst)
     if not target.format.quantized:
         raise InvalidArgumentError(

@@ -10,7 +10,8 @@ import argparse
 import sys
 from typing import Any
 
-from ._errors import UsageError
+from ..errors import QuantizationError
+from ._errors import UsageError, as_options
 from ._files import open_file, quant_plan
 from ._options import block_size as block_size_arg
 from ._options import check_tolerance, command, dtype_arg, progress, reading, scheme_options
@@ -22,6 +23,9 @@ EXAMPLES = (
     "  tensorbridge cast-report model.safetensors --dtype float8_e4m3fn --plot ulps.png\n"
     "  tensorbridge cast-report model.safetensors --scheme nvfp4-modelopt"
 )
+
+# quant_report's arguments -> the options that give them
+_SCHEME_OPTIONS = {"scheme": "--scheme", "block_size": "--block-size", "ignore": "--ignore"}
 
 
 def add_parser(subparsers: Any) -> None:
@@ -198,6 +202,8 @@ def _run_scheme(args: argparse.Namespace) -> int:
                 ignore=args.ignore,
                 progress=lambda name: bar.update(f.nbytes(name) if name in f else 0),
             )
+        except QuantizationError as e:  # what was given, said as the option that gave it
+            raise QuantizationError(as_options(str(e), _SCHEME_OPTIONS)) from None
         finally:
             bar.close()
     if not report.weights:
