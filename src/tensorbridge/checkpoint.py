@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._tensorfile import TensorFile
-from .errors import InvalidArgumentError, QuantizationError, UnsupportedDtypeError
+from .errors import QuantizationError, UnsupportedDtypeError
 
 __all__ = ["QuantizedCheckpoint", "copy_config", "quantize_checkpoint"]
 
@@ -141,12 +141,12 @@ def quantize_checkpoint(
 
     scheme = writable(scheme, layout, element, block_size)
     target = destination(dst)
-    if not target.format.quantized:
-        raise InvalidArgumentError(
-            f"{scheme} is written in its published safetensors layout, not {os.fspath(dst)}; "
-            "pass a .safetensors path or a directory"
-        )
-    target.check_overwrite(overwrite)
+    target.check(
+        overwrite=overwrite,
+        max_shard_size=max_shard_size,
+        metadata=metadata or None,
+        scheme=scheme,
+    )
     with _opened(src) as f:
         where = os.fspath(src) if not isinstance(src, TensorFile) else str(_path(f))
         if names is None:

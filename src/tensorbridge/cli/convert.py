@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError, TensorBridgeError
-from ._errors import UsageError, note
+from ._errors import UsageError, as_options, note
 from ._files import convertible, is_gguf, open_file, select
 from ._metadata import metadata_args
 from ._options import block_size as block_size_arg
@@ -28,6 +28,10 @@ from ._quantize import quantize_arg, write_quantized
 
 if TYPE_CHECKING:
     from .._tensorfile import TensorFile
+
+# the library's arguments -> the options of convert that give them (what Destination.check
+# and tb.quantize_checkpoint's refusals name: scheme= is what --quantize gives)
+OPTIONS = {"max_shard_size": "--max-shard-size", "metadata": "--metadata", "scheme": "--quantize"}
 
 EXAMPLES = (
     "examples:\n  tensorbridge convert pytorch_model.bin model.safetensors\n"
@@ -279,9 +283,9 @@ def _checked(args: argparse.Namespace) -> tuple[Any, Any, tuple[int, int] | None
 
 
 def _destination(args: argparse.Namespace, quantize: str | None) -> tuple[Any, dict[str, Any]]:
-    """DST as ``tb.save`` reads it, and the metadata given, checked before anything is read."""
+    """DST as ``tb.save`` reads it, checked by its rules (``Destination.check``, said with
+    convert's options) before anything is read, and the metadata given."""
     from .. import io as tbio
-    from ..io import listing  # what each format can hold, for the messages
     from ..io.safetensors import parse_size
 
     try:
@@ -290,18 +294,16 @@ def _destination(args: argparse.Namespace, quantize: str | None) -> tuple[Any, d
             parse_size(args.max_shard_size)
     except (TensorBridgeError, ValueError) as e:
         raise UsageError(str(e)) from None
-    if args.max_shard_size is not None and not dst.format.sharding:
-        raise UsageError(
-            f"--max-shard-size needs a {listing(lambda f: f.sharding, ' or ')} destination "
-            f"(or a directory), not {args.dst}"
-        )
     given_meta = metadata_args(args, dst.format)
-    if quantize is not None and not dst.format.quantized:
-        raise UsageError(
-            f"--quantize writes the schemes' published safetensors layouts, not {args.dst}; "
-            "write a .safetensors file or a directory"
+    try:  # before reading anything; an existing DST is no usage error (exit status 1)
+        dst.check(
+            overwrite=args.overwrite,
+            max_shard_size=args.max_shard_size,
+            metadata=given_meta,
+            scheme=quantize,
         )
-    dst.check_overwrite(args.overwrite)  # before reading anything
+    except InvalidArgumentError as e:
+        raise UsageError(as_options(str(e), OPTIONS)) from None
     if args.workers is not None or args.dask_scheduler is not None or args.format:
         raise UsageError(
             "--workers, --dask-scheduler and --format apply to a DCP checkpoint source; "

@@ -329,36 +329,14 @@ def save(
             "(tb.save(tb.open(dcp_dir), path)); other saves take neither"
         )
     dst = destination(path)
-    dst.check_overwrite(overwrite)
+    given = None if metadata is False else metadata
+    dst.check(overwrite=overwrite, max_shard_size=max_shard_size, metadata=given, quantize=quantize)
     fmt = dst.format
     keep = metadata is not False  # False: leave an opened file's metadata out
-    given = None if metadata is False else metadata
-    suffix = dst.path.suffix.lower()
-    if max_shard_size is not None and not fmt.sharding:
-        sharding = [f for f in FORMATS if f.sharding]
-        raise InvalidArgumentError(
-            f"max_shard_size= needs the {' or '.join(f.name for f in sharding)} format; "
-            f"{suffix!r} files are not sharded (save to a "
-            f"{listing(lambda f: f.sharding, ' or ')} path or a directory)"
-        )
-    if given and not fmt.metadata:
-        raise InvalidArgumentError(
-            f"{suffix!r} files have no place for metadata; save to "
-            f"{listing(lambda f: f.metadata, ' or ')} to keep it, or leave out metadata= "
-            f"({', '.join(map(str, list(given)[:5]))})"
-        )
     options: dict[str, Any] = {}
     if fmt.sharding:
         options.update(max_shard_size=max_shard_size, index=dst.sharded)
     if quantize is not None:
-        if "quantize" not in fmt.save_options:
-            quantizing = [f for f in FORMATS if "quantize" in f.save_options]
-            raise InvalidArgumentError(
-                f"quantize= writes {' or '.join(f.quantizes for f in quantizing)}; {suffix!r} "
-                f"files hold plain tensors (save to a "
-                f"{listing(lambda f: 'quantize' in f.save_options, ' or ')} path, or leave out "
-                "quantize=)"
-            )
         options.update(quantize=quantize)
     if isinstance(obj, TensorFile):
         obj, given = file_values(obj, fmt, given, keep)
