@@ -374,6 +374,7 @@ def load(
     dtype: DTypeLike | None = None,
     dequantize: DTypeLike | None = None,
     scheme: str | None = None,
+    block_size: tuple[int, int] | None = None,
     follow_links: bool = False,
 ) -> Any:
     """Load a file's tensors as NumPy arrays (default) or torch tensors.
@@ -385,9 +386,10 @@ def load(
     that ``np.save`` wrote from ml_dtypes arrays (``|V2`` for bfloat16).
     ``dequantize`` (``"bf16"``, ``"f16"``, ``"f32"``) reads a quantized checkpoint as
     the unquantized model (see :func:`open`): a GGUF file's block-quantized tensors, or
-    a safetensors checkpoint's codes and scales (``scheme=`` names the scheme when no
-    config beside it does). ``follow_links=True`` follows links that lead out of the
-    checkpoint's directory (see :func:`open`).
+    a safetensors checkpoint's codes and scales (``scheme=`` names the scheme and
+    ``block_size=`` fp8-block's block when no config beside it does).
+    ``follow_links=True`` follows links that lead out of the checkpoint's directory
+    (see :func:`open`).
     """
     # written out (not ``loader(open, ...)``) so that the API reference reads its signature
     return load_with(
@@ -401,6 +403,7 @@ def load(
         dtype=dtype,
         dequantize=dequantize,
         scheme=scheme,
+        block_size=block_size,
         follow_links=follow_links,
     )
 
@@ -411,6 +414,7 @@ def open(
     dtype: DTypeLike | None = None,
     dequantize: DTypeLike | None = None,
     scheme: str | None = None,
+    block_size: tuple[int, int] | None = None,
     follow_links: bool = False,
 ) -> TensorFile:
     """Open a file, shard index or checkpoint directory lazily; nothing is read until asked.
@@ -424,7 +428,8 @@ def open(
     activation scales left out. The scheme comes from ``scheme=``, else the config
     beside the checkpoint (``config.json``'s ``quantization_config``,
     ``hf_quant_config.json``), else unambiguous tensor names; anything else raises
-    :class:`~tensorbridge.QuantizationError`.
+    :class:`~tensorbridge.QuantizationError`. ``block_size=(128, 128)`` gives
+    fp8-block's block when no config does (it is never guessed from the scales).
 
     Only regular files are read (a FIFO, a device such as ``/dev/zero``, a socket or a
     directory where a file belongs raises :class:`~tensorbridge.FormatError`). ``path``
@@ -446,21 +451,19 @@ def open(
     if resolved != given:  # a directory's file (or a .distcp's .metadata): the checkpoint's
         Links.of(given, follow=follow_links).check(resolved)
     own = by_kind(detect(resolved))
+    how = "scheme=" if scheme is not None else "block_size=" if block_size else None
     if own is not None and own.dequantizes:  # its tensors name their own block types
-        if scheme is not None:
+        if how:
             raise InvalidArgumentError(
-                "scheme= names the scheme of a safetensors checkpoint; "
-                f"{own.description}'s tensors name their own types: leave out scheme="
+                f"{how} says how to read a safetensors checkpoint's codes and scales; "
+                f"{own.description}'s tensors name their own types: leave out {how}"
             )
         return _reader(resolved, dtype, dequantize, follow_links)
+    if dequantize is None and how:
+        raise InvalidArgumentError(f"{how} says how to dequantize; pass dequantize='bf16' with it")
     f = _reader(resolved, dtype, None, follow_links)
     if dequantize is None:
-        if scheme is not None:
-            f.close()
-            raise InvalidArgumentError(
-                "scheme= says how to dequantize; pass dequantize='bf16' with it"
-            )
         return f
     from .._open import dequantized  # above io and quant: only when asked for
 
-    return dequantized(f, dequantize, scheme=scheme)
+    return dequantized(f, dequantize, scheme=scheme, block_size=block_size)
