@@ -170,6 +170,9 @@ DOCUMENTED = [
     "tensorbridge.io.verify",
     "tensorbridge.cli._errors",
     "tensorbridge.checkpoint",
+    "tensorbridge.checkpoint.config",
+    "tensorbridge.checkpoint.dequantize",
+    "tensorbridge.checkpoint.quantize",
     "tensorbridge.tree",
     "tensorbridge._tree_paths",
 ]

@@ -104,6 +104,16 @@ def run(args: argparse.Namespace) -> int:
             doc["plot"] = plotted
         dump(doc, out)
         return 0 if ok else 1
+    return _print_table(reports, args, target, plotted, out)
+
+
+def _print_table(
+    reports: dict[str, Any], args: argparse.Namespace, target: Any, plotted: Any, out: Any
+) -> int:
+    """The reports as a table of counts, the kernel's semantics and the verdict; the exit
+    status (1: a tensor is lossy, or beyond --rtol)."""
+    ok = all(r.ok for r in reports.values())
+    safe = all(r.safe for r in reports.values())
     # every count that makes a tensor unsafe has a column; the last three only when they happen
     counts = [
         ("to inf", "overflow_inf"),
