@@ -32,8 +32,9 @@ def open_file(
     from .. import io as tbio
 
     dequantize = dtype_arg(args.dequantize, "--dequantize", floating=True)
-    codes = dequantize is not None and schemes and not is_gguf(path)  # through a scheme
-    if dequantize is not None and not codes and not is_gguf(path):
+    gguf = dequantize is not None and is_gguf(path)  # its blocks dequantized as it is read
+    codes = dequantize is not None and schemes and not gguf  # codes and scales: a scheme
+    if not gguf and not codes:
         dequantize = None  # it applies to the GGUF files among those read (compare A B)
     f = tbio.open(
         path,
