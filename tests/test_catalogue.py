@@ -1100,6 +1100,15 @@ ROWS: list[Row] = [
         "`lm_head` or norms",
     ),
     Row(
+        "dequantize_checkpoint:one-array",
+        "`tb.dequantize_checkpoint(src, 'w.npy', 'bf16')` of a checkpoint of many tensors",
+        lambda e: tb.dequantize_checkpoint(e.st, "w.npy", "bf16"),
+        tb.InvalidArgumentError,
+        r"a \.npy file holds one array but 2 tensors were selected; pass names=\[one of "
+        r"them\], or write \.safetensors",
+        "pass `names=[...]` with one tensor, or write a format of many arrays",
+    ),
+    Row(
         "dequantize:gptq-width",
         "GPTQ with `bits: 5` (6, 7)",
         lambda e: tb.dequantize(GPTQ5, config={"quant_method": "gptq", "bits": 5}),
@@ -1741,6 +1750,7 @@ _AREAS = {
     "dequantize": "Quantized weights",
     "quantize": "Quantized weights",
     "quantize_checkpoint": "Quantized weights",
+    "dequantize_checkpoint": "Quantized weights",
     "verify": "Writing files",
     "dcp": "DCP writers and readers",
     "cli": "The command line",

@@ -145,6 +145,52 @@ def test_metadata(fmt: Format, tmp_path: Path) -> None:
         assert f.plain_values()["epoch"] == ("3" if fmt.text_metadata else 3)
 
 
+def test_every_save_checks_its_destination_in_one_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tb.save``, ``quantize_checkpoint`` and ``convert`` ask ``Destination.check`` (the
+    rules live there once): the same refusal, in Python's words and in convert's."""
+    from tensorbridge.io import Destination
+
+    seen: list[dict[str, Any]] = []
+    check = Destination.check
+
+    def spy(self: Destination, **given: Any) -> None:
+        seen.append({k: v for k, v in given.items() if v})
+        check(self, **given)
+
+    monkeypatch.setattr(Destination, "check", spy)
+    src = tmp_path / "m.safetensors"
+    tb.save({"l.weight": np.ones((4, 64), np.float32)}, src, metadata={"who": "me"})
+    assert seen.pop() == {"metadata": {"who": "me"}}
+    python = (
+        "max_shard_size= needs a .safetensors destination (or a directory); '.npz' files are "
+        "not sharded (save to a .safetensors path or a directory)"
+    )
+    with pytest.raises(tb.InvalidArgumentError) as e:
+        tb.save({"w": np.ones(2)}, tmp_path / "o.npz", max_shard_size="1KB")
+    assert str(e.value) == python and seen.pop() == {"max_shard_size": "1KB"}
+    assert main(["convert", str(src), str(tmp_path / "o.npz"), "--max-shard-size", "1KB"]) == 2
+    assert capsys.readouterr().err == (
+        "tensorbridge convert: error: "
+        + python.replace("max_shard_size=", "--max-shard-size")
+        + "\n"
+    )
+    assert seen.pop() == {"max_shard_size": "1KB"}
+    assert main(["convert", str(src), str(tmp_path / "o.npz"), "--quantize", "mxfp4"]) == 2
+    assert seen.pop() == {"scheme": "mxfp4"}
+    assert "--quantize mxfp4: tensorbridge writes the schemes'" in capsys.readouterr().err
+    with pytest.raises(tb.InvalidArgumentError, match=r"^scheme='mxfp4': tensorbridge writes"):
+        tb.quantize_checkpoint(src, tmp_path / "o.npz", "mxfp4")
+    assert seen.pop() == {"scheme": "mxfp4"}
+    assert main(["convert", str(src), str(src), "-q"]) == 1  # exists: no usage error
+    assert capsys.readouterr().err == (
+        f"tensorbridge convert: error: {src} exists; pass --overwrite to replace it\n"
+    )
+    assert not seen.pop()
+    assert not seen and not (tmp_path / "o.npz").exists()
+
+
 @pytest.mark.parametrize("fmt", WRITABLE, ids=by_name)
 def test_sharding(fmt: Format, tmp_path: Path) -> None:
     path = tmp_path / f"x{fmt.suffixes[0]}"

@@ -34,12 +34,17 @@ The rules (the layering of ``docs/dev/design.md``, bottom up):
 * ``open(..., dequantize=)`` lives above both, in ``_open``: the one module that
   imports ``quant.api``'s ``DequantizedFile`` for ``io.open``.
 
+The same sources are held to one more rule of ``docs/dev/design.md``: no function
+over :data:`MAX_FUNCTION_LINES` lines of code without the reason in its docstring
+(``long because ...`` / ``long on purpose: ...``).
+
 Run as a script (``python tests/test_layers.py``) it prints the graph's cycles.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
@@ -419,6 +424,103 @@ def test_known_edges_are_still_there() -> None:
     """An entry of KNOWN that no longer exists is removed from the list, not kept."""
     present = {(short(e.source), short(e.target)) for e in ALL}
     assert not [k for k in KNOWN if k not in present]
+
+
+# --- long functions ----------------------------------------------------------------------------
+
+# A function's length is its code: the lines from the first statement after its docstring
+# to its end (comments, blank lines and nested functions included). The docstring is not
+# counted: a public function carries Args / Raises and a doctest, and documentation that
+# grows is no reason to split code. Over the limit, the docstring says why the function
+# reads best whole (one decision table, one opcode loop): ``long because`` or ``long on
+# purpose``, then the reason.
+MAX_FUNCTION_LINES = 80
+LONG_REASON = re.compile(r"\blong\s+(?:because|on\s+purpose)\b", re.IGNORECASE)
+# Functions still over the limit without a reason, each with the change that removes it.
+# Empty means the rule holds.
+KNOWN_LONG: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class Function:
+    """A function of the sources: ``module:Qual.name``, its code lines, its docstring."""
+
+    name: str
+    lines: int
+    doc: str | None
+
+    @property
+    def explained(self) -> bool:
+        return self.doc is not None and LONG_REASON.search(self.doc) is not None
+
+
+def functions_of(tree: ast.AST, module: str) -> list[Function]:
+    """Every function and method of ``tree`` (nested ones too), measured as above."""
+    found: list[Function] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(child)
+                body = child.body[1:] if doc is not None else child.body
+                end = child.end_lineno or child.lineno
+                lines = end - body[0].lineno + 1 if body else 0
+                name = f"{prefix}{child.name}"
+                found.append(Function(f"{module}:{name}", lines, doc))
+                visit(child, f"{name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
+    return found
+
+
+def long_functions(mods: dict[str, Path] | None = None) -> list[Function]:
+    """The functions of the sources over :data:`MAX_FUNCTION_LINES` with no reason given."""
+    mods = modules() if mods is None else mods
+    return [
+        fn
+        for name, path in mods.items()
+        for fn in functions_of(ast.parse(path.read_text(), str(path)), short(name))
+        if fn.lines > MAX_FUNCTION_LINES and not fn.explained
+    ]
+
+
+def test_no_function_is_long_without_a_reason() -> None:
+    """Split a long function along its concerns, or say in its docstring why it reads
+    best whole (``long because ...``)."""
+    found = [fn for fn in long_functions() if fn.name not in KNOWN_LONG]
+    text = [f"{fn.name} ({fn.lines} lines)" for fn in found]
+    assert not found, "functions over 80 lines with no reason in the docstring: " + "; ".join(text)
+
+
+def test_the_length_check_counts_code_not_docstrings() -> None:
+    """The measure finds what it must: 81 lines of code without a reason is long, with
+    one it is not, and a long docstring over short code is not."""
+    body = "".join(f"    x{i} = {i}\n" for i in range(81))
+    source = (
+        f'def bare():\n    """Adds."""\n{body}\n'
+        f'def said():\n    """Adds: long because it is one table.\n\n    Read it down."""\n{body}\n'
+        'def documented():\n    """' + "Adds.\n" * 100 + '    """\n    return 1\n\n'
+        "class Box:\n    def method(self):\n" + body.replace("    ", "        ")
+    )
+    got = {fn.name: fn for fn in functions_of(ast.parse(source), "m")}
+    assert [got[n].lines for n in ("m:bare", "m:said", "m:documented", "m:Box.method")] == [
+        81,
+        81,
+        1,
+        81,
+    ]
+    long = [fn.name for fn in got.values() if fn.lines > MAX_FUNCTION_LINES and not fn.explained]
+    assert long == ["m:bare", "m:Box.method"]
+
+
+def test_known_long_functions_are_still_long() -> None:
+    """An entry of KNOWN_LONG that is no longer long is removed from the list, not kept."""
+    still = {fn.name for fn in long_functions()}
+    assert not [k for k in KNOWN_LONG if k not in still]
 
 
 if __name__ == "__main__":  # pragma: no cover - a developer's view of the graph

@@ -405,6 +405,75 @@ def test_unsupported_method_and_orphans_are_refused(tmp_path: Path) -> None:
     assert tb.dequantize(plain)["w"] is plain["w"]  # nothing quantized: passed through
 
 
+def test_detection_from_names_asks_each_scheme(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a config, detection asks every scheme of the registry what the names say
+    (``Scheme.from_names``): a scheme added to the registry is found with no change to
+    ``quant/detect.py``."""
+    from tensorbridge.quant import SCHEMES, Group, Scheme
+
+    class Toy(Scheme):
+        name = "toy"
+        summary = numerics = "a test's scheme"
+        part_suffixes = ("_toy",)
+
+        def from_names(self, index: Any, options: Any) -> list[Group]:
+            return [
+                self.make_group(n[: -len("_toy")], {"codes": n}, index, options)
+                for n in index
+                if n.endswith("_toy")
+            ]
+
+        def detect(self, index: Any, config: Any, options: Any) -> list[Group]:
+            return []
+
+        def make_group(self, name: str, parts: Any, index: Any, options: Any) -> Group:
+            return Group(name, self.name, dict(parts), index[parts["codes"]][1])
+
+        def kernel(self, parts: Any, group: Group) -> torch.Tensor:
+            return parts["codes"].to(torch.float32)
+
+    i8 = tb.resolve_dtype("int8")
+    index = {"a.weight_toy": (i8, (2, 3)), "a.bias": (i8, (2,))}
+    assert not plan(index).quantized  # no scheme of the registry claims the names
+    monkeypatch.setitem(SCHEMES, "toy", Toy())
+    p = plan(index)
+    assert [(g.name, g.scheme, g.parts["codes"]) for g in p.groups] == [
+        ("a.weight", "toy", "a.weight_toy")
+    ]
+    assert p.schemes == ("toy",) and p.passthrough == ("a.bias",)
+
+
+def test_detection_from_names_names_no_scheme() -> None:
+    """``quant/detect.py`` asks the registry: its detection from names writes no scheme's
+    name or alias, and nothing there picks a scheme out of ``SCHEMES`` by name."""
+    import ast
+
+    from tensorbridge.quant import SCHEMES, detect
+
+    tree = ast.parse(Path(detect.__file__).read_text())
+    names = {n for s in SCHEMES.values() for n in (s.name, *s.aliases, *s.ambiguous)}
+    by_name = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "SCHEMES"
+        and isinstance(node.slice, ast.Constant)
+    ]
+    assert not by_name
+    from_names = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == "_from_names"
+    )
+    texts = [
+        node.value
+        for node in ast.walk(from_names)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
+    assert not [t for t in texts for n in names if n in t.split("'")]
+
+
 def test_convert_streams_and_drops_quantization_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

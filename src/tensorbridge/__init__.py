@@ -16,7 +16,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .checkpoint import QuantizedCheckpoint, quantize_checkpoint
+    from .checkpoint import (
+        DequantizedCheckpoint,
+        QuantizedCheckpoint,
+        dequantize_checkpoint,
+        quantize_checkpoint,
+    )
     from .convert import LocalShard, local_shard, to_numpy, to_torch
     from .dcp.safetensors import SafetensorsReader, SafetensorsWriter
     from .dcp.zarr import ZarrReader, ZarrWriter
@@ -64,6 +69,7 @@ __all__ = [
     "Comparison",
     "CopyRequiredError",
     "DTypeRow",
+    "DequantizedCheckpoint",
     "Description",
     "DestinationError",
     "DestinationExistsError",
@@ -95,6 +101,7 @@ __all__ = [
     "cast_report",
     "compare",
     "dequantize",
+    "dequantize_checkpoint",
     "describe",
     "dtype_table",
     "load",
@@ -162,7 +169,15 @@ _HOME = {
     **dict.fromkeys(["load", "open", "save"], ".io"),
     **dict.fromkeys(["SafetensorsReader", "SafetensorsWriter"], ".dcp.safetensors"),
     **dict.fromkeys(["dequantize", "quantize"], ".quant"),
-    **dict.fromkeys(["QuantizedCheckpoint", "quantize_checkpoint"], ".checkpoint"),
+    **dict.fromkeys(
+        [
+            "DequantizedCheckpoint",
+            "QuantizedCheckpoint",
+            "dequantize_checkpoint",
+            "quantize_checkpoint",
+        ],
+        ".checkpoint",
+    ),
     **dict.fromkeys(["Verification", "verify"], ".io.verify"),
     **dict.fromkeys(["QuantizedParts", "tree_to_numpy", "tree_to_torch"], ".tree"),
 }

@@ -268,7 +268,7 @@ def torch_pass(
     batched: list[tuple[int, Plan]] = []
     firsts, repeats = _firsts(leaves, torch_side=True)
     device = None if target is None else str(target)
-    indexed: list[torch.device] = []  # the target with its index, found once when needed
+    indexed: list[torch.device] = []  # the target with its index (_between_accelerators)
     specs: dict[Any, Any] = {}  # an array dtype's dtype=, resolved once
     found: dict[Any, Any] = {}  # and its quick plan, once there is one
     views: dict[Any, Any] = {}  # a writable array's zero-copy quick plan, by dtype
@@ -320,17 +320,11 @@ def torch_pass(
                 )
                 continue
             plan = plan_torch(x, cast.spec_of(x), device, copy, False, False, gather)
-            if plan.batch and _stageable(x):
-                if isinstance(x, torch.Tensor) and target is not None and not x.is_cpu:
-                    if not indexed:
-                        indexed.append(mem.indexed(target))
-                    if indexed[0].type != "cpu" and indexed[0] != x.device:
-                        out[i] = plan.run(x, None)  # between two accelerators: torch's path
-                        continue
+            if plan.batch and _stageable(x) and not _between_accelerators(x, target, indexed):
                 leaves[i] = x  # a scalar leaf, as the array it became
                 batched.append((i, plan))
             else:
-                out[i] = plan.run(x, None)
+                out[i] = plan.run(x, None)  # (between two accelerators: torch's own path)
         host = target is None or target.type == "cpu"
         planned = _run_or_stage(leaves, out, batched, host, cursor)
     except Exception:
@@ -344,6 +338,17 @@ def torch_pass(
     for i, j in repeats.items():
         out[i] = out[j]
     return out
+
+
+def _between_accelerators(x: Any, target: torch.device | None, indexed: list[Any]) -> bool:
+    """Whether ``x`` is a tensor on an accelerator and ``target`` another one: torch copies
+    it there itself, not staged through the host. ``indexed`` keeps the target with its
+    index, found once."""
+    if not isinstance(x, torch.Tensor) or target is None or x.is_cpu:
+        return False
+    if not indexed:
+        indexed.append(mem.indexed(target))
+    return bool(indexed[0].type != "cpu" and indexed[0] != x.device)
 
 
 def _numpy_dtype(dtype: torch.dtype) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
+from collections.abc import Mapping
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # an error, or a check that failed (compare outside tolerance, ...)
@@ -73,6 +74,7 @@ _OPTION_FIXES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         # tb.quantize_checkpoint's fixes
         (r"\(tb\.open\(src, dequantize='bf16'\), then tb\.save\)", "(convert --dequantize bf16)"),
         (r"\(leave '([^']+)' out of names=\)", r"(--exclude \1)"),
+        (r"\bignore=\[('[^']*')\]", r"--ignore \1"),
         # Python arguments an option stands for
         (r"\bfloat_dtype=[\w.'\"]*", "--float-dtype DTYPE"),
         (r"\boverwrite=True\b", "--overwrite"),
@@ -119,3 +121,38 @@ def _drop_python_aside(clause: str) -> str:
     if start > 0 and clause.endswith(")") and clause[start + 2 :].startswith(python):
         return clause[:start]
     return clause
+
+
+# A Python argument as a message writes it: ``name='text'``, ``name=['a', 'b']``,
+# ``name=(128, 128)`` or a bare ``name=`` ("leave out name=").
+_ARGUMENT = r"\b({names})=(?:'([^']*)'|\[([^\]]*)\]|\((\d+), ?(\d+)\)|(?![\w'\"\[({{]))"
+
+
+def as_options(text: str, options: Mapping[str, str]) -> str:
+    """``text`` with each Python argument of ``options`` written as the option a command
+    gives it, what was given included (:func:`cli_words` leaves a message's first clause,
+    what was given, as it is: a command that knows which option stood for an argument
+    says so first).
+
+    >>> as_options("scheme='gptq': not written; leave out layout=", {"scheme": "--quantize",
+    ...            "layout": "--layout"})
+    '--quantize gptq: not written; leave out --layout'
+    >>> as_options("ignore both (ignore=['e.*']) or block_size=(64, 64)",
+    ...            {"ignore": "--ignore", "block_size": "--block-size"})
+    "ignore both (--ignore 'e.*') or --block-size 64,64"
+    """
+    if not options:
+        return text
+    pattern = re.compile(_ARGUMENT.format(names="|".join(map(re.escape, options))))
+
+    def option(m: re.Match[str]) -> str:
+        flag = options[m.group(1)]
+        if m.group(2) is not None:
+            return f"{flag} {m.group(2)}"
+        if m.group(3) is not None:
+            return " ".join(f"{flag} {item.strip()}" for item in m.group(3).split(","))
+        if m.group(4) is not None:
+            return f"{flag} {m.group(4)},{m.group(5)}"
+        return flag
+
+    return pattern.sub(option, text)

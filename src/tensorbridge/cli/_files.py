@@ -21,17 +21,27 @@ if TYPE_CHECKING:
     from .._tensorfile import TensorFile
 
 
-def open_file(path: str, args: argparse.Namespace) -> TensorFile:
-    """Open a source file, printing what is worth knowing about how it was read."""
+def open_file(
+    path: str, args: argparse.Namespace, *, schemes: bool = False, block_size: Any = None
+) -> TensorFile:
+    """Open a source file, printing what is worth knowing about how it was read.
+
+    ``--dequantize`` applies to GGUF files (compare A B), and with ``schemes`` to
+    checkpoints of codes and scales too, read through ``--scheme`` and ``block_size``.
+    """
     from .. import io as tbio
 
     dequantize = dtype_arg(args.dequantize, "--dequantize", floating=True)
-    if dequantize is not None and not is_gguf(path):
+    gguf = dequantize is not None and is_gguf(path)  # its blocks dequantized as it is read
+    codes = dequantize is not None and schemes and not gguf  # codes and scales: a scheme
+    if not gguf and not codes:
         dequantize = None  # it applies to the GGUF files among those read (compare A B)
     f = tbio.open(
         path,
         dtype=dtype_arg(args.as_dtype, "--as-dtype"),
         dequantize=dequantize,
+        scheme=args.scheme if codes else None,
+        block_size=block_size if codes else None,
         follow_links=getattr(args, "follow_links", False),
     )
     if not args.quiet:

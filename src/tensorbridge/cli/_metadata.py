@@ -12,21 +12,14 @@ from ._errors import UsageError
 
 
 def metadata_args(args: argparse.Namespace, fmt: Any) -> dict[str, Any]:
-    """``--metadata-json FILE``'s keys, then each ``--metadata KEY[:TYPE]=VALUE``.
+    """``--metadata-json FILE``'s keys, then each ``--metadata KEY[:TYPE]=VALUE``, read
+    for the destination's format (whether it keeps metadata at all is the destination's
+    rule: ``Destination.check``).
 
     VALUE is read as JSON (``2``, ``1e-5``, ``true``, ``[1, 2]``, ``"2"``), else as
     text; a format that keeps text metadata (safetensors) keeps VALUE as given. TYPE
     names a GGUF value type (``uint64``, ``float64``, ``string``, ...).
     """
-    if not args.metadata and not args.metadata_json:
-        return {}
-    if not fmt.metadata:
-        from ..io import listing
-
-        raise UsageError(
-            f"--metadata: {fmt.description} keeps no metadata; write "
-            f"{listing(lambda f: f.metadata, ' or ')}"
-        )
     out: dict[str, Any] = {}
     if args.metadata_json:
         try:

@@ -8,12 +8,21 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ._errors import UsageError
+from ._errors import UsageError, as_options
 from ._options import progress
 from ._output import conversion_report, plural
 
 if TYPE_CHECKING:
     from .._tensorfile import TensorFile
+
+# tb.quantize_checkpoint's arguments -> the options of convert --quantize that give them
+QUANTIZE_OPTIONS = {
+    "scheme": "--quantize",
+    "layout": "--layout",
+    "element": "--element",
+    "block_size": "--block-size",
+    "ignore": "--ignore",
+}
 
 
 def quantize_arg(
@@ -37,16 +46,12 @@ def quantize_arg(
     if args.scheme is not None:
         raise UsageError("--quantize names the scheme; leave out --scheme")
     from ..errors import QuantizationError
-    from ..quant.registry import SCHEMES
     from ..quant.write import writable  # imports torch: only when quantizing
 
     try:
-        scheme = writable(args.quantize, args.layout, args.element)
+        return writable(args.quantize, args.layout, args.element, block_size)
     except QuantizationError as e:
-        raise UsageError(str(e)) from None
-    if block_size is not None and not SCHEMES[scheme].takes_block_size:
-        raise UsageError(f"--block-size is fp8-block's; {scheme} has fixed blocks")
-    return scheme
+        raise UsageError(as_options(str(e), QUANTIZE_OPTIONS)) from None
 
 
 def write_quantized(

@@ -10,7 +10,8 @@ import argparse
 import sys
 from typing import Any
 
-from ._errors import UsageError
+from ..errors import QuantizationError
+from ._errors import UsageError, as_options
 from ._files import open_file, quant_plan
 from ._options import block_size as block_size_arg
 from ._options import check_tolerance, command, dtype_arg, progress, reading, scheme_options
@@ -22,6 +23,9 @@ EXAMPLES = (
     "  tensorbridge cast-report model.safetensors --dtype float8_e4m3fn --plot ulps.png\n"
     "  tensorbridge cast-report model.safetensors --scheme nvfp4-modelopt"
 )
+
+# quant_report's arguments -> the options that give them
+_SCHEME_OPTIONS = {"scheme": "--scheme", "block_size": "--block-size", "ignore": "--ignore"}
 
 
 def add_parser(subparsers: Any) -> None:
@@ -100,6 +104,16 @@ def run(args: argparse.Namespace) -> int:
             doc["plot"] = plotted
         dump(doc, out)
         return 0 if ok else 1
+    return _print_table(reports, args, target, plotted, out)
+
+
+def _print_table(
+    reports: dict[str, Any], args: argparse.Namespace, target: Any, plotted: Any, out: Any
+) -> int:
+    """The reports as a table of counts, the kernel's semantics and the verdict; the exit
+    status (1: a tensor is lossy, or beyond --rtol)."""
+    ok = all(r.ok for r in reports.values())
+    safe = all(r.safe for r in reports.values())
     # every count that makes a tensor unsafe has a column; the last three only when they happen
     counts = [
         ("to inf", "overflow_inf"),
@@ -198,6 +212,8 @@ def _run_scheme(args: argparse.Namespace) -> int:
                 ignore=args.ignore,
                 progress=lambda name: bar.update(f.nbytes(name) if name in f else 0),
             )
+        except QuantizationError as e:  # what was given, said as the option that gave it
+            raise QuantizationError(as_options(str(e), _SCHEME_OPTIONS)) from None
         finally:
             bar.close()
     if not report.weights:

@@ -18,7 +18,8 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgumentError, TensorBridgeError
-from ._errors import UsageError, note
+from ._dequantize import write_dequantized
+from ._errors import UsageError, as_options
 from ._files import convertible, is_gguf, open_file, select
 from ._metadata import metadata_args
 from ._options import block_size as block_size_arg
@@ -28,6 +29,10 @@ from ._quantize import quantize_arg, write_quantized
 
 if TYPE_CHECKING:
     from .._tensorfile import TensorFile
+
+# the library's arguments -> the options of convert that give them (what Destination.check
+# and tb.quantize_checkpoint's refusals name: scheme= is what --quantize gives)
+OPTIONS = {"max_shard_size": "--max-shard-size", "metadata": "--metadata", "scheme": "--quantize"}
 
 EXAMPLES = (
     "examples:\n  tensorbridge convert pytorch_model.bin model.safetensors\n"
@@ -243,22 +248,14 @@ def run(args: argparse.Namespace) -> int:
         meta, dropped = _metadata(args, src, dst, names, given_meta)
         if quantize is not None:
             return write_quantized(args, src, names, meta, quantize, block_size, start, sys.stdout)
-        _write(args, src, dst, names, carried, meta, given_meta, float_dtype, schemes)
         if schemes:
-            from ..checkpoint import copy_config
-
-            source = getattr(src, "path", None)
-            if source is not None:
-                copy_config(source, dst.path, overwrite=args.overwrite)
+            report = (unsupported, dropped, start)
+            return write_dequantized(args, src, names, meta, dequantize, report, sys.stdout)
+        _write(args, src, dst, names, carried, meta, given_meta, float_dtype)
         took = time.perf_counter() - start
         written = str(dst.written())
         summary: dict[str, Any] = {
             "src": args.src,
-            **(
-                {"dequantized": src.plan.summary(), "dropped": list(src.plan.dropped)}  # type: ignore[attr-defined]
-                if schemes
-                else {}
-            ),
             "dst": written,
             "tensors": len(names),
             "bytes_in": sum(
@@ -305,9 +302,9 @@ def _checked(args: argparse.Namespace) -> tuple[Any, Any, tuple[int, int] | None
 
 
 def _destination(args: argparse.Namespace, quantize: str | None) -> tuple[Any, dict[str, Any]]:
-    """DST as ``tb.save`` reads it, and the metadata given, checked before anything is read."""
+    """DST as ``tb.save`` reads it, checked by its rules (``Destination.check``, said with
+    convert's options) before anything is read, and the metadata given."""
     from .. import io as tbio
-    from ..io import listing  # what each format can hold, for the messages
     from ..io.safetensors import parse_size
 
     try:
@@ -316,19 +313,17 @@ def _destination(args: argparse.Namespace, quantize: str | None) -> tuple[Any, d
             parse_size(args.max_shard_size)
     except (TensorBridgeError, ValueError) as e:
         raise UsageError(str(e)) from None
-    if args.max_shard_size is not None and not dst.format.sharding:
-        raise UsageError(
-            f"--max-shard-size needs a {listing(lambda f: f.sharding, ' or ')} destination "
-            f"(or a directory), not {args.dst}"
-        )
     given_meta = metadata_args(args, dst.format)
     args.save_options = save_options(args, dst.format, args.dst)
-    if quantize is not None and not dst.format.quantized:
-        raise UsageError(
-            f"--quantize writes the schemes' published safetensors layouts, not {args.dst}; "
-            "write a .safetensors file or a directory"
+    try:  # before reading anything; an existing DST is no usage error (exit status 1)
+        dst.check(
+            overwrite=args.overwrite,
+            max_shard_size=args.max_shard_size,
+            metadata=given_meta,
+            scheme=quantize,
         )
-    dst.check_overwrite(args.overwrite)  # before reading anything
+    except InvalidArgumentError as e:
+        raise UsageError(as_options(str(e), OPTIONS)) from None
     if args.workers is not None or args.dask_scheduler is not None or args.format:
         raise UsageError(
             "--workers, --dask-scheduler and --format apply to a DCP checkpoint source; "
@@ -340,26 +335,10 @@ def _destination(args: argparse.Namespace, quantize: str | None) -> tuple[Any, d
 def _source(
     args: argparse.Namespace, dequantize: Any, block_size: tuple[int, int] | None
 ) -> tuple[TensorFile, bool]:
-    """SRC opened, dequantizing (``tb.open(..., dequantize=...)``) with --dequantize; and
-    whether a quantization scheme (not GGUF's blocks) is dequantized."""
-    opened = open_file(args.src, args)
+    """SRC opened, dequantizing (``tb.open(..., dequantize=..., scheme=..., block_size=...)``)
+    with --dequantize; and whether a quantization scheme (not GGUF's blocks) is dequantized."""
     schemes = dequantize is not None and not is_gguf(args.src)  # GGUF dequantizes as it reads
-    if schemes:
-        from ..quant.api import DequantizedFile
-
-        try:
-            opened = DequantizedFile(
-                opened,
-                dequantize,
-                scheme=args.scheme,
-                block_size=block_size,
-            )
-        except BaseException:
-            opened.close()
-            raise
-        if not args.quiet and opened.plan.quantized:
-            note(opened.notes[-1])
-    return opened, schemes
+    return open_file(args.src, args, schemes=schemes, block_size=block_size), schemes
 
 
 def _names(
@@ -447,9 +426,9 @@ def _write(
     meta: dict[str, Any],
     given_meta: dict[str, Any],
     float_dtype: Any,
-    schemes: bool,
 ) -> None:
-    """``tb.save`` of the selected tensors: streamed from SRC, mapped or computed as written."""
+    """``tb.save`` of the selected tensors: streamed from SRC, mapped (or, from a GGUF
+    file read with --dequantize, computed) as written."""
     from .. import io as tbio
     from ..io import listing
 
@@ -463,8 +442,6 @@ def _write(
         )
         return
     values: Any = _Lazy(src, names, carried)
-    if schemes and dst.format.deferred:
-        values = {n: src.stream_value(n) for n in names}
     try:
         tree = (
             tbio.nested_values(src, names, plain=not args.no_metadata)

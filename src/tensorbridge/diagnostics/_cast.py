@@ -8,15 +8,18 @@ and errors in units of the target's ULP. NumPy's ``astype`` (ml_dtypes' kernels 
 their types) runs on the same values beside it and its disagreements are counted,
 since the two kernels part ways on overflow, zero and sign for the float8 types. The
 ``semantics`` line is probed on the installed torch, once per dtype pair (ties,
-overflow, inf, zero and sign, the NaN it makes), not copied from documents: torch
-2.13 began to saturate float8_e4m3fn overflow, where older releases make NaN.
+overflow, inf, zero and sign, the NaN it makes: :mod:`._cast_semantics`), not copied
+from documents: torch 2.13 began to saturate float8_e4m3fn overflow, where older
+releases make NaN. Chunks whose values are all finite, in range and rounded to nearest
+take a quick path of about ten passes (:func:`_quick_chunk`); the others are counted
+value by value (:meth:`_Tally.add_chunk`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -26,6 +29,7 @@ import torch
 from ..convert import to_numpy, to_torch
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import InvalidArgumentError, UnsupportedDtypeError
+from ._cast_semantics import semantics
 from ._record import Record
 from ._values import (
     BITS_BY_SIZE,
@@ -142,36 +146,13 @@ def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastR
         )
     fmt = format_of(component_row(dst))
     sfmt = format_of(component_row(src.row)) if src.row.category in ("float", "complex") else None
-    c = dict.fromkeys(
-        (
-            "numel",
-            "exact",
-            "inexact",
-            "overflow_inf",
-            "saturated",
-            "nan_created",
-            "flushed",
-            "subnormal",
-            "nan_changed",
-            "zero_replaced",
-            "sign_dropped",
-            "ml_nan",
-            "differs",
-            "imag",
-            "rel_n",
-        ),
-        0,
-    )
-    hist = dict.fromkeys(ULP_BINS, 0)
-    max_abs = max_rel = rel_sum = 0.0
-    seen_finite = seen_rel = False
-    astype_ok = True
+    tally = _Tally()
     quick_plan = _quick_plan(src.row, dst)
     scratch = Scratch()
     for chunk in chunks(src, _CHUNK):
-        c["numel"] += chunk.numel()
+        tally.c["numel"] += chunk.numel()
         if chunk.is_complex() and not dst.torch.is_complex:
-            c["imag"] += int(torch.count_nonzero(chunk.imag != 0))
+            tally.c["imag"] += int(torch.count_nonzero(chunk.imag != 0))
             chunk_in = chunk.real
         else:
             chunk_in = chunk
@@ -182,24 +163,73 @@ def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastR
             else None
         )
         if quick is not None:
-            n = chunk_in.numel()
-            c["exact"] += quick.exact
-            c["inexact"] += n - quick.exact
-            c["flushed"] += quick.flushed
-            c["subnormal"] += quick.subnormal
-            seen_finite = True
-            max_abs = max(max_abs, quick.max_abs)
-            if quick.nonzero:
-                seen_rel = True
-                max_rel, rel_sum = max(max_rel, quick.max_rel), rel_sum + quick.rel_sum
-                c["rel_n"] += quick.nonzero
-            hist["0"] += quick.exact  # at most half a ULP off: every inexact value there
-            hist["<=0.5"] += n - quick.exact
-            if astype_ok and not quick_plan:  # the kernels may part ways on these values
-                s_nan = torch.zeros(n, dtype=torch.bool)
-                astype_ok = _astype_check(chunk_in, res, s_nan, dst, c)
+            tally.add_quick(quick, chunk_in.numel())
+            if tally.astype_ok and not quick_plan:  # the kernels may part ways on these values
+                s_nan = torch.zeros(chunk_in.numel(), dtype=torch.bool)
+                tally.astype_ok = _astype_check(chunk_in, res, s_nan, dst, tally.c)
             continue
-        s, r = _cast_parts(chunk_in, res)
+        s_nan = tally.add_chunk(chunk_in, res, fmt, sfmt)
+        if tally.astype_ok:
+            tally.astype_ok = _astype_check(chunk_in, res, s_nan, dst, tally.c)
+    return tally.report(src.row, dst, rtol)
+
+
+# what cast_report counts, chunk by chunk (a CastReport's counts, under shorter names)
+_COUNTS = (
+    "numel",
+    "exact",
+    "inexact",
+    "overflow_inf",
+    "saturated",
+    "nan_created",
+    "flushed",
+    "subnormal",
+    "nan_changed",
+    "zero_replaced",
+    "sign_dropped",
+    "ml_nan",
+    "differs",
+    "imag",
+    "rel_n",
+)
+
+
+@dataclass
+class _Tally:
+    """What :func:`cast_report` has counted so far, chunk by chunk, and the report of it."""
+
+    c: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_COUNTS, 0))
+    hist: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ULP_BINS, 0))
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    rel_sum: float = 0.0
+    seen_finite: bool = False
+    seen_rel: bool = False
+    astype_ok: bool = True  # NumPy's astype could cast every chunk so far
+
+    def add_quick(self, quick: _Quick, n: int) -> None:
+        """A chunk :func:`_quick_chunk` counted: ``n`` finite values, rounded in range."""
+        c = self.c
+        c["exact"] += quick.exact
+        c["inexact"] += n - quick.exact
+        c["flushed"] += quick.flushed
+        c["subnormal"] += quick.subnormal
+        self.seen_finite = True
+        self.max_abs = max(self.max_abs, quick.max_abs)
+        if quick.nonzero:
+            self.seen_rel = True
+            self.max_rel = max(self.max_rel, quick.max_rel)
+            self.rel_sum += quick.rel_sum
+            c["rel_n"] += quick.nonzero
+        self.hist["0"] += quick.exact  # at most half a ULP off: every inexact value there
+        self.hist["<=0.5"] += n - quick.exact
+
+    def add_chunk(
+        self, chunk: torch.Tensor, res: torch.Tensor, fmt: Format, sfmt: Format | None
+    ) -> torch.Tensor:
+        """A chunk counted value by value (the general path); its source NaNs."""
+        c = self.c
+        s, r = _cast_parts(chunk, res)
         sv, rv = s.to(torch.float64), r.to(torch.float64)
         s_nan, s_fin, r_fin, r_nan = sv.isnan(), sv.isfinite(), rv.isfinite(), rv.isnan()
         same_value = s_fin & (rv == sv)
@@ -219,53 +249,62 @@ def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastR
             c["nan_changed"] += _nan_changes(s[s_nan], r[s_nan], r_nan[s_nan], sfmt, fmt)
         both = s_fin & r_fin
         if bool(both.any()):
-            seen_finite = True
-            every = bool(both.all())  # the usual case: no boolean-index copies
-            err = (rv - sv).abs_() if every else (rv[both] - sv[both]).abs()
-            ref = sv.abs() if every else sv[both].abs()
-            max_abs = max(max_abs, float(err.max()))
-            nz = ref > 0
-            if bool(nz.any()):
-                seen_rel = True
-                rel = err / ref if bool(nz.all()) else err[nz] / ref[nz]
-                max_rel = max(max_rel, float(rel.max()))
-                rel_sum += float(rel.sum())
-                c["rel_n"] += int(torch.count_nonzero(nz))
-            u = err / _target_ulp(ref, fmt)
-            for name, n in zip(ULP_BINS, _histogram(u), strict=True):
-                hist[name] += n
-        if astype_ok:
-            astype_ok = _astype_check(chunk_in, res, s_nan, dst, c)
-    unsafe = ("overflow_inf", "saturated", "nan_created", "flushed", "nan_changed", "imag")
-    safe = not any(c[k] for k in (*unsafe, "zero_replaced", "sign_dropped"))
-    within = rtol is None or not seen_rel or max_rel <= rtol
-    return CastReport(
-        source_dtype=src.row.name,
-        target_dtype=dst.name,
-        kernel="torch",
-        semantics=_semantics(src.row, dst),
-        numel=c["numel"],
-        exact=c["exact"],
-        inexact=c["inexact"],
-        overflow_inf=c["overflow_inf"],
-        saturated=c["saturated"],
-        nan_created=c["nan_created"],
-        flushed_to_zero=c["flushed"],
-        subnormal=c["subnormal"],
-        nan_changed=c["nan_changed"],
-        zero_replaced=c["zero_replaced"],
-        sign_dropped=c["sign_dropped"],
-        max_abs_err=max_abs if seen_finite else None,
-        max_rel_err=max_rel if seen_rel else None,
-        mean_rel_err=rel_sum / c["rel_n"] if seen_rel else None,
-        ulp_histogram=hist,
-        ml_dtypes_nan=c["ml_nan"] if astype_ok else None,
-        astype_differs=c["differs"] if astype_ok else None,
-        imag_discarded=c["imag"],
-        safe=safe,
-        rtol=None if rtol is None else float(rtol),
-        ok=safe and within,
-    )
+            self._add_errors(sv, rv, both, fmt)
+        return s_nan
+
+    def _add_errors(
+        self, sv: torch.Tensor, rv: torch.Tensor, both: torch.Tensor, fmt: Format
+    ) -> None:
+        """The errors of the values whose source and result are both finite."""
+        self.seen_finite = True
+        every = bool(both.all())  # the usual case: no boolean-index copies
+        err = (rv - sv).abs_() if every else (rv[both] - sv[both]).abs()
+        ref = sv.abs() if every else sv[both].abs()
+        self.max_abs = max(self.max_abs, float(err.max()))
+        nz = ref > 0
+        if bool(nz.any()):
+            self.seen_rel = True
+            rel = err / ref if bool(nz.all()) else err[nz] / ref[nz]
+            self.max_rel = max(self.max_rel, float(rel.max()))
+            self.rel_sum += float(rel.sum())
+            self.c["rel_n"] += int(torch.count_nonzero(nz))
+        u = err / _target_ulp(ref, fmt)
+        for name, n in zip(ULP_BINS, _histogram(u), strict=True):
+            self.hist[name] += n
+
+    def report(self, src: DTypeRow, dst: DTypeRow, rtol: float | None) -> CastReport:
+        """The :class:`CastReport` of every chunk counted, judged against ``rtol``."""
+        c = self.c
+        unsafe = ("overflow_inf", "saturated", "nan_created", "flushed", "nan_changed", "imag")
+        safe = not any(c[k] for k in (*unsafe, "zero_replaced", "sign_dropped"))
+        within = rtol is None or not self.seen_rel or self.max_rel <= rtol
+        return CastReport(
+            source_dtype=src.name,
+            target_dtype=dst.name,
+            kernel="torch",
+            semantics=semantics(src, dst),
+            numel=c["numel"],
+            exact=c["exact"],
+            inexact=c["inexact"],
+            overflow_inf=c["overflow_inf"],
+            saturated=c["saturated"],
+            nan_created=c["nan_created"],
+            flushed_to_zero=c["flushed"],
+            subnormal=c["subnormal"],
+            nan_changed=c["nan_changed"],
+            zero_replaced=c["zero_replaced"],
+            sign_dropped=c["sign_dropped"],
+            max_abs_err=self.max_abs if self.seen_finite else None,
+            max_rel_err=self.max_rel if self.seen_rel else None,
+            mean_rel_err=self.rel_sum / c["rel_n"] if self.seen_rel else None,
+            ulp_histogram=self.hist,
+            ml_dtypes_nan=c["ml_nan"] if self.astype_ok else None,
+            astype_differs=c["differs"] if self.astype_ok else None,
+            imag_discarded=c["imag"],
+            safe=safe,
+            rtol=None if rtol is None else float(rtol),
+            ok=safe and within,
+        )
 
 
 def _quick_plan(src: DTypeRow, dst: DTypeRow) -> bool | None:
@@ -493,85 +532,3 @@ def _astype_check(
     theirs = ref_t.reshape(-1).view(torch.uint8).reshape(-1, w)
     c["differs"] += int(torch.count_nonzero((ours != theirs).any(dim=1)))
     return True
-
-
-@cache
-def _semantics(src: DTypeRow, dst: DTypeRow) -> str:
-    """How torch's kernel casts src -> dst (ties, overflow, inf, NaN), probed on this install."""
-    dcomp = component_row(dst)
-    df = format_of(dcomp)
-    parts = [f"torch's CPU cast {src.name} -> {dst.name}, as tb.to_numpy(x, dtype=...) runs it"]
-    if src.category not in ("float", "complex"):
-        top = 1 if src.category == "bool" else int(np.iinfo(src.numpy).max)
-        big = min(top, int(df.max) * 4)
-        parts.append("integers round to the nearest representable value")
-        if big > df.max:
-            got = torch.tensor([big], dtype=src.torch).to(dcomp.torch)
-            parts.append(f"overflow {_outcome(got, df)}")
-        parts += _zero_and_sign(lambda v: torch.tensor(v).to(src.torch).to(dcomp.torch), src, df)
-        return "; ".join(parts)
-    probe = component_row(src)
-    pf = format_of(probe)
-    if src.category == "complex" and dst.category != "complex":
-        parts.append("the imaginary part is dropped")
-
-    def cast(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float64).to(probe.torch).to(dcomp.torch)
-
-    if pf.nmant > df.nmant:
-        parts.append(_tie_rule(cast, dcomp))
-    elif pf.max <= df.max and pf.smallest_subnormal >= df.smallest_subnormal:
-        parts.append("widening: every value is kept exactly")
-    if pf.max > df.max:
-        parts.append(f"overflow {_outcome(cast([min(pf.max, df.max * 4)]), df)}")
-        if _has_inf(probe):
-            parts.append(f"±inf {_outcome(cast([math.inf]), df)}")
-    parts += _zero_and_sign(cast, src, df)
-    parts.append(f"NaN -> {_hex(cast([math.nan]), df)}")
-    return "; ".join(parts)
-
-
-def _zero_and_sign(
-    cast: Callable[[list[float]], torch.Tensor], src: DTypeRow, df: Format
-) -> list[str]:
-    """What becomes of 0 and -1 in a target that has no zero or no sign (float8_e8m0fnu)."""
-    parts = []
-    zero = cast([0.0])
-    if float(zero.to(torch.float64)[0]) != 0:
-        parts.append(f"0 {_outcome(zero, df)} ({_hex(zero, df)})")
-    if not df.signed and src.category not in ("bool", "uint"):
-        parts.append(f"-1 {_outcome(cast([-1.0]), df)}")
-    return parts
-
-
-def _hex(t: torch.Tensor, fmt: Format) -> str:
-    return f"{int(bits_of(t)[0]):#0{fmt.width // 4 + 2}x}"
-
-
-def _tie_rule(cast: Callable[[list[float]], torch.Tensor], row: DTypeRow) -> str:
-    """Cast the two midpoints above 1.0 and see which neighbour each one went to."""
-    one = int(bits_of(torch.ones(1, dtype=row.torch))[0])
-    ladder = torch.tensor([one, one + 1, one + 2]).to(BITS_BY_SIZE[row.itemsize])
-    v = ladder.view(row.torch).to(torch.float64).tolist()
-    got = bits_of(cast([(v[0] + v[1]) / 2, (v[1] + v[2]) / 2])).tolist()
-    if got == [lo + lo % 2 for lo in (one, one + 1)]:
-        return "rounds to nearest, ties to even"
-    if got == [one + 1, one + 2]:
-        return "rounds to nearest, ties away from zero"
-    return "rounds to nearest"
-
-
-def _has_inf(row: DTypeRow) -> bool:
-    inf = torch.tensor([math.inf], dtype=torch.float64).to(row.torch).to(torch.float64)
-    return bool(inf.isinf().all())
-
-
-def _outcome(t: torch.Tensor, fmt: Format) -> str:
-    v = float(t.to(torch.float64)[0])
-    if math.isinf(v):
-        return "-> ±inf"
-    if math.isnan(v):
-        return "-> NaN"
-    if abs(v) == fmt.max:
-        return f"-> ±{fmt.max:g} (saturates)"
-    return f"-> {v:g}"

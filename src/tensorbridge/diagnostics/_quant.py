@@ -294,8 +294,7 @@ def weight_report(
     """One weight's :class:`QuantWeight`, dequantized piece by piece (see the module)."""
     codes_src, scale_src = source(parts["codes"]), source(parts["scale"])
     nblocks = int(np.prod(scale_src.shape, dtype=np.int64))
-    probe = scheme.block_index(group, torch.zeros(1, dtype=torch.int64))
-    blocked = probe is not None
+    blocked = scheme.block_index(group, torch.zeros(1, dtype=torch.int64)) is not None
     limit = scheme.code_max(codes_src.row)
     ref_flat = None
     problem = None
@@ -306,10 +305,8 @@ def weight_report(
         else:
             ref_flat = as_torch(reference).reshape(-1)
     acc = StatsAccumulator()
+    errors = _Errors.of(nblocks if blocked else None)
     nan = inf = 0
-    max_abs = ref_max = 0.0
-    blk_err = torch.zeros(nblocks if blocked else 0, dtype=torch.float64)
-    blk_ref = torch.zeros_like(blk_err)
     saturated = torch.zeros(nblocks if blocked and limit else 0, dtype=torch.bool)
     at = 0
     for piece in scheme.pieces(group, parts):
@@ -319,19 +316,9 @@ def weight_report(
         acc.add(values)
         ids = scheme.block_index(group, torch.arange(at, at + n)) if blocked else None
         bad_nan, bad_inf = values.isnan(), values.isinf()
-        if ref_flat is not None:
-            r = ref_flat[at : at + n].to(torch.float64)
-            rfin = r.isfinite()
-            bad_nan, bad_inf = bad_nan & rfin, bad_inf & rfin
-            err = (values.to(torch.float64) - r).abs_()
-            err = torch.where(err.isfinite(), err, torch.zeros_like(err))
-            if n:
-                max_abs = max(max_abs, float(err.max()))
-                ref_max = max(ref_max, float(torch.where(rfin, r.abs(), 0.0).max()))
-            if ids is not None:
-                mag = torch.where(rfin, r.abs(), torch.zeros_like(r))
-                blk_err.scatter_reduce_(0, ids, err, "amax")
-                blk_ref.scatter_reduce_(0, ids, mag, "amax")
+        if ref_flat is not None:  # only where the reference is finite
+            finite = errors.add(values, ref_flat[at : at + n].to(torch.float64), ids)
+            bad_nan, bad_inf = bad_nan & finite, bad_inf & finite
         nan += int(torch.count_nonzero(bad_nan))
         inf += int(torch.count_nonzero(bad_inf))
         if ids is not None and limit is not None:
@@ -340,23 +327,7 @@ def weight_report(
             saturated[ids[codes.abs() >= limit]] = True
         at += n
     e8m0 = _e8m0_counts(parts["scale"], scale_src.row.name, scheme.e8m0_scales)
-    rel = None
-    blocks: tuple[BlockError, ...] = ()
-    if ref_flat is not None and blocked:
-        ratio = torch.where(blk_ref > 0, blk_err / blk_ref, torch.where(blk_err > 0, 1.0, 0.0))
-        rel = float(ratio.max()) if nblocks else 0.0
-        top = torch.topk(ratio, min(worst, nblocks)).indices.tolist() if nblocks else []
-        blocks = tuple(
-            BlockError(
-                group.name,
-                tuple(int(i) for i in np.unravel_index(b, scale_src.shape)),
-                float(blk_err[b]),
-                float(ratio[b]),
-            )
-            for b in top
-        )
-    elif ref_flat is not None:
-        rel = max_abs / ref_max if ref_max else (1.0 if max_abs else 0.0)
+    rel, blocks = (None, ()) if ref_flat is None else errors.worst(group, scale_src.shape, worst)
     return QuantWeight(
         name=group.name,
         scheme=group.scheme,
@@ -374,11 +345,70 @@ def weight_report(
         nan_produced=nan,
         inf_produced=inf,
         stats=acc.result("float32"),
-        max_abs_err=max_abs if ref_flat is not None else None,
+        max_abs_err=errors.max_abs if ref_flat is not None else None,
         max_rel_err=rel,
         worst_blocks=blocks,
         problem=problem,
     )
+
+
+@dataclass
+class _Errors:
+    """A weight's errors against its reference, piece by piece: the largest absolute
+    error and reference magnitude, and per block (``block_err`` / ``block_ref``: empty
+    where the scheme's scales are no grid over the weight)."""
+
+    block_err: torch.Tensor
+    block_ref: torch.Tensor
+    blocked: bool
+    max_abs: float = 0.0
+    ref_max: float = 0.0
+
+    @classmethod
+    def of(cls, blocks: int | None) -> _Errors:
+        """No errors yet, of ``blocks`` blocks (``None``: the scales are no grid)."""
+        err = torch.zeros(blocks or 0, dtype=torch.float64)
+        return cls(err, torch.zeros_like(err), blocks is not None)
+
+    def add(self, values: torch.Tensor, r: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+        """One piece's ``values`` against its reference ``r`` (float64); ``ids``: each
+        value's block. Returns where the reference is finite."""
+        rfin = r.isfinite()
+        err = (values.to(torch.float64) - r).abs_()
+        err = torch.where(err.isfinite(), err, torch.zeros_like(err))
+        if values.numel():
+            self.max_abs = max(self.max_abs, float(err.max()))
+            self.ref_max = max(self.ref_max, float(torch.where(rfin, r.abs(), 0.0).max()))
+        if ids is not None:
+            mag = torch.where(rfin, r.abs(), torch.zeros_like(r))
+            self.block_err.scatter_reduce_(0, ids, err, "amax")
+            self.block_ref.scatter_reduce_(0, ids, mag, "amax")
+        return rfin
+
+    def worst(
+        self, group: Group, grid: tuple[int, ...], worst: int
+    ) -> tuple[float, tuple[BlockError, ...]]:
+        """The largest relative error (per block where there are blocks: the block's
+        largest error over its largest reference magnitude) and the ``worst`` blocks."""
+        if not self.blocked:  # no grid: the weight as a whole
+            rel = self.max_abs / self.ref_max if self.ref_max else (1.0 if self.max_abs else 0.0)
+            return rel, ()
+        nblocks = self.block_err.numel()
+        if not nblocks:  # an empty weight
+            return 0.0, ()
+        err, ref = self.block_err, self.block_ref
+        ratio = torch.where(ref > 0, err / ref, torch.where(err > 0, 1.0, 0.0))
+        top = torch.topk(ratio, min(worst, nblocks)).indices.tolist()
+        blocks = tuple(
+            BlockError(
+                group.name,
+                tuple(int(i) for i in np.unravel_index(b, grid)),
+                float(err[b]),
+                float(ratio[b]),
+            )
+            for b in top
+        )
+        return float(ratio.max()), blocks
 
 
 def _unit(role: str, t: torch.Tensor, scheme: str) -> torch.Tensor:

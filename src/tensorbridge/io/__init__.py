@@ -350,45 +350,20 @@ def save(
             "(tb.save(tb.open(dcp_dir), path)); other saves take neither"
         )
     dst = destination(path)
-    dst.check_overwrite(overwrite)
+    given = None if metadata is False else metadata
+    dst.check(
+        overwrite=overwrite,
+        max_shard_size=max_shard_size,
+        metadata=given,
+        quantize=quantize,
+        options=options,
+    )
     fmt = dst.format
     keep = metadata is not False  # False: leave an opened file's metadata out
-    given = None if metadata is False else metadata
-    suffix = dst.path.suffix.lower()
-    if max_shard_size is not None and not fmt.sharding:
-        sharding = [f for f in FORMATS if f.sharding]
-        raise InvalidArgumentError(
-            f"max_shard_size= needs the {' or '.join(f.name for f in sharding)} format; "
-            f"{suffix!r} files are not sharded (save to a "
-            f"{listing(lambda f: f.sharding, ' or ')} path or a directory)"
-        )
-    if given and not fmt.metadata:
-        raise InvalidArgumentError(
-            f"{suffix!r} files have no place for metadata; save to "
-            f"{listing(lambda f: f.metadata, ' or ')} to keep it, or leave out metadata= "
-            f"({', '.join(map(str, list(given)[:5]))})"
-        )
-    own = {k: v for k, v in (options or {}).items() if v is not None}
-    theirs = [k for k in fmt.save_options if k not in ("quantize", "max_shard_size", "index")]
-    unknown = [k for k in own if k not in theirs]
-    if unknown:
-        raise InvalidArgumentError(
-            f"options={{{unknown[0]!r}: ...}}: {suffix!r} files take "
-            f"{', '.join(map(repr, theirs)) or 'no options'}; leave it out or save to "
-            f"{listing(lambda f: unknown[0] in f.save_options, ' or ') or 'another format'}"
-        )
-    kwargs: dict[str, Any] = dict(own)
+    kwargs: dict[str, Any] = {k: v for k, v in (options or {}).items() if v is not None}
     if fmt.sharding:
         kwargs.update(max_shard_size=max_shard_size, index=dst.sharded)
     if quantize is not None:
-        if "quantize" not in fmt.save_options:
-            quantizing = [f for f in FORMATS if "quantize" in f.save_options]
-            raise InvalidArgumentError(
-                f"quantize= writes {' or '.join(f.quantizes for f in quantizing)}; {suffix!r} "
-                f"files hold plain tensors (save to a "
-                f"{listing(lambda f: 'quantize' in f.save_options, ' or ')} path, or leave out "
-                "quantize=)"
-            )
         kwargs.update(quantize=quantize)
     if isinstance(obj, TensorFile):
         obj, given = file_values(obj, fmt, given, keep)
@@ -426,6 +401,7 @@ def load(
     dtype: DTypeLike | None = None,
     dequantize: DTypeLike | None = None,
     scheme: str | None = None,
+    block_size: tuple[int, int] | None = None,
     follow_links: bool = False,
 ) -> Any:
     """Load a file's tensors as NumPy arrays (default) or torch tensors.
@@ -437,9 +413,10 @@ def load(
     that ``np.save`` wrote from ml_dtypes arrays (``|V2`` for bfloat16).
     ``dequantize`` (``"bf16"``, ``"f16"``, ``"f32"``) reads a quantized checkpoint as
     the unquantized model (see :func:`open`): a GGUF file's block-quantized tensors, or
-    a safetensors checkpoint's codes and scales (``scheme=`` names the scheme when no
-    config beside it does). ``follow_links=True`` follows links that lead out of the
-    checkpoint's directory (see :func:`open`).
+    a safetensors checkpoint's codes and scales (``scheme=`` names the scheme and
+    ``block_size=`` fp8-block's block when no config beside it does).
+    ``follow_links=True`` follows links that lead out of the checkpoint's directory
+    (see :func:`open`).
     """
     # written out (not ``loader(open, ...)``) so that the API reference reads its signature
     return load_with(
@@ -453,6 +430,7 @@ def load(
         dtype=dtype,
         dequantize=dequantize,
         scheme=scheme,
+        block_size=block_size,
         follow_links=follow_links,
     )
 
@@ -463,6 +441,7 @@ def open(
     dtype: DTypeLike | None = None,
     dequantize: DTypeLike | None = None,
     scheme: str | None = None,
+    block_size: tuple[int, int] | None = None,
     follow_links: bool = False,
 ) -> TensorFile:
     """Open a file, shard index or checkpoint directory lazily; nothing is read until asked.
@@ -476,7 +455,8 @@ def open(
     activation scales left out. The scheme comes from ``scheme=``, else the config
     beside the checkpoint (``config.json``'s ``quantization_config``,
     ``hf_quant_config.json``), else unambiguous tensor names; anything else raises
-    :class:`~tensorbridge.QuantizationError`.
+    :class:`~tensorbridge.QuantizationError`. ``block_size=(128, 128)`` gives
+    fp8-block's block when no config does (it is never guessed from the scales).
 
     Only regular files are read (a FIFO, a device such as ``/dev/zero``, a socket or a
     directory where a file belongs raises :class:`~tensorbridge.FormatError`). ``path``
@@ -498,21 +478,19 @@ def open(
     if resolved != given:  # a directory's file (or a .distcp's .metadata): the checkpoint's
         Links.of(given, follow=follow_links).check(resolved)
     own = by_kind(detect(resolved))
+    how = "scheme=" if scheme is not None else "block_size=" if block_size else None
     if own is not None and own.dequantizes:  # its tensors name their own block types
-        if scheme is not None:
+        if how:
             raise InvalidArgumentError(
-                "scheme= names the scheme of a safetensors checkpoint; "
-                f"{own.description}'s tensors name their own types: leave out scheme="
+                f"{how} says how to read a safetensors checkpoint's codes and scales; "
+                f"{own.description}'s tensors name their own types: leave out {how}"
             )
         return _reader(resolved, dtype, dequantize, follow_links)
+    if dequantize is None and how:
+        raise InvalidArgumentError(f"{how} says how to dequantize; pass dequantize='bf16' with it")
     f = _reader(resolved, dtype, None, follow_links)
     if dequantize is None:
-        if scheme is not None:
-            f.close()
-            raise InvalidArgumentError(
-                "scheme= says how to dequantize; pass dequantize='bf16' with it"
-            )
         return f
     from .._open import dequantized  # above io and quant: only when asked for
 
-    return dequantized(f, dequantize, scheme=scheme)
+    return dequantized(f, dequantize, scheme=scheme, block_size=block_size)

@@ -49,7 +49,7 @@ from .._progress import progress_bar
 from .._tensorfile import cast_target
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import FormatError
-from ._formats import FORMATS, Format, PlannedFile, StoreLayout, by_name
+from ._formats import FORMATS, Format, Layout, PlannedFile, StoreLayout, by_name
 from .dcp import Chunk, DcpFile
 
 __all__ = ["WINDOW", "Placement", "Task", "run", "save", "windows"]
@@ -296,6 +296,22 @@ def save(
     )
     if isinstance(plan, StoreLayout):
         return _save_store(f, plan, rows, target, executor, progress, window)
+    return _save_files(f, plan, rows, target, executor, progress, window)
+
+
+def _save_files(
+    f: DcpFile,
+    plan: Layout,
+    rows: Mapping[str, DTypeRow],
+    target: Path,
+    executor: Executor | None,
+    progress: bool | None,
+    window: int,
+) -> list[Path]:
+    """A layout of byte files (safetensors shards and their index, ``.npy`` files):
+    each preallocated beside its destination, filled window by window, then committed
+    (with the index, as one) or renamed into place; a failed save removes what it made.
+    Returns the files written."""
     temps: dict[Path, str] = {}
     made = plan.creates  # the directory this save creates
     claims: dict[Path, Claim] = {}  # this save's claims on its temporaries' directories

@@ -204,9 +204,7 @@ def save_chunked(
         raise FormatError(
             f"{text}: a DCP checkpoint converts to {assembly_destinations()}, not {fmt.description}"
         )
-    dst.check_overwrite(overwrite)
-    if max_shard_size is not None and not fmt.sharding:
-        raise InvalidArgumentError(f"{fmt.description} has no shards; leave out max_shard_size=")
+    dst.check(overwrite=overwrite, max_shard_size=max_shard_size)
     options: dict[str, Any] = {}
     if fmt.sharding:
         is_dir = Path(text).is_dir() or text.endswith(("/", os.sep))

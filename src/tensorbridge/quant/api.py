@@ -122,41 +122,50 @@ def dequantize(
     if scale is None and _is_subclass(x):  # torchao's MXTensor, ...: it knows its scheme
         return to_torch(x, dtype=row.torch)
     if isinstance(x, (torch.Tensor, np.ndarray)):
-        if scheme is None:
-            raise QuantizationError(
-                "dequantize(codes, scale) needs scheme= (one of "
-                f"{', '.join(SCHEMES)}); a state dict can be detected from its names"
-            )
-        s = scheme_named(scheme)
-        cfg = config_of(config)
-        if cfg is not None:  # what a config says about one weight, under option names
-            said = {
-                "bits": cfg.data.get("bits"),
-                "group_size": cfg.data.get("group_size"),
-                "format": gptq_format(cfg.data)
-                if s.name == "gptq"
-                else cfg.data.get("checkpoint_format"),
-                "block_size": cfg.data.get("weight_block_size"),
-            }
-            opts = {**{k: v for k, v in said.items() if v is not None}, **opts}
-        values = {
-            "codes": x,
-            "scale": scale,
-            "global_scale": global_scale,
-            "zeros": zeros,
-            "g_idx": g_idx,
+        parts = {"codes": x, "scale": scale, "global_scale": global_scale}
+        parts.update(zeros=zeros, g_idx=g_idx)
+        given = {k: v for k, v in parts.items() if v is not None}
+        return _dequantize_weight(given, scheme, config, opts, row)
+    return _dequantize_tree(x, scheme, config, opts, row)
+
+
+def _dequantize_weight(
+    values: dict[str, Any], scheme: str | None, config: Any, opts: dict[str, Any], row: DTypeRow
+) -> Any:
+    """One weight's parts by role, given as tensors or arrays, dequantized: a tensor if
+    the codes are one, else an array."""
+    if scheme is None:
+        raise QuantizationError(
+            "dequantize(codes, scale) needs scheme= (one of "
+            f"{', '.join(SCHEMES)}); a state dict can be detected from its names"
+        )
+    s = scheme_named(scheme)
+    cfg = config_of(config)
+    if cfg is not None:  # what a config says about one weight, under option names
+        said = {
+            "bits": cfg.data.get("bits"),
+            "group_size": cfg.data.get("group_size"),
+            "format": gptq_format(cfg.data)
+            if s.name == "gptq"
+            else cfg.data.get("checkpoint_format"),
+            "block_size": cfg.data.get("weight_block_size"),
         }
-        values = {k: v for k, v in values.items() if v is not None}
-        index: dict[str, tuple[DTypeRow, tuple[int, ...]]] = {
-            role: (_stored_row(v), tuple(v.shape)) for role, v in values.items()
-        }
-        if "scale" not in values:
-            raise QuantizationError(
-                f"{s.name} needs the scales: pass dequantize(codes, scale, ...)"
-            )
-        group = s.make_group("weight", {r: r for r in values}, index, opts)
-        out = s.dequantize({r: _host(v) for r, v in values.items()}, group, row.torch)
-        return out if isinstance(x, torch.Tensor) else to_numpy(out)
+        opts = {**{k: v for k, v in said.items() if v is not None}, **opts}
+    index: dict[str, tuple[DTypeRow, tuple[int, ...]]] = {
+        role: (_stored_row(v), tuple(v.shape)) for role, v in values.items()
+    }
+    if "scale" not in values:
+        raise QuantizationError(f"{s.name} needs the scales: pass dequantize(codes, scale, ...)")
+    group = s.make_group("weight", {r: r for r in values}, index, opts)
+    out = s.dequantize({r: _host(v) for r, v in values.items()}, group, row.torch)
+    return out if isinstance(values["codes"], torch.Tensor) else to_numpy(out)
+
+
+def _dequantize_tree(
+    x: Any, scheme: str | None, config: Any, opts: dict[str, Any], row: DTypeRow
+) -> dict[str, Any]:
+    """A state dict, module or nested mapping dequantized: flat, under the unquantized
+    model's names (the scheme from ``scheme``, the config or the names)."""
     if isinstance(x, torch.nn.Module):
         x = x.state_dict()
     if not isinstance(x, (Mapping, list, tuple)):

@@ -14,7 +14,8 @@ module and one :class:`Scheme` subclass with four verbs:
 * ``quantize(x, **options)`` — codes and scales in the scheme's own layout;
 
 plus ``describe()``. A scheme also *describes itself*, so that no other module tests
-its name: the names it answers to (``aliases``), the suffixes of its stored tensors
+its name: the names it answers to (``aliases``), what its stored tensors' names and
+dtypes say without a config (:meth:`Scheme.from_names`), the suffixes of its stored tensors
 (``part_suffixes``, ``suffixes`` by layout), what writing it takes (``row_block``,
 ``takes_block_size``, ``published_layout``, :meth:`Scheme.stored`,
 :meth:`Scheme.written_config`), what its codes can reach (:meth:`Scheme.code_max`)
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "ACTIVATION_SCALES",
     "FP4_VALUES",
     "FP8_MAX",
     "PIECE_ELEMENTS",
@@ -85,6 +87,7 @@ __all__ = [
     "packed_words",
     "require",
     "row_pieces",
+    "scale_partner",
     "shape_text",
     "torchao_parts",
     "unpack_int32",
@@ -95,6 +98,8 @@ Index = Mapping[str, tuple[DTypeRow, tuple[int, ...]]]
 
 # about how many output elements one piece holds: its float32 values (1 MiB) stay in cache
 PIECE_ELEMENTS = 1 << 18
+# stored beside a weight, describing activations: dropped from a dequantized checkpoint
+ACTIVATION_SCALES = ("input_scale", "input_global_scale", "output_scale", "k_scale", "v_scale")
 
 
 @dataclass(frozen=True)
@@ -209,6 +214,14 @@ class Scheme(abc.ABC):
     def claims(self, config: Config) -> bool:
         """Whether ``config`` names this scheme."""
         return False
+
+    def from_names(self, index: Index, options: Mapping[str, Any]) -> list[Group]:
+        """The groups of ``index`` that names, dtypes and shapes alone say are this
+        scheme's, when no config says anything (default: none); where they could be
+        this scheme's but cannot say how to read them (two conventions, exponents or
+        integers), :class:`~tensorbridge.QuantizationError` naming the argument that
+        settles it. Detection asks every scheme, in the registry's order."""
+        return []
 
     def from_subclass(
         self, x: torch.Tensor, inner: Mapping[str, torch.Tensor], attributes: Mapping[str, Any]
@@ -358,6 +371,24 @@ def as_torch(x: Any) -> torch.Tensor:
     if not a.flags.writeable and t.data_ptr() == a.ctypes.data:
         return t.clone()  # never a writable tensor over read-only memory
     return t
+
+
+def scale_partner(name: str, index: Index) -> tuple[str, str] | None:
+    """``(weight, codes)`` when ``name`` is a weight's scale by the common convention:
+    ``NAME_scale`` beside codes ``NAME_packed`` or ``NAME`` (activation scales are not).
+
+    >>> from tensorbridge.dtypes import resolve_dtype
+    >>> u8 = (resolve_dtype("uint8"), (2,))
+    >>> scale_partner("w_scale", {"w_packed": u8, "w_scale": u8})
+    ('w', 'w_packed')
+    >>> scale_partner("l.input_scale", {"l.input": u8, "l.input_scale": u8}) is None
+    True
+    """
+    if not name.endswith("_scale") or name.endswith(ACTIVATION_SCALES):
+        return None
+    weight = name[: -len("_scale")]
+    codes = weight + "_packed" if weight + "_packed" in index else weight
+    return (weight, codes) if codes in index else None
 
 
 def shape_text(shape: tuple[int, ...]) -> str:

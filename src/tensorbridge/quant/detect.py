@@ -7,12 +7,13 @@ than guessed:
 2. A config next to the checkpoint: ``config.json``'s ``quantization_config``, else
    ModelOpt's ``hf_quant_config.json``, else AutoGPTQ's ``quantize_config.json``;
    the scheme(s) its ``quant_method`` / ``format`` / ``quant_algo`` names.
-3. No config: tensor names, dtypes and shapes, where they say one thing only —
-   gpt-oss ``_blocks`` / ``_scales``; fp8 codes with a float scale (per tensor or
+3. No config: tensor names, dtypes and shapes, where they say one thing only, as
+   each scheme says of itself (``Scheme.from_names``, asked in the registry's order)
+   — gpt-oss ``_blocks`` / ``_scales``; fp8 codes with a float scale (per tensor or
    channel) or an ``F8_E8M0`` one (MXFP8); ``U8`` codes with an ``F8_E8M0`` scale
    (MXFP4). A ``U8`` scale (e8m0 exponents or integers?), block scales without a
-   block size, and NVFP4 (two toolkits, reciprocal global scales) are refused with
-   the argument that settles them.
+   block size, int-packed ``qweight`` (GPTQ or AWQ?) and NVFP4 (two toolkits,
+   reciprocal global scales) are refused with the argument that settles them.
 
 Every stored tensor ends up in exactly one place: a group's part, a dropped
 activation scale, or passed through bit-exact. A scale-like tensor no group claims
@@ -30,8 +31,7 @@ from typing import Any
 
 from .._files import Links, read_limited
 from ..errors import FormatError, LinkError, QuantizationError, TensorBridgeError
-from .base import Config, Group, Index, Scheme
-from .fp8_scaled import ACTIVATION_SCALES
+from .base import ACTIVATION_SCALES, Config, Group, Index, Scheme
 from .registry import SCHEMES, scheme_named
 
 __all__ = ["SCHEMES", "Plan", "plan", "read_config", "scheme_named"]
@@ -46,7 +46,6 @@ _UNSUPPORTED = {  # quant_method -> what to use instead
 }
 # suffixes of stored tensors that only mean something as part of a quantized weight
 _PART_SUFFIXES = tuple(dict.fromkeys(x for s in SCHEMES.values() for x in s.part_suffixes))
-_FP8 = ("float8_e4m3fn", "float8_e5m2")
 
 
 @dataclass(frozen=True)
@@ -221,58 +220,10 @@ def _from_config(config: Config) -> list[Scheme]:
 
 
 def _from_names(index: Index, options: Mapping[str, Any]) -> list[Group]:
-    groups = []
-    packed = next((n for n in index if n.endswith(".qweight")), None)
-    if packed is not None:
-        raise QuantizationError(
-            f"{packed} is int-packed (GPTQ or AWQ, which pack along different axes and store "
-            "zeros differently); put the checkpoint's config.json or quantize_config.json "
-            "beside it, or pass scheme='gptq' / scheme='awq'"
-        )
-    if any(n.endswith("_scale_inv") for n in index):
-        groups += SCHEMES["fp8-block"].detect(index, None, options)
-    for name, (row, _) in index.items():
-        if name.endswith("_blocks") and name[: -len("_blocks")] + "_scales" in index:
-            base = name[: -len("_blocks")]
-            groups.append(
-                SCHEMES["mxfp4"].make_group(
-                    base, {"codes": name, "scale": base + "_scales"}, index, {"layout": "gpt-oss"}
-                )
-            )
-        if name.endswith(("_scale_2", "_global_scale")) and not name.endswith(ACTIVATION_SCALES):
-            raise QuantizationError(
-                f"{name} looks like an NVFP4 global scale, but no config says whose "
-                "convention (ModelOpt multiplies, compressed-tensors divides by the "
-                "reciprocal): put config.json / hf_quant_config.json beside the checkpoint "
-                "or pass scheme='nvfp4-modelopt' or scheme='nvfp4-compressed-tensors'"
-            )
-        if not name.endswith("_scale") or name.endswith(ACTIVATION_SCALES):
-            continue
-        base = name[: -len("_scale")]
-        codes = base + "_packed" if base + "_packed" in index else base
-        if codes not in index:
-            continue
-        crow, srow = index[codes][0].name, row.name
-        parts = {"codes": codes, "scale": name}
-        if srow == "uint8":
-            raise QuantizationError(
-                f"{name} is U8: it could hold e8m0 exponents (MX) or integer codes, and read "
-                f"the wrong way {codes} is off by up to 2**127; put the checkpoint's config.json "
-                "beside it or pass scheme='mxfp8' / scheme='mxfp4'"
-            )
-        if crow in _FP8 and srow == "float8_e8m0fnu":
-            groups.append(SCHEMES["mxfp8"].make_group(base, parts, index, {"layout": "ocp"}))
-        elif crow in _FP8:
-            groups.append(SCHEMES["fp8"].make_group(base, parts, index, options))
-        elif crow in ("uint8", "float4_e2m1fn") and srow == "float8_e8m0fnu":
-            groups.append(SCHEMES["mxfp4"].make_group(base, parts, index, {"layout": "ocp"}))
-        elif crow in ("uint8", "float4_e2m1fn") and srow == "float8_e4m3fn":
-            raise QuantizationError(
-                f"{codes} with fp8 block scales {name} looks like NVFP4, whose convention is "
-                "never guessed; put the config beside the checkpoint or pass "
-                "scheme='nvfp4-modelopt' or scheme='nvfp4-compressed-tensors'"
-            )
-    return groups
+    """No config: the groups whose names, dtypes and shapes say one thing only, as each
+    scheme says (:meth:`~tensorbridge.quant.base.Scheme.from_names`: a scheme the names
+    could mean in two ways refuses), scheme by scheme in the registry's order."""
+    return [g for s in SCHEMES.values() for g in s.from_names(index, options)]
 
 
 def _assemble(

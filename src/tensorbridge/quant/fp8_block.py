@@ -93,6 +93,11 @@ class FP8Block(Scheme):
             "weight_block_size": list(block_size or (128, 128)),
         }
 
+    def from_names(self, index: Index, options: Mapping[str, Any]) -> list[Group]:
+        """DeepSeek's ``NAME_scale_inv`` beside its codes: the name is this layout's alone
+        (the block size still comes from ``block_size=``, never from the grid)."""
+        return self.detect(index, None, options)
+
     def detect(
         self, index: Index, config: Config | None, options: Mapping[str, Any]
     ) -> list[Group]:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..dtypes import DTypeRow
 from ..errors import QuantizationError
 from .base import (
+    ACTIVATION_SCALES,
     FP8_MAX,
     Config,
     Group,
@@ -31,6 +32,7 @@ from .base import (
     fp8_to_f32_shifted,
     require,
     row_pieces,
+    scale_partner,
     shape_text,
     torchao_parts,
 )
@@ -42,8 +44,6 @@ __all__ = ["ACTIVATION_SCALES", "FP8Scaled", "activation_scales"]
 
 _CODES = ("float8_e4m3fn", "float8_e5m2")
 _SCALES = ("float32", "bfloat16", "float16")
-# stored beside a weight, describing activations: dropped from a dequantized checkpoint
-ACTIVATION_SCALES = ("input_scale", "input_global_scale", "output_scale", "k_scale", "v_scale")
 
 
 def activation_scales(weight: str, index: Index) -> tuple[str, ...]:
@@ -95,6 +95,20 @@ class FP8Scaled(Scheme):
             )
             or (m == "modelopt" and config.algo == "FP8")
         )
+
+    def from_names(self, index: Index, options: Mapping[str, Any]) -> list[Group]:
+        """fp8 codes beside a floating-point ``NAME_scale`` (an e8m0 scale is MXFP8's, a
+        ``U8`` one undecided: :class:`~tensorbridge.quant.mx.MX` says which)."""
+        groups = []
+        for name, (row, _) in index.items():
+            found = scale_partner(name, index)
+            if found is None or row.name in ("float8_e8m0fnu", "uint8"):
+                continue
+            weight, codes = found
+            if index[codes][0].name in _CODES:
+                parts = {"codes": codes, "scale": name}
+                groups.append(self.make_group(weight, parts, index, options))
+        return groups
 
     def detect(
         self, index: Index, config: Config | None, options: Mapping[str, Any]

@@ -98,6 +98,18 @@ class GPTQ(Scheme):
     def claims(self, config: Config) -> bool:
         return config.method == "gptq"
 
+    def from_names(self, index: Index, options: Mapping[str, Any]) -> list[Group]:
+        """None: ``P.qweight`` is GPTQ's name and AWQ's, whose packings differ, so it is
+        refused (for both: the registry asks GPTQ first)."""
+        packed = next((n for n in index if n.endswith(".qweight")), None)
+        if packed is not None:
+            raise QuantizationError(
+                f"{packed} is int-packed (GPTQ or AWQ, which pack along different axes and "
+                "store zeros differently); put the checkpoint's config.json or "
+                "quantize_config.json beside it, or pass scheme='gptq' / scheme='awq'"
+            )
+        return []
+
     def detect(
         self, index: Index, config: Config | None, options: Mapping[str, Any]
     ) -> list[Group]:

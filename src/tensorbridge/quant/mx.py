@@ -49,6 +49,7 @@ from .base import (
     fp4_encode,
     fp8_to_f32,
     require,
+    scale_partner,
     shape_text,
     torchao_parts,
 )
@@ -253,6 +254,32 @@ class MX(Scheme):
                     continue
                 parts = {"codes": codes, "scale": name}
                 groups.append(self.make_group(base, parts, index, {**options, "layout": "ocp"}))
+        return groups
+
+    def from_names(self, index: Index, options: Mapping[str, Any]) -> list[Group]:
+        """An ``F8_E8M0`` ``NAME_scale`` beside this scheme's codes (fp8; mxfp4: ``U8`` or
+        ``F4``), and mxfp4's gpt-oss ``NAME_blocks`` / ``NAME_scales``. A ``U8`` scale
+        is refused: e8m0 exponents or integer codes, the names cannot say which."""
+        codes_dtypes = ("uint8", "float4_e2m1fn") if self.fp4 else ("float8_e4m3fn", "float8_e5m2")
+        groups = []
+        for name, (row, _) in index.items():
+            weight = name[: -len("_blocks")]
+            if self.fp4 and name.endswith("_blocks") and weight + "_scales" in index:
+                parts = {"codes": name, "scale": weight + "_scales"}
+                groups.append(self.make_group(weight, parts, index, {"layout": "gpt-oss"}))
+            found = scale_partner(name, index)
+            if found is None:
+                continue
+            weight, codes = found
+            if row.name == "uint8":
+                raise QuantizationError(
+                    f"{name} is U8: it could hold e8m0 exponents (MX) or integer codes, and read "
+                    f"the wrong way {codes} is off by up to 2**127; put the checkpoint's "
+                    "config.json beside it or pass scheme='mxfp8' / scheme='mxfp4'"
+                )
+            if row.name == "float8_e8m0fnu" and index[codes][0].name in codes_dtypes:
+                parts = {"codes": codes, "scale": name}
+                groups.append(self.make_group(weight, parts, index, {"layout": "ocp"}))
         return groups
 
     def make_group(

@@ -31,6 +31,7 @@ from ..dtypes import DTypeRow, resolve_dtype
 from ..errors import QuantizationError
 from . import base
 from .base import (
+    ACTIVATION_SCALES,
     Config,
     Group,
     Index,
@@ -39,6 +40,7 @@ from .base import (
     fp4_codes_to_f32,
     fp4_encode,
     require,
+    scale_partner,
     shape_text,
     torchao_parts,
 )
@@ -157,6 +159,31 @@ class NVFP4(Scheme):
                 "ignore": ignored,
             }
         return compressed_tensors_config("nvfp4-pack-quantized", 4, BLOCK, "tensor_group", ignored)
+
+    def from_names(self, index: Index, options: Mapping[str, Any]) -> list[Group]:
+        """None: names never say whose convention (the global scales are reciprocal), so
+        a global scale, or fp4 codes beside an ``F8_E4M3`` block scale, is refused."""
+        for name, (row, _) in index.items():
+            if name.endswith(("_scale_2", "_global_scale")) and not name.endswith(
+                ACTIVATION_SCALES
+            ):
+                raise QuantizationError(
+                    f"{name} looks like an NVFP4 global scale, but no config says whose "
+                    "convention (ModelOpt multiplies, compressed-tensors divides by the "
+                    "reciprocal): put config.json / hf_quant_config.json beside the checkpoint "
+                    "or pass scheme='nvfp4-modelopt' or scheme='nvfp4-compressed-tensors'"
+                )
+            found = scale_partner(name, index)
+            if found is None or row.name != "float8_e4m3fn":
+                continue
+            codes = found[1]
+            if index[codes][0].name in ("uint8", "float4_e2m1fn"):
+                raise QuantizationError(
+                    f"{codes} with fp8 block scales {name} looks like NVFP4, whose convention "
+                    "is never guessed; put the config beside the checkpoint or pass "
+                    "scheme='nvfp4-modelopt' or scheme='nvfp4-compressed-tensors'"
+                )
+        return []
 
     def detect(
         self, index: Index, config: Config | None, options: Mapping[str, Any]

@@ -90,9 +90,17 @@ OTHER_LAYOUTS: dict[str, tuple[str, ...]] = {
 _GPT_OSS_PROJECTIONS = ("experts.gate_up_proj", "experts.down_proj")
 
 
-def writable(scheme: str, layout: str | None = None, element: str | None = None) -> str:
-    """The canonical name of a scheme ``convert --quantize`` writes, checked against
-    ``--layout`` and ``--element``, or QuantizationError.
+def writable(
+    scheme: str,
+    layout: str | None = None,
+    element: str | None = None,
+    block_size: tuple[int, int] | None = None,
+) -> str:
+    """The canonical name of a scheme :func:`tensorbridge.quantize_checkpoint` writes,
+    checked against ``layout=``, ``element=`` and ``block_size=``, or QuantizationError.
+
+    The messages name the Python arguments; the command line says them as its options
+    (``scheme=`` is ``--quantize``: ``cli/_quantize.py``).
 
     >>> writable("mxfp4", "gpt-oss"), writable("mxfp8", element="e5m2")
     ('mxfp4', 'mxfp8')
@@ -100,29 +108,33 @@ def writable(scheme: str, layout: str | None = None, element: str | None = None)
     s = scheme_named(scheme)
     if s.name not in LAYOUTS:
         raise QuantizationError(
-            f"--quantize {scheme}: tensorbridge dequantizes {s.name} but does not write it; "
+            f"scheme={scheme!r}: tensorbridge dequantizes {s.name} but does not write it; "
             f"pass one of {', '.join(LAYOUTS)}"
         )
     others = OTHER_LAYOUTS.get(s.name, ())
     if layout is not None and layout != LAYOUTS[s.name] and layout not in others:
         with_layouts = [f"{k} ({', '.join(v)})" for k, v in OTHER_LAYOUTS.items()]
         raise QuantizationError(
-            f"--layout {layout}: {s.name} is written in its published layout only; leave "
-            f"out --layout (other layouts: {', '.join(with_layouts)})"
+            f"layout={layout!r}: {s.name} is written in its published layout only; leave "
+            f"out layout= (other layouts: {', '.join(with_layouts)})"
             if not others
-            else f"--layout {layout}: {s.name} is written as {LAYOUTS[s.name]} (the default) "
+            else f"layout={layout!r}: {s.name} is written as {LAYOUTS[s.name]} (the default) "
             f"or {' or '.join(others)}; pass one of those"
         )
     if element is not None:
         require(
             bool(s.elements),
-            f"--element {element}: the element type is mxfp8's choice (e4m3 or e5m2); "
-            f"{s.name}'s is fixed, leave out --element",
+            f"element={element!r}: the element type is mxfp8's choice (e4m3 or e5m2); "
+            f"{s.name}'s is fixed, leave out element=",
         )
         require(
             element in s.elements,
-            f"--element {element}: mxfp8's elements are e4m3 (float8_e4m3fn, the default) "
+            f"element={element!r}: mxfp8's elements are e4m3 (float8_e4m3fn, the default) "
             "or e5m2 (float8_e5m2); pass one of those",
+        )
+    if block_size is not None and not s.takes_block_size:
+        raise QuantizationError(
+            f"block_size= is fp8-block's; {s.name} has fixed blocks (leave out block_size=)"
         )
     return s.name
 
@@ -337,7 +349,7 @@ def unconverted_modules(
             raise QuantizationError(
                 f"{n} is left unquantized but {module}'s other projection is not: "
                 "transformers' gpt-oss MXFP4 loader converts a whole experts module; "
-                f"ignore both (--ignore '{module}.*') or neither"
+                f"ignore both (ignore=['{module}.*']) or neither"
             )
     return sorted({n.rsplit(".", 1)[0] for n in left})
 

@@ -46,9 +46,8 @@ def _category(t: DataType) -> Any:
 
 
 def row_of_type(t: DataType) -> DTypeRow:
-    """The dtype row an ONNX type reads as: the table's; FLOAT4E2M1 the packed pseudo row
-    (one ``float4_e2m1fn`` a byte); a row of the type alone where the table has none yet
-    (INT4, UINT4, INT2, UINT2, FLOAT6: NumPy reads them, torch has no counterpart)."""
+    """The dtype row an ONNX type reads as: the table's (INT4 ... FLOAT6 included); a row
+    of the type alone where the installed ml_dtypes has the type but the table no row."""
     dt = t.numpy
     row = BY_NUMPY.get(dt)
     if row is not None:
@@ -515,9 +514,9 @@ class OnnxFile(TensorFile):
     ) -> Any:
         """One tensor as a NumPy array (read-only when ``mmap``) or a torch tensor.
 
-        Types the dtype table has no row for yet (INT4, UINT4, INT2, UINT2, FLOAT6) come as
-        their ml_dtypes arrays; torch has no dtype for them (a refusal says so), nor for
-        FLOAT4E2M1 one a byte, which comes packed as ``torch.float4_e2m1fn_x2`` where the
+        Types torch lacks (FLOAT6, FLOAT8E4M3 ..., the table's NumPy-only rows) come as
+        their ml_dtypes arrays and are refused for torch (``float_dtype=`` widens them
+        exactly), but FLOAT4E2M1, which comes packed as ``torch.float4_e2m1fn_x2`` where the
         last dimension is even.
         """
         row, shape = self.info(name)

@@ -1,36 +1,20 @@
-"""A whole checkpoint quantized, with the config a loader reads: ``tb.quantize_checkpoint``.
-
-This module sits above both ``io`` (it reads and saves files) and ``quant`` (the
-schemes' layouts and kernels), which import neither it nor each other's upper layers.
-
-:func:`quantize_checkpoint` reads a checkpoint (a file, shard index or directory) and
-writes it as a safetensors checkpoint whose weights are quantized in the scheme's
-published layout (which weights, and how they are stored: :mod:`tensorbridge.quant.write`).
-Each weight is quantized a slice of rows at a time as the writer pulls it, so memory
-holds one slice; everything else is copied bit for bit. The source's ``config.json``
-goes beside the output with the ``quantization_config`` a loader (transformers,
-vLLM, compressed-tensors) reads the layout from. ``verify=True`` re-reads the output:
-each quantized weight must be :func:`tensorbridge.quantize`'s, bit for bit, and every
-other tensor the source's. ``tensorbridge convert --quantize`` is this call.
-
-:func:`copy_config` is the way back: a dequantized checkpoint's ``config.json``,
-without its ``quantization_config``.
-"""
+"""``tb.quantize_checkpoint``: a checkpoint written with its weights quantized in a
+scheme's published layout, and the config a loader reads (see the package)."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._tensorfile import TensorFile
-from .errors import InvalidArgumentError, QuantizationError, UnsupportedDtypeError
+from .._tensorfile import TensorFile
+from ..errors import QuantizationError
+from .config import write_quantized_config
+from .sources import opened, path_of, refuse_unsupported
 
-__all__ = ["QuantizedCheckpoint", "copy_config", "quantize_checkpoint"]
+__all__ = ["QuantizedCheckpoint", "quantize_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -130,37 +114,21 @@ def quantize_checkpoint(
             fit it, a source already quantized, or no weight to quantize.
         DestinationExistsError: ``dst`` exists and ``overwrite`` is false.
     """
-    from .io import carried_metadata, destination, save
-    from .quant.registry import SCHEMES
-    from .quant.write import (
-        config_caveat,
-        quantized_parts,
-        skip_reason,
-        unconverted_modules,
-        writable,
-    )
+    from ..io import carried_metadata, destination, save
+    from ..quant.write import config_caveat, unconverted_modules, writable
 
-    scheme = writable(scheme, layout, element)
-    if block_size is not None and not SCHEMES[scheme].takes_block_size:
-        raise QuantizationError(
-            f"block_size= is fp8-block's; {scheme} has fixed blocks (leave out block_size=)"
-        )
+    scheme = writable(scheme, layout, element, block_size)
     target = destination(dst)
-    if not target.format.quantized:
-        raise InvalidArgumentError(
-            f"{scheme} is written in its published safetensors layout, not {os.fspath(dst)}; "
-            "pass a .safetensors path or a directory"
-        )
-    target.check_overwrite(overwrite)
-    with _opened(src) as f:
-        where = os.fspath(src) if not isinstance(src, TensorFile) else str(_path(f))
+    target.check(
+        overwrite=overwrite,
+        max_shard_size=max_shard_size,
+        metadata=metadata or None,
+        scheme=scheme,
+    )
+    with opened(src) as f:
+        where = os.fspath(src) if not isinstance(src, TensorFile) else str(path_of(f))
         if names is None:
-            unsupported = f.unsupported()
-            if unsupported:
-                first, reason = next(iter(unsupported.items()))
-                raise UnsupportedDtypeError(
-                    f"{reason}; pass names= without {first!r} to quantize the rest"
-                )
+            refuse_unsupported(f, "quantize")
         selected = list(f.keys() if names is None else names)
         if _plan(f, None, None).quantized:
             raise QuantizationError(
@@ -168,37 +136,9 @@ def quantize_checkpoint(
                 "dequantize='bf16'), then tb.save)"
             )
         kw: dict[str, Any] = {"layout": layout, "element": element}
-        values: dict[str, Any] = {}
-        quantized: list[str] = []
-        left: dict[str, str] = {}
-        taken = set(selected)
-        for n in selected:
-            row, shape = f.info(n)
-            why = skip_reason(n, row, shape, scheme, ignore, layout=layout)
-            if why is not None:
-                values[n] = f[n]
-                if not why.startswith("not a "):
-                    left[n] = why
-                continue
-            load = functools.partial(f.get, n, framework="torch")  # mapped, not copied
-            parts = quantized_parts(n, load, shape, scheme, block_size, **kw)
-            clash = [k for k in parts if k != n and k in taken]
-            if clash:
-                raise QuantizationError(
-                    f"{n} quantizes into {clash[0]}, which {where} already holds; exclude one "
-                    f"of them (leave '{clash[0]}' out of names=)"
-                )
-            values.update(parts)
-            quantized.append(n)
-        if not quantized:
-            what = (
-                "3-D float ...experts.gate_up_proj / down_proj tensors"
-                if layout == "gpt-oss"
-                else "2-D+ float weights, not embeddings, lm_head or norms"
-            )
-            raise QuantizationError(
-                f"no weight of {where} is one {scheme} quantizes ({what}); nothing to quantize"
-            )
+        values, quantized, left = _quantized_values(
+            f, selected, where, scheme, ignore, block_size, kw
+        )
         ignored = unconverted_modules(list(left), quantized, layout=layout)
         if metadata is None:
             meta: Mapping[str, Any] = carried_metadata(f, target.format, selected)[0]
@@ -212,7 +152,9 @@ def quantize_checkpoint(
             progress=progress,
             overwrite=True,  # checked above, before anything was read
         )
-        config, kept = _write_config(f, target.path, scheme, block_size, ignored, layout, overwrite)
+        config, kept = write_quantized_config(
+            f, target.path, scheme, block_size, ignored, layout, overwrite
+        )
         written = target.written()
         problems = None
         if verify:
@@ -234,104 +176,65 @@ def quantize_checkpoint(
         )
 
 
-@contextlib.contextmanager
-def _opened(src: str | os.PathLike[str] | TensorFile) -> Iterator[TensorFile]:
-    """``src`` as an open file: opened (and closed) here when it is a path."""
-    if isinstance(src, TensorFile):
-        yield src
-        return
-    from .io import open as open_file
+def _quantized_values(
+    f: TensorFile,
+    selected: list[str],
+    where: str,
+    scheme: str,
+    ignore: Sequence[str],
+    block_size: tuple[int, int] | None,
+    kw: Mapping[str, Any],
+) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    """What :func:`quantize_checkpoint` writes of ``selected``: each weight ``scheme``
+    quantizes as its stored parts (computed a slice at a time as the writer pulls them,
+    from the mapped weight), every other tensor as stored; the weights quantized, and
+    those a toolkit would quantize but that are left as stored, with why."""
+    from ..quant.write import quantized_parts, skip_reason
 
-    with open_file(src) as f:
-        yield f
-
-
-def _path(f: TensorFile) -> Any:
-    return getattr(f, "path", None) or f.filename
+    layout = kw["layout"]
+    values: dict[str, Any] = {}
+    quantized: list[str] = []
+    left: dict[str, str] = {}
+    taken = set(selected)
+    for n in selected:
+        row, shape = f.info(n)
+        why = skip_reason(n, row, shape, scheme, ignore, layout=layout)
+        if why is not None:
+            values[n] = f[n]
+            if not why.startswith("not a "):
+                left[n] = why
+            continue
+        load = functools.partial(f.get, n, framework="torch")  # mapped, not copied
+        parts = quantized_parts(n, load, shape, scheme, block_size, **kw)
+        clash = [k for k in parts if k != n and k in taken]
+        if clash:
+            raise QuantizationError(
+                f"{n} quantizes into {clash[0]}, which {where} already holds; exclude one "
+                f"of them (leave '{clash[0]}' out of names=)"
+            )
+        values.update(parts)
+        quantized.append(n)
+    if not quantized:
+        what = (
+            "3-D float ...experts.gate_up_proj / down_proj tensors"
+            if layout == "gpt-oss"
+            else "2-D+ float weights, not embeddings, lm_head or norms"
+        )
+        raise QuantizationError(
+            f"no weight of {where} is one {scheme} quantizes ({what}); nothing to quantize"
+        )
+    return values, quantized, left
 
 
 def _plan(f: TensorFile, scheme: str | None, block_size: Any) -> Any:
     """The quantization plan of an open file (``scheme`` / ``block_size`` applied)."""
-    from .quant.detect import plan, read_config
+    from ..quant.detect import plan, read_config
 
     index = {n: f.info(n) for n in f if n not in f.unsupported()}
     opts = {"block_size": block_size} if block_size is not None else {}
     return plan(
         index, read_config(getattr(f, "path", None), follow_links=f.follow_links), scheme, opts
     )
-
-
-def _write_config(
-    src: TensorFile,
-    dst: os.PathLike[str],
-    scheme: str,
-    block_size: tuple[int, int] | None,
-    ignored: list[str],
-    layout: str | None,
-    overwrite: bool,
-) -> tuple[str | None, str | None]:
-    """A quantized checkpoint's config.json: the source's, with its ``quantization_config``
-    (written only when the source directory has a config.json). Returns the path written
-    and the path of an existing config.json kept (``overwrite`` false)."""
-    from ._atomic import atomic_write
-    from .quant.write import quantization_config
-
-    source = getattr(src, "path", None)
-    if source is None:
-        return None, None
-    here = source if os.path.isdir(source) else os.path.dirname(os.path.abspath(source))
-    there = os.path.dirname(os.path.abspath(dst))
-    config = os.path.join(here, "config.json")
-    target = os.path.join(there, "config.json")
-    if os.path.abspath(here) == there or not os.path.isfile(config):
-        return None, None
-    if os.path.exists(target) and not overwrite:
-        return None, target
-    with open(config, encoding="utf-8") as f:
-        data = json.load(f)
-    if not isinstance(data, dict):
-        return None, None
-    data["quantization_config"] = quantization_config(scheme, block_size, ignored, layout=layout)
-    with atomic_write(target) as out:
-        out.write((json.dumps(data, indent=2) + "\n").encode("utf-8"))
-    return target, None
-
-
-def copy_config(
-    src: str | os.PathLike[str], dst: str | os.PathLike[str], *, overwrite: bool = False
-) -> str | None:
-    """Copy the ``config.json`` beside checkpoint file ``src`` to beside ``dst``, without
-    its ``quantization_config``: the config of ``src`` dequantized to ``dst``.
-
-    Nothing is written when ``src`` has no config.json beside it, when both are in one
-    directory, or when one exists beside ``dst`` (unless ``overwrite``). Returns the
-    path written, or None.
-
-    >>> import json, os, tempfile
-    >>> a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
-    >>> with open(os.path.join(a, "config.json"), "w") as f:
-    ...     json.dump({"model_type": "llama", "quantization_config": {}}, f)
-    >>> src, dst = os.path.join(a, "q.safetensors"), os.path.join(b, "w.safetensors")
-    >>> path = copy_config(src, dst)
-    >>> with open(path) as f:
-    ...     json.load(f)
-    {'model_type': 'llama'}
-    """
-    from ._atomic import atomic_write
-
-    here = os.path.dirname(os.path.abspath(src))
-    there = os.path.dirname(os.path.abspath(dst))
-    config = os.path.join(here, "config.json")
-    target = os.path.join(there, "config.json")
-    if here == there or not os.path.isfile(config) or (os.path.exists(target) and not overwrite):
-        return None
-    with open(config, encoding="utf-8") as f:
-        data = json.load(f)
-    if isinstance(data, dict):
-        data.pop("quantization_config", None)
-    with atomic_write(target) as out:
-        out.write((json.dumps(data, indent=2) + "\n").encode("utf-8"))
-    return target
 
 
 def _verify(
@@ -348,10 +251,10 @@ def _verify(
     the same scheme, and every other tensor equal to the source."""
     import numpy as np
 
-    from .io import open as open_file
-    from .io.verify import bits, verify
-    from .quant.api import quantize
-    from .quant.registry import SCHEMES
+    from ..io import open as open_file
+    from ..io.verify import bits, verify
+    from ..quant.api import quantize
+    from ..quant.registry import SCHEMES
 
     kept = [n for n in names if n not in quantized]
     problems = list(verify(src, written, names=kept, progress=progress).problems) if kept else []
