@@ -7,6 +7,10 @@ as ``'V'`` (like a raw void dtype), float8_e5m2 as ``'f'`` and complex32 as ``'c
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -15,7 +19,7 @@ import torch
 
 import tensorbridge as tb
 from conftest import NUMPY_ONLY_ROWS, ROWS
-from tensorbridge import dtypes
+from tensorbridge import _versions, dtypes
 
 # The issue's table, in the table's order; a row needs both libraries to know the dtype,
 # except the NumPy-only rows (ml_dtypes types torch lacks), which need ml_dtypes alone.
@@ -241,3 +245,73 @@ def test_lookup_dicts_are_derived_from_the_table() -> None:
     assert list(dtypes.BY_TORCH.values()) == list(ROWS)
     assert list(dtypes.BY_NUMPY.values()) == list(tb.dtype_table())
     assert set(dtypes.BY_SAFETENSORS.values()) == {r for r in ROWS if r.safetensors}
+
+
+# What a command that reads a header or copies bytes asks of the table, in an interpreter
+# that has not imported ml_dtypes (about 0.8 s) or torch: all of it answered from the rows.
+WITHOUT_ML_DTYPES = r"""
+import json, sys
+import numpy as np
+from tensorbridge import dtypes
+
+def loaded():
+    return sorted(m for m in ("ml_dtypes", "torch") if m in sys.modules)
+
+bf16 = dtypes.resolve_dtype("bf16")
+seen = {
+    "names": [r.name for r in dtypes.dtype_table()],
+    "bf16": [bf16.name, bf16.itemsize, bf16.category, bf16.carried, bf16.carrier_numpy.name],
+    "codes": [dtypes.BY_SAFETENSORS["F8_E4M3"].name, dtypes.BY_NAME["torch.bfloat16"].name],
+    "native": [dtypes.resolve_dtype(np.float16).name, dtypes.native_row(np.dtype(">i4")).name],
+    "void": dtypes.row_of_numpy(np.dtype("V2")),
+    "packed": [(p.name, p.numpy_name) for p in dtypes.PACKED],
+    "before": loaded(),
+}
+seen["numpy"] = str(bf16.numpy)  # the first use of an ml_dtypes row's NumPy side
+seen["after"] = loaded()
+seen["by_numpy"] = len(dtypes.BY_NUMPY)
+print(json.dumps(seen))
+"""
+
+
+def test_the_table_is_built_without_ml_dtypes() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_ML_DTYPES], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout)
+    assert seen["before"] == []
+    # the same rows as in this process, which imported ml_dtypes first
+    assert seen["names"] == [r.name for r in tb.dtype_table()]
+    assert seen["bf16"] == ["bfloat16", 2, "float", True, "int16"]
+    assert seen["codes"] == ["float8_e4m3fn", "bfloat16"]
+    assert seen["native"] == ["float16", "int32"] and seen["void"] is None
+    assert seen["packed"] == [[p.name, p.numpy_name] for p in dtypes.PACKED]
+    assert (seen["numpy"], seen["after"]) == ("bfloat16", ["ml_dtypes"])
+    assert seen["by_numpy"] == len(tb.dtype_table())
+
+
+def test_what_a_row_knows_without_ml_dtypes_matches_it() -> None:
+    for r in tb.dtype_table():
+        assert (r.numpy.name, r.numpy.itemsize) == (r.name, r.itemsize), r
+    for p in dtypes.PACKED:
+        assert p.numpy == np.dtype(getattr(ml_dtypes, p.numpy_name))
+
+
+def test_the_rows_ml_dtypes_exports_are_read_from_its_source() -> None:
+    source = Path(ml_dtypes.__file__).read_text(encoding="utf-8")
+    assert _versions.literal_all(source) == frozenset(ml_dtypes.__all__)
+    assert _versions.ml_dtypes_exports() == frozenset(ml_dtypes.__all__)
+    assert _versions.literal_all("x = 1") is None  # no list: the module is asked instead
+    assert _versions.literal_all("__all__ = names()") is None  # not a literal: never run
+
+
+def test_a_numpy_dtype_in_hand_is_looked_up_by_identity() -> None:
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    assert dtypes.row_of_numpy(bf16) is tb.resolve_dtype("bfloat16")
+    assert dtypes.row_of_numpy(np.dtype("V2")) is None
+    f4 = np.dtype(ml_dtypes.float4_e2m1fn)
+    assert dtypes.packed_of_numpy(f4) is dtypes.PACKED[0]
+    assert dtypes.packed_of_numpy(np.dtype(np.uint8)) is None
+    assert dtypes.unpacked_target("float4_e2m1fn") is dtypes.PACKED[0]
+    assert dtypes.BY_SPEC[ml_dtypes.bfloat16] is dtypes.BY_SPEC[bf16] is tb.resolve_dtype("bf16")

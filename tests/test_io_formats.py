@@ -15,6 +15,7 @@ import torch
 
 import tensorbridge as tb
 from tensorbridge._keys import flatten
+from tensorbridge._tensorfile import StoredBits
 from tensorbridge.cli import main
 from tensorbridge.errors import FormatError, UnsupportedTensorError
 from tensorbridge.io import TensorFile, destination
@@ -231,6 +232,27 @@ def test_raw_dtype(fmt: Format, tmp_path: Path) -> None:
         return
     with pytest.raises(ValueError, match=r"np.save wrote from ml_dtypes arrays \(.npy / .npz\)"):
         tb.open(path, dtype="bf16")
+
+
+@pytest.mark.parametrize("fmt", WRITABLE, ids=by_name)
+@pytest.mark.parametrize("float_dtype", [None, "f32"])
+def test_stored_bits(fmt: Format, float_dtype: str | None, tmp_path: Path) -> None:
+    """A row that states ``stored_bits`` takes a file's bfloat16 bytes as ``StoredBits``
+    and writes what the array gives, cast or not; every other row is given the array."""
+    src = tmp_path / "src.safetensors"
+    tb.save(two(fmt), src)
+    with tb.open(src) as f:
+        values = {n: tb.io.copied_value(f, n, fmt) for n in f}
+        assert isinstance(values["b"], StoredBits) is fmt.stored_bits
+        assert isinstance(values["a"], np.ndarray)  # a NumPy dtype: the mapped array
+        arrays = {n: f[n] for n in f}
+    if not fmt.stored_bits:
+        return
+    out, want = tmp_path / f"bits{fmt.suffixes[0]}", tmp_path / f"arrays{fmt.suffixes[0]}"
+    pick = (lambda d: d) if fmt.many_arrays else (lambda d: d["b"])
+    tb.save(pick(values), out, float_dtype=float_dtype, metadata=required(fmt))
+    tb.save(pick(arrays), want, float_dtype=float_dtype, metadata=required(fmt))
+    assert out.read_bytes() == want.read_bytes()
 
 
 @pytest.mark.parametrize("fmt", WRITABLE, ids=by_name)

@@ -150,6 +150,7 @@ DOCUMENTED = [
     "tensorbridge._commit",
     "tensorbridge._tensorfile",
     "tensorbridge._ml_cast",
+    "tensorbridge._packed_dtypes",
     "tensorbridge._plan_numpy_runs",
     "tensorbridge.dcp._hf_layout",
     "tensorbridge.dcp.safetensors",

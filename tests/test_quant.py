@@ -523,6 +523,17 @@ def test_numpy_in_numpy_out() -> None:
     assert os.fspath(".")  # keep os imported for path helpers
 
 
+def test_code_tables_are_ml_dtypes_values_bit_for_bit() -> None:
+    """The e2m1 and e8m0 tables are written from the OCP MX spec (no ml_dtypes import)."""
+    from tensorbridge.quant import codes
+
+    every = np.arange(256, dtype=np.uint8)
+    fp4 = every[:16].view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    e8m0 = every.view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+    assert codes.FP4_VALUES.tobytes() == fp4.tobytes()  # -0.0 at code 8 included
+    assert codes._E8M0_VALUES.tobytes() == e8m0.tobytes()  # NaN 0x7fc00000 at 255
+
+
 _STREAM_CHILD = """
 import sys, threading, time
 import torch

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._tensorfile import row_of
+from ._tensorfile import StoredBits, row_of
 from ._torch_checks import is_tensor
 from ._versions import byte_bounds
 from .dtypes import DTypeRow
@@ -33,12 +33,19 @@ def iter_bytes(
 ) -> Iterator[memoryview]:
     """Yield ``x``'s values as ``dst`` bytes in C order, about ``chunk_bytes`` at a time.
 
-    ``x`` is a tensor (any device) or an array (memory-mapped ones included). A
+    ``x`` is a tensor (any device), an array (memory-mapped ones included) or a file's
+    :class:`~tensorbridge._tensorfile.StoredBits` (copied as its carrier's bytes). A
     yielded view is only valid until the next one is requested: the cast buffer is
     reused.
     """
     src = row_of(x)
     dst = dst or src
+    if isinstance(x, StoredBits):
+        if dst is src:  # a copy: the carrier's bytes are the values' bytes
+            x = x.bits
+            src = dst = row_of(x)
+        else:  # a cast: the values (importing ml_dtypes)
+            x = x.array()
     if is_tensor(x):
         if x.device.type != "cpu":
             yield from _iter_device(x, src, dst, chunk_bytes)

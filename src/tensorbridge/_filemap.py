@@ -1,7 +1,8 @@
 """Reading files: zero-copy maps, descriptor-based readers, and checks that a file is unchanged.
 
 * :func:`map_file` / :func:`array_at` — zero-copy views of a file's bytes:
-  read-only (a write raises) or copy-on-write (writes stay in private pages).
+  read-only (a write raises) or copy-on-write (writes stay in private pages);
+  :func:`bits_at` the same bytes as a carried dtype's carrier integers.
 * :class:`FileReader` / :func:`open_reader` — reads through the descriptor a reader
   opened, so a file replaced by another save is never mixed with the one opened.
 * :func:`identity`, :func:`check_same_version`, :func:`check_unchanged` — refuse to
@@ -152,6 +153,14 @@ def array_at(
     buf: Any, offset: int, shape: tuple[int, ...], row: DTypeRow, *, name: str = "?"
 ) -> np.ndarray:
     """A zero-copy array of ``shape`` and ``row``'s dtype at ``offset`` of ``buf``."""
+    return bits_at(buf, offset, shape, row, name=name).view(row.numpy)
+
+
+def bits_at(
+    buf: Any, offset: int, shape: tuple[int, ...], row: DTypeRow, *, name: str = "?"
+) -> np.ndarray:
+    """:func:`array_at`'s array as ``row``'s carrier (itself where native): the same
+    bytes, checked the same way, without making ``row``'s dtype (no ml_dtypes)."""
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     nbytes = count * row.itemsize
     if offset < 0 or offset + nbytes > len(buf):
@@ -161,14 +170,10 @@ def array_at(
         )
     if count == 0:
         try:
-            return np.empty(shape, row.numpy)
+            return np.empty(shape, row.carrier_numpy)
         except ValueError:  # a zero beside dimensions whose product NumPy cannot index
             raise FormatError(
                 f"tensor {name!r}: the shape {list(shape)} has no elements but dimensions "
                 "too large to index; the file is corrupt"
             ) from None
-    return (
-        np.frombuffer(buf, dtype=row.carrier_numpy, count=count, offset=offset)
-        .view(row.numpy)
-        .reshape(shape)
-    )
+    return np.frombuffer(buf, dtype=row.carrier_numpy, count=count, offset=offset).reshape(shape)

@@ -16,7 +16,8 @@ from __future__ import annotations
 from .dtypes import PACKED, DTypeRow, PackedRow
 
 PACKED_ROWS: dict[DTypeRow, PackedRow] = {
-    DTypeRow(p.numpy.name, p.numpy, p.safetensors, p.category, carried=True, torch_name=p.name): p
+    # one value a byte on the NumPy side, the ml_dtypes type the row names
+    DTypeRow(p.numpy_name, 1, p.safetensors, p.category, carried=True, torch_name=p.name): p
     for p in PACKED
     if p.safetensors
 }

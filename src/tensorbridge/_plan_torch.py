@@ -38,14 +38,14 @@ from ._plan_base import (
     strides_state,
 )
 from .dtypes import (
-    BY_NUMPY,
-    PACKED_BY_NUMPY,
     DTypeRow,
     PackedRow,
     explain_numpy,
     is_byte,
+    packed_of_numpy,
     packed_target,
     resolve_dtype,
+    row_of_numpy,
 )
 from .errors import (
     ShapeMismatchError,
@@ -130,13 +130,13 @@ def decide_torch(
             "and np.ma.getmaskarray(a) separately"
         )
     a: np.ndarray = x
-    src = BY_NUMPY.get(a.dtype)
+    src = row_of_numpy(a.dtype)
     reason = None
     steps: tuple[str, ...] = ()
     if src is None:
-        native = a.dtype.newbyteorder("=")
-        if a.dtype.byteorder not in "=|" and native in BY_NUMPY:
-            src = BY_NUMPY[native]
+        native = row_of_numpy(a.dtype.newbyteorder("="))
+        if a.dtype.byteorder not in "=|" and native is not None:
+            src = native
             reason = f"is byte-swapped ({a.dtype.str})"
             steps = ("byteswap",)
         else:
@@ -253,7 +253,7 @@ def _numpy_only_to_torch(
     """An array of a dtype torch lacks (float8_e4m3, float4_e2m1fn, ...): refused without
     ``dtype=``, packed for a packed torch dtype, else cast by ml_dtypes' ``astype`` to the
     ``dtype=`` and converted as an array of that dtype."""
-    packed = PACKED_BY_NUMPY.get(src.numpy)
+    packed = packed_of_numpy(src.numpy)
     if packed is not None and dtype is not None and packed_target(dtype) is packed:
         return _pack_to_torch(packed, device, copy, requires_grad, into)
     if dtype is None:

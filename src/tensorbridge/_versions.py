@@ -8,10 +8,13 @@ looking at a version. The tests check each flag against the library it describes
 (tests/test_versions.py), on whichever side of the line the installed stack is.
 
 (Which dtypes exist is the dtype table's business: a row whose dtype the installed torch
-or ml_dtypes lacks is left out when :mod:`tensorbridge.dtypes` builds the table.)
+or ml_dtypes lacks is left out when :mod:`tensorbridge.dtypes` builds the table, from
+the names :func:`ml_dtypes_exports` reads.)
 
-The torch flags (``TORCH``, ``TORCH_DLPACK_READ_ONLY``) are computed when first asked
-for, so that the modules which read files without torch can ask this one too.
+The torch flags (``TORCH``, ``TORCH_DLPACK_READ_ONLY``) and the ml_dtypes ones
+(``ML_DTYPES``, ``NUMPY_DLPACK_EXTENDED``) are computed when first asked for, so that
+the modules which read files without torch (about 2.7 s to import) or ml_dtypes (about
+0.8 s) can ask this one too.
 
 >>> release("2.15.0+cu132")
 (2, 15, 0)
@@ -22,15 +25,19 @@ True
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 import inspect
 import re
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-import ml_dtypes
 import numpy as np
 
 __all__ = [
@@ -42,6 +49,9 @@ __all__ = [
     "TORCH_DLPACK_READ_ONLY",
     "TORCH_SPARSE_VALIDATION_WARNING",
     "byte_bounds",
+    "literal_all",
+    "ml_dtypes_exports",
+    "ml_dtypes_module",
     "quiet_sparse_validation",
     "release",
     "torch_e4m3fn_saturates",
@@ -59,15 +69,78 @@ def release(version: str) -> tuple[int, ...]:
 
 
 NUMPY = release(np.__version__)
-ML_DTYPES = release(ml_dtypes.__version__)
 
 # The largest rank of a NumPy array (NPY_MAXDIMS): 64 from NumPy 2.0, 32 before.
 NUMPY_MAXDIMS = 64 if NUMPY >= (2,) else 32
 
-# np.from_dlpack imports bfloat16, the float8 family and complex32 as ml_dtypes arrays from
-# NumPy 2.5 with ml_dtypes 0.7; before, it raises "Unsupported dtype in DLTensor." for
-# them, and those dtypes must go through torch's importer and the dtype table.
-NUMPY_DLPACK_EXTENDED = NUMPY >= (2, 5) and ML_DTYPES >= (0, 7)
+
+def ml_dtypes_module() -> ModuleType:
+    """``ml_dtypes``, imported on first use: about 0.8 s, its extension's start-up (it
+    registers its types with NumPy). The dtype table imports it through this."""
+    return importlib.import_module("ml_dtypes")
+
+
+@cache
+def ml_dtypes_exports() -> frozenset[str]:
+    """The names the installed ml_dtypes exports, without importing it where it is not
+    imported yet.
+
+    Every release of ml_dtypes (0.2.0 to 0.7.0 read, the floor 0.5 among them) lists its
+    types in ``__all__`` in ``ml_dtypes/__init__.py`` and imports each from its extension
+    there (a name it lacks fails the import itself), so that list,
+    read from the source as a literal (:func:`ast.literal_eval`: nothing of it runs), is
+    what the module holds. The module's own ``__all__`` answers where it is imported
+    already, or where the source cannot be read (a zip without sources) or holds no
+    literal list.
+    """
+    module = sys.modules.get("ml_dtypes")
+    if module is None:
+        spec = importlib.util.find_spec("ml_dtypes")
+        get_source = getattr(spec.loader, "get_source", None) if spec else None
+        try:
+            source = get_source("ml_dtypes") if get_source else None
+        except (ImportError, OSError):
+            source = None
+        names = literal_all(source or "")
+        if names is not None:
+            return names
+        module = ml_dtypes_module()
+    return frozenset(getattr(module, "__all__", dir(module)))
+
+
+def literal_all(source: str) -> frozenset[str] | None:
+    """The module-level ``__all__ = [...]`` of Python ``source`` read as a literal, or None
+    (no such list, or not a literal, or not Python).
+
+    >>> sorted(literal_all("__all__ = ['b', 'a']"))
+    ['a', 'b']
+    """
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return None
+    for node in body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == [
+            "__all__"
+        ]:
+            try:
+                return frozenset(ast.literal_eval(node.value))
+            except ValueError:
+                return None
+    return None
+
+
+def _ml_dtypes_flags() -> dict[str, Any]:
+    ml_dtypes = ml_dtypes_module()
+    version = release(ml_dtypes.__version__)
+    return {
+        "ML_DTYPES": version,
+        # np.from_dlpack imports bfloat16, the float8 family and complex32 as ml_dtypes
+        # arrays from NumPy 2.5 with ml_dtypes 0.7; before, it raises "Unsupported dtype
+        # in DLTensor." for them, and those dtypes must go through torch's importer and
+        # the dtype table.
+        "NUMPY_DLPACK_EXTENDED": NUMPY >= (2, 5) and version >= (0, 7),
+    }
 
 
 def _numpy_exports_read_only() -> bool:
@@ -97,14 +170,19 @@ def _torch_flags() -> dict[str, Any]:
     }
 
 
-if TYPE_CHECKING:  # computed (importing torch) when first asked for, by __getattr__
+if TYPE_CHECKING:  # computed (importing torch, ml_dtypes) when first asked for, by __getattr__
     TORCH: tuple[int, ...]
     TORCH_DLPACK_READ_ONLY: bool
+    ML_DTYPES: tuple[int, ...]
+    NUMPY_DLPACK_EXTENDED: bool
 
 
 def __getattr__(name: str) -> Any:
     if name in ("TORCH", "TORCH_DLPACK_READ_ONLY"):
         globals().update(_torch_flags())
+        return globals()[name]
+    if name in ("ML_DTYPES", "NUMPY_DLPACK_EXTENDED"):
+        globals().update(_ml_dtypes_flags())
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

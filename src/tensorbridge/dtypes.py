@@ -31,16 +31,22 @@ Three kinds of dtype go beyond that, each said by an attribute, never by a name:
   ``uint8``: the bytes exactly as torch holds them, a zero-copy view.
 
 Rows whose dtype the installed ml_dtypes lacks (``complex32`` before ml_dtypes
-0.7) are skipped when the table is built, by asking for the dtype rather than
-comparing versions; behaviour that differs between releases is decided in
-:mod:`tensorbridge._versions`. Every row's torch dtype exists in the oldest torch
-supported (2.10), so only ml_dtypes decides which rows exist.
+0.7) are skipped when the table is built, by asking ml_dtypes which types it exports
+(its ``__all__``) rather than comparing versions; behaviour that differs between
+releases is decided in :mod:`tensorbridge._versions`. Every row's torch dtype exists
+in the oldest torch supported (2.10), so only ml_dtypes decides which rows exist.
 
-The table is built without importing torch (about 2.7 s): a row names its torch
-dtype, which is looked up the first time ``row.torch`` (or ``row.carrier``) is
-asked for, and the lookups by torch dtype (``BY_TORCH``, ``PACKED_BY_TORCH``,
-``SHELL_BY_TORCH``) are made on first use. Reading a file's header, or copying its
-arrays to another file, never needs torch.
+The table is built without importing torch (about 2.7 s) or ml_dtypes (about 0.8 s,
+its extension's start-up): a row names its torch dtype and its NumPy dtype and knows
+its item size and category, and the dtypes themselves are looked up the first time
+``row.torch`` (or ``row.carrier``) and ``row.numpy`` are asked for. Which ml_dtypes
+types exist is read from ``ml_dtypes/__init__.py``'s ``__all__`` as a literal, without
+running it (the module itself is asked where it is imported already or its source
+cannot be read). The lookups by torch dtype (``BY_TORCH``, ``PACKED_BY_TORCH``,
+``SHELL_BY_TORCH``) and by NumPy dtype (``BY_NUMPY``, ``PACKED_BY_NUMPY``) are made on
+first use; :func:`row_of_numpy` looks up a dtype in hand without importing ml_dtypes
+where it is not imported yet (no ml_dtypes dtype exists before it is). Reading a
+file's header, or copying its arrays to another file, needs neither.
 
 Identity, never ``dtype.kind``: ml_dtypes reports bfloat16 and int4 as kind ``'V'``
 (like a structured or void dtype), float8_e5m2 as ``'f'`` and complex32 as ``'c'``.
@@ -57,16 +63,19 @@ torch.float32
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 from functools import cache, cached_property
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias, Union
+from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
-import ml_dtypes
 import numpy as np
 
-from . import packing
 from ._ml_cast import exact_in
+from ._packed_dtypes import PACKED as PACKED
+from ._packed_dtypes import Category
+from ._packed_dtypes import PackedRow as PackedRow
 from ._torch_checks import is_torch_dtype
+from ._versions import ml_dtypes_exports, ml_dtypes_module
 from .errors import UnsupportedDtypeError
 
 if TYPE_CHECKING:
@@ -76,18 +85,19 @@ if TYPE_CHECKING:
 
 __all__ = ["DTypeRow", "dtype_table", "numpy_dtype", "resolve_dtype", "torch_dtype"]
 
-Category = Literal["bool", "int", "uint", "float", "complex"]
-
 
 @dataclass(frozen=True, eq=False)
 class DTypeRow:
     """One pairing of a torch dtype with the NumPy dtype that holds the same bits.
 
     Attributes:
-        name: the canonical name, shared by torch and NumPy/ml_dtypes ("bfloat16").
+        name: the canonical name, shared by torch and NumPy/ml_dtypes ("bfloat16"); the
+            NumPy dtype's name.
+        itemsize: the NumPy dtype's item size in bytes (known without ml_dtypes).
         torch: the torch dtype (torch is imported when it is first asked for); raises
             :class:`~tensorbridge.UnsupportedDtypeError` for a NumPy-only row.
-        numpy: the NumPy dtype (NumPy's own or an ml_dtypes one).
+        numpy: the NumPy dtype (NumPy's own, or an ml_dtypes one for a carried row:
+            ml_dtypes is imported when it is first asked for).
         carrier: ``None`` when ``Tensor.numpy()`` / ``torch.from_numpy`` handle the
             dtype natively; otherwise a same-width torch integer dtype that both
             sides understand, through which the bytes are reinterpreted.
@@ -105,7 +115,7 @@ class DTypeRow:
     """
 
     name: str
-    numpy: np.dtype[Any]
+    itemsize: int
     safetensors: str | None
     category: Category
     aliases: tuple[str, ...] = ()
@@ -115,10 +125,18 @@ class DTypeRow:
     in_torch: bool = True
 
     @cached_property
+    def numpy(self) -> np.dtype[Any]:
+        """The NumPy dtype (an ml_dtypes type imports ml_dtypes on first use)."""
+        if not self.carried:
+            return np.dtype(self.name)
+        dtype: np.dtype[Any] = np.dtype(getattr(ml_dtypes_module(), self.name))
+        return dtype
+
+    @cached_property
     def torch(self) -> TorchDType:
         """The torch dtype (imports torch on first use; then a plain attribute)."""
         if not self.in_torch:
-            raise UnsupportedDtypeError(explain_numpy(self.numpy))
+            raise UnsupportedDtypeError(_explain_numpy_only(self))
         import torch
 
         dtype: TorchDType = getattr(torch, self.torch_name or self.name)
@@ -133,10 +151,6 @@ class DTypeRow:
 
         dtype: TorchDType = getattr(torch, self.carrier_numpy.name)
         return dtype
-
-    @property
-    def itemsize(self) -> int:
-        return self.numpy.itemsize
 
     @cached_property
     def carrier_numpy(self) -> np.dtype[Any]:
@@ -180,27 +194,29 @@ _NATIVE: tuple[tuple[str, Category, str | None, tuple[str, ...]], ...] = (
     ("complex64", "complex", "C64", ("c64",)),
     ("complex128", "complex", None, ("c128",)),
 )
-# The NumPy side is the ml_dtypes type of the same name, reached through a carrier.
-_EXTENDED: tuple[tuple[str, Category, str | None, tuple[str, ...]], ...] = (
-    ("bfloat16", "float", "BF16", ("bf16",)),
-    ("float8_e4m3fn", "float", "F8_E4M3", ("fp8_e4m3fn", "f8e4m3fn")),
-    ("float8_e5m2", "float", "F8_E5M2", ("fp8_e5m2", "f8e5m2")),
-    ("float8_e4m3fnuz", "float", "F8_E4M3FNUZ", ("fp8_e4m3fnuz",)),
-    ("float8_e5m2fnuz", "float", "F8_E5M2FNUZ", ("fp8_e5m2fnuz",)),
-    ("float8_e8m0fnu", "float", "F8_E8M0", ("fp8_e8m0fnu", "e8m0")),
-    ("complex32", "complex", None, ("c32", "chalf")),
+# The NumPy side is the ml_dtypes type of the same name, reached through a carrier:
+# (name, item size, category, safetensors code, aliases).
+_EXTENDED: tuple[tuple[str, int, Category, str | None, tuple[str, ...]], ...] = (
+    ("bfloat16", 2, "float", "BF16", ("bf16",)),
+    ("float8_e4m3fn", 1, "float", "F8_E4M3", ("fp8_e4m3fn", "f8e4m3fn")),
+    ("float8_e5m2", 1, "float", "F8_E5M2", ("fp8_e5m2", "f8e5m2")),
+    ("float8_e4m3fnuz", 1, "float", "F8_E4M3FNUZ", ("fp8_e4m3fnuz",)),
+    ("float8_e5m2fnuz", 1, "float", "F8_E5M2FNUZ", ("fp8_e5m2fnuz",)),
+    ("float8_e8m0fnu", 1, "float", "F8_E8M0", ("fp8_e8m0fnu", "e8m0")),
+    ("complex32", 4, "complex", None, ("c32", "chalf")),
 )
 # torch's sub-byte integers that ml_dtypes also has: one value a byte on both sides, no
-# torch kernels (torch's int1-int7 / uint1-uint7 are shells: views only).
-_SUBBYTE: tuple[tuple[str, Category], ...] = (
-    ("int1", "int"), ("int2", "int"), ("int4", "int"),
-    ("uint1", "uint"), ("uint2", "uint"), ("uint4", "uint"),
+# torch kernels (torch's int1-int7 / uint1-uint7 are shells: views only). (name, size, category)
+_SUBBYTE: tuple[tuple[str, int, Category], ...] = (
+    ("int1", 1, "int"), ("int2", 1, "int"), ("int4", 1, "int"),
+    ("uint1", 1, "uint"), ("uint2", 1, "uint"), ("uint4", 1, "uint"),
 )  # fmt: skip
 # The ml_dtypes types torch lacks: NumPy-only rows.
-_NUMPY_ONLY: tuple[tuple[str, Category], ...] = (
-    ("float8_e3m4", "float"), ("float8_e4m3", "float"), ("float8_e4m3b11fnuz", "float"),
-    ("float8_e5m3fnu", "float"), ("float6_e2m3fn", "float"), ("float6_e3m2fn", "float"),
-    ("float4_e2m1fn", "float"), ("bcomplex32", "complex"),
+_NUMPY_ONLY: tuple[tuple[str, int, Category], ...] = (
+    ("float8_e3m4", 1, "float"), ("float8_e4m3", 1, "float"),
+    ("float8_e4m3b11fnuz", 1, "float"), ("float8_e5m3fnu", 1, "float"),
+    ("float6_e2m3fn", 1, "float"), ("float6_e3m2fn", 1, "float"),
+    ("float4_e2m1fn", 1, "float"), ("bcomplex32", 4, "complex"),
 )  # fmt: skip
 
 
@@ -208,124 +224,102 @@ def _build() -> tuple[DTypeRow, ...]:
     """The rows, skipping those whose type the installed ml_dtypes lacks (the one place)."""
     rows = []
     for name, category, code, aliases in _NATIVE:
-        rows.append(DTypeRow(name, np.dtype(name), code, category, aliases))
-    for name, category, code, aliases in _EXTENDED:
-        ndt = getattr(ml_dtypes, name, None)
-        if ndt is not None:
-            rows.append(DTypeRow(name, np.dtype(ndt), code, category, aliases, carried=True))
+        rows.append(DTypeRow(name, np.dtype(name).itemsize, code, category, aliases))
+    for name, size, category, code, aliases in _EXTENDED:
+        if name in _EXPORTED:
+            rows.append(DTypeRow(name, size, code, category, aliases, carried=True))
     for in_torch, specs in ((True, _SUBBYTE), (False, _NUMPY_ONLY)):  # no torch kernels
-        for name, category in specs:
-            ndt = getattr(ml_dtypes, name, None)
-            if ndt is not None:
-                row = DTypeRow(name, np.dtype(ndt), None, category, carried=True, kernels=False)
+        for name, size, category in specs:
+            if name in _EXPORTED:
+                row = DTypeRow(name, size, None, category, carried=True, kernels=False)
                 rows.append(row if in_torch else dataclasses.replace(row, in_torch=False))
     return tuple(rows)
 
 
+_EXPORTED = ml_dtypes_exports()
 _TABLE = _build()
-BY_NUMPY: dict[np.dtype[Any], DTypeRow] = {r.numpy: r for r in _TABLE}
 BY_SAFETENSORS: dict[str, DTypeRow] = {r.safetensors: r for r in _TABLE if r.safetensors}
 BY_NAME: dict[str, DTypeRow] = {
     key: r
     for r in _TABLE
     for key in (r.name, *((f"torch.{r.name}",) if r.in_torch else ()), *r.aliases)
 }
-# Every common spelling of a dtype in one dict, for the hot paths' single lookup; the torch
-# dtypes join it when BY_TORCH is made (the first time a torch dtype is looked up).
+# NumPy's own dtypes, the rows a NumPy dtype can name before ml_dtypes is imported.
+_NATIVE_BY_NUMPY: dict[np.dtype[Any], DTypeRow] = {r.numpy: r for r in _TABLE if not r.carried}
+# Every common spelling of a dtype in one dict, for the hot paths' single lookup; the
+# ml_dtypes types join it when BY_NUMPY is made (the first time an ml_dtypes dtype is
+# looked up), the torch dtypes when BY_TORCH is (the first time a torch dtype is).
 BY_SPEC: dict[Any, DTypeRow] = {
     **BY_NAME,
-    **{r.numpy.type: r for r in _TABLE},
-    **BY_NUMPY,
+    **{r.numpy.type: r for r in _NATIVE_BY_NUMPY.values()},
+    **_NATIVE_BY_NUMPY,
     **{r: r for r in _TABLE},
 }
 
 
-@dataclass(frozen=True, eq=False)
-class PackedRow:
-    """A torch dtype that packs several values into each byte, and NumPy's one-a-byte dtype.
-
-    NumPy (ml_dtypes) keeps one sub-byte value a byte; torch's packed dtypes keep
-    several, as their :class:`~tensorbridge.packing.Layout` says (``float4_e2m1fn_x2``:
-    :data:`~tensorbridge.packing.TORCH_X2`, element ``2i`` in the low nibble of byte
-    ``i``, as torch's ``Float4_e2m1fn_x2.h`` and safetensors' ``F4`` have it).
-    Converting between the two is an explicit pack / unpack (``dtype=`` names the other
-    side), and the last dimension changes by ``per_byte``. Adding a packed type is one
-    row in ``_PACKED_SPEC``.
-
-    >>> row = PACKED[0]
-    >>> row.name, row.per_byte, row.unpack(np.array([0x21], np.uint8)).view(np.uint8)
-    ('float4_e2m1fn_x2', 2, array([1, 2], dtype=uint8))
-    """
-
-    name: str
-    numpy: np.dtype[Any]  # one value a byte
-    layout: packing.Layout
-    safetensors: str | None
-    category: Category
-
-    @cached_property
-    def torch(self) -> TorchDType:
-        """The packed torch dtype (imports torch on first use)."""
-        import torch
-
-        dtype: TorchDType = getattr(torch, self.name)
-        return dtype
-
-    @property
-    def per_byte(self) -> int:
-        return 8 // self.layout.bits
-
-    @property
-    def bits(self) -> int:
-        return self.layout.bits
-
-    def unpack(self, packed: np.ndarray) -> np.ndarray:
-        """Packed bytes (uint8) -> one value a byte; the last axis grows ``per_byte`` times."""
-        count = packed.shape[-1] * self.per_byte if packed.ndim else 0
-        return self.layout.unpack(packed, count).view(self.numpy)
-
-    def pack(self, values: np.ndarray) -> np.ndarray:
-        """One value a byte (last axis a multiple of ``per_byte``) -> packed uint8 bytes."""
-        return self.layout.pack(values)
-
-    def __repr__(self) -> str:
-        return f"PackedRow({self.name})"
-
-
-# (torch name, ml_dtypes name of one value, its packing, safetensors code, category)
-_PACKED_SPEC: tuple[tuple[str, str, packing.Layout, str | None, Category], ...] = (
-    ("float4_e2m1fn_x2", "float4_e2m1fn", packing.TORCH_X2, "F4", "float"),
-)
-
-
-def _build_packed() -> tuple[PackedRow, ...]:
-    rows = []
-    for name, unpacked, layout, code, category in _PACKED_SPEC:
-        ndt = getattr(ml_dtypes, unpacked, None)
-        if ndt is not None:
-            rows.append(PackedRow(name, np.dtype(ndt), layout, code, category))
-    return tuple(rows)
-
-
-# Packed dtypes are not rows of the table above (their two sides differ in size).
-PACKED: tuple[PackedRow, ...] = _build_packed()
-PACKED_BY_NUMPY: dict[np.dtype[Any], PackedRow] = {r.numpy: r for r in PACKED}
-
-if TYPE_CHECKING:  # made on first use by __getattr__ below, which imports torch
+if TYPE_CHECKING:  # made on first use by __getattr__ below (importing torch, ml_dtypes)
     BY_TORCH: dict[torch.dtype, DTypeRow]
     PACKED_BY_TORCH: dict[torch.dtype, PackedRow]
     SHELL_BY_TORCH: dict[torch.dtype, DTypeRow]
+    BY_NUMPY: dict[np.dtype[Any], DTypeRow]
+    PACKED_BY_NUMPY: dict[np.dtype[Any], PackedRow]
 
 _BY_TORCH_NAMES = ("BY_TORCH", "PACKED_BY_TORCH", "SHELL_BY_TORCH")
+_BY_NUMPY_NAMES = ("BY_NUMPY", "PACKED_BY_NUMPY")
+_PACKED_BY_NUMPY: dict[np.dtype[Any], PackedRow] = {}  # filled when BY_NUMPY is made
 
 
 def __getattr__(name: str) -> Any:
-    """``BY_TORCH``, ``PACKED_BY_TORCH`` and ``SHELL_BY_TORCH``, made (importing torch) when
-    first asked for."""
+    """``BY_TORCH``, ``PACKED_BY_TORCH`` and ``SHELL_BY_TORCH`` (importing torch), and
+    ``BY_NUMPY`` and ``PACKED_BY_NUMPY`` (importing ml_dtypes), made when first asked for."""
     if name in _BY_TORCH_NAMES:
         _by_torch()
         return globals()[name]
+    if name in _BY_NUMPY_NAMES:
+        _by_numpy()
+        return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _by_numpy() -> dict[np.dtype[Any], DTypeRow]:
+    """The rows by NumPy dtype (importing ml_dtypes); made once, when the ml_dtypes types
+    and dtypes also join ``BY_SPEC``."""
+    made: dict[np.dtype[Any], DTypeRow] | None = globals().get("BY_NUMPY")
+    if made is None:
+        made = {r.numpy: r for r in _TABLE}
+        _PACKED_BY_NUMPY.update({r.numpy: r for r in PACKED})
+        globals()["PACKED_BY_NUMPY"] = _PACKED_BY_NUMPY
+        BY_SPEC.update({r.numpy.type: r for r in _TABLE if r.carried})
+        BY_SPEC.update({dt: r for dt, r in made.items() if r.carried})
+        globals()["BY_NUMPY"] = made
+    return made
+
+
+def _numpy_rows() -> dict[np.dtype[Any], DTypeRow]:
+    """``BY_NUMPY`` where ml_dtypes is imported, else NumPy's own rows: a dtype in hand
+    is of an ml_dtypes type only once ml_dtypes is imported, so a lookup needs no import
+    (as einops and array-api-compat look at ``sys.modules`` to check a type)."""
+    made: dict[np.dtype[Any], DTypeRow] | None = globals().get("BY_NUMPY")
+    if made is not None:
+        return made
+    return _by_numpy() if "ml_dtypes" in sys.modules else _NATIVE_BY_NUMPY
+
+
+def row_of_numpy(dt: np.dtype[Any]) -> DTypeRow | None:
+    """The row of a NumPy dtype in hand (``BY_NUMPY.get(dt)``), or None; imports ml_dtypes
+    only where it is imported already.
+
+    >>> row_of_numpy(np.dtype(np.float16)), row_of_numpy(np.dtype("V2"))
+    (DTypeRow(float16), None)
+    """
+    return _numpy_rows().get(dt)
+
+
+def packed_of_numpy(dt: np.dtype[Any]) -> PackedRow | None:
+    """The packed row whose one-value-a-byte dtype is ``dt`` (``PACKED_BY_NUMPY.get(dt)``),
+    or None; imports ml_dtypes only where it is imported already (as :func:`row_of_numpy`)."""
+    _numpy_rows()
+    return _PACKED_BY_NUMPY.get(dt)
 
 
 def _by_torch() -> dict[torch.dtype, DTypeRow]:
@@ -372,15 +366,19 @@ def unpacked_target(spec: Any) -> PackedRow | None:
     """The packed row whose one-a-byte NumPy dtype ``spec`` names (``ml_dtypes.float4_e2m1fn``)."""
     if spec is None or isinstance(spec, DTypeRow) or is_torch_dtype(spec):
         return None
+    if isinstance(spec, str):  # NumPy reads the name only once ml_dtypes is imported
+        named = next((r for r in PACKED if r.numpy_name == spec), None)
+        if named is not None:
+            return named
     try:
-        return PACKED_BY_NUMPY.get(np.dtype(spec))
+        return packed_of_numpy(np.dtype(spec))
     except TypeError:
         return None
 
 
 def native_row(dt: np.dtype[Any]) -> DTypeRow | None:
     """The row of a NumPy dtype, byte-swapped ones included (their native counterpart)."""
-    return BY_NUMPY.get(dt) or BY_NUMPY.get(dt.newbyteorder("="))
+    return row_of_numpy(dt) or row_of_numpy(dt.newbyteorder("="))
 
 
 def dtype_table() -> tuple[DTypeRow, ...]:
@@ -427,7 +425,7 @@ def resolve_dtype(spec: DTypeLike) -> DTypeRow:
             f"{spec!r} is not a dtype; pass a torch dtype, a NumPy dtype or a name such as "
             f"'bfloat16' (known names: {', '.join(sorted(r.name for r in _TABLE))})"
         ) from None
-    row = BY_NUMPY.get(ndt)
+    row = row_of_numpy(ndt)
     if row is None:
         raise UnsupportedDtypeError(explain_numpy(ndt))
     return row
@@ -490,7 +488,7 @@ def _explain_numpy_only(row: DTypeRow) -> str:
     widest = BY_NAME["complex128" if row.category == "complex" else "float64"]
     exact = exact_widenings(row) or (widest,)  # every type of the table has some today
     how = f"dtype={_either(exact)} (each holds every {row.name} value exactly)"
-    packed = PACKED_BY_NUMPY.get(row.numpy)
+    packed = packed_of_numpy(row.numpy)
     if packed is not None:
         how = f"dtype=torch.{packed.name} to pack {_COUNT[packed.per_byte]} values a byte, or {how}"
     return f"ml_dtypes {row.name} has no torch dtype; pass {how}"
@@ -498,7 +496,7 @@ def _explain_numpy_only(row: DTypeRow) -> str:
 
 def explain_numpy(ndt: np.dtype[Any]) -> str:
     """Why a NumPy dtype has no torch counterpart, and what to pass instead."""
-    row = BY_NUMPY.get(ndt)
+    row = row_of_numpy(ndt)
     if row is not None and not row.in_torch:
         return _explain_numpy_only(row)
     if ndt.names is not None:
@@ -529,7 +527,7 @@ def explain_numpy(ndt: np.dtype[Any]) -> str:
             f"{ndt} ({ndt.itemsize} bytes) has no torch dtype; pass a.astype({wider}), "
             "which rounds to 53 bits"
         )
-    if ndt.byteorder not in "=|" and ndt.newbyteorder("=") in BY_NUMPY:
+    if ndt.byteorder not in "=|" and row_of_numpy(ndt.newbyteorder("=")):
         return f"{ndt} is byte-swapped; pass a.astype(a.dtype.newbyteorder('='))"
     return f"NumPy dtype {ndt} has no torch dtype"
 

@@ -29,6 +29,7 @@ from ._quantize import quantize_arg, write_quantized
 
 if TYPE_CHECKING:
     from .._tensorfile import TensorFile
+    from ..io import Format
 
 # the library's arguments -> the options of convert that give them (what Destination.check
 # and tb.quantize_checkpoint's refusals name: scheme= is what --quantize gives)
@@ -200,13 +201,23 @@ def save_options(args: argparse.Namespace, fmt: Any, dst: str) -> dict[str, Any]
 
 
 class _Lazy(Mapping[str, Any]):
-    """Names of an open file, values read (mapped) only when asked: keeps convert streaming."""
+    """Names of an open file, values read (mapped) only when asked: keeps convert streaming.
 
-    def __init__(self, f: TensorFile, names: list[str], carried: Mapping[str, Any]) -> None:
-        self._f, self._names, self._carried = f, names, carried
+    A value is what a copy to ``fmt`` takes (``io.copied_value``): a bfloat16 or float8
+    tensor goes to the NumPy formats and safetensors as its stored bytes, without ml_dtypes.
+    """
+
+    def __init__(
+        self, f: TensorFile, names: list[str], carried: Mapping[str, Any], fmt: Format
+    ) -> None:
+        self._f, self._names, self._carried, self._fmt = f, names, carried, fmt
 
     def __getitem__(self, name: str) -> Any:
-        return self._carried[name] if name in self._carried else self._f[name]
+        from .. import io as tbio
+
+        if name in self._carried:
+            return self._carried[name]
+        return tbio.copied_value(self._f, name, self._fmt)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
@@ -434,14 +445,14 @@ def _write(
 
     if not dst.format.many_arrays:
         tbio.save(
-            carried.get(names[0]) or src[names[0]],
+            carried.get(names[0]) or tbio.copied_value(src, names[0], dst.format),
             dst.path,
             float_dtype=float_dtype,
             progress=progress(args),
             overwrite=True,
         )
         return
-    values: Any = _Lazy(src, names, carried)
+    values: Any = _Lazy(src, names, carried, dst.format)
     try:
         tree = (
             tbio.nested_values(src, names, plain=not args.no_metadata)

@@ -55,7 +55,7 @@ import numpy as np
 
 from .._files import Links
 from .._keys import flatten, is_container
-from .._tensorfile import Deferred, TensorFile
+from .._tensorfile import Deferred, StoredBits, TensorFile
 from .._torch_checks import is_module, is_tensor
 from ..dtypes import DeviceLike, DTypeLike
 from ..errors import (
@@ -82,6 +82,7 @@ from .conversion import WRITER_MARKS as WRITER_MARKS
 from .conversion import (
     carried_members,
     carried_metadata,
+    copied_value,
     file_values,
     metadata_homes,
     nested_values,
@@ -118,6 +119,7 @@ __all__ = [
     "Opaque",
     "carried_members",
     "carried_metadata",
+    "copied_value",
     "destination",
     "load",
     "metadata_homes",
@@ -235,7 +237,7 @@ def _tensors(obj: Any, where: str, plain: bool = False) -> dict[str, Any]:
             flat[name] = np.asarray(value)
         elif is_tensor(value):
             _refuse_quantized(value, f"at {name!r}: ")
-        elif not plain and not isinstance(value, (np.ndarray, Deferred, npy.NpyBytes)):
+        elif not plain and not isinstance(value, (np.ndarray, Deferred, StoredBits, npy.NpyBytes)):
             raise UnsupportedTensorError(
                 f"at {name!r}: {type(value).__qualname__} is not a tensor or array; file "
                 "formats store tensors only (put other values in metadata=)"

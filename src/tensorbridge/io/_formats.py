@@ -123,6 +123,8 @@ class Format:
     links: bool = False  # the reader opens other files its file names: it takes follow_links=
     nested: bool = False  # ``save`` keeps a tree's nesting and plain values (else: dotted names)
     npy_members: bool = False  # ``save`` takes ``npy.NpyBytes``: copies a .npy torch cannot hold
+    # ``save`` takes a carried dtype's stored integers (``StoredBits``): copies need no ml_dtypes
+    stored_bits: bool = False
     keeps: str = ""  # what a conversion to it keeps, for ``convert --help``
     order: int = 100  # its place in the table (then registration order): messages, directories
 
@@ -202,6 +204,7 @@ SAFETENSORS = Format(
     sharding=True,
     memory_map=True,
     deferred=True,
+    stored_bits=True,
     save_options=("max_shard_size", "index", "chunk_bytes"),
     quantized=True,
     assembles=True,
@@ -222,6 +225,7 @@ NPY = Format(
     raw_dtype=True,
     magic=b"\x93NUMPY",
     npy_members=True,
+    stored_bits=True,
     save_options=("chunk_bytes",),
     assembles=True,  # a directory of NAME.npy files (``format="npy"``)
     keeps="one array; no metadata",
@@ -239,6 +243,7 @@ NPZ = Format(
     in_directory=("*.npz",),
     directory_rank=1,
     npy_members=True,
+    stored_bits=True,
     save_options=("chunk_bytes",),
     keeps="arrays by dotted name; no metadata; from a NumPy source, members torch cannot "
     "hold (float128, strings) copied unchanged",

@@ -28,11 +28,11 @@ from numpy.lib import format as npformat
 
 from .._versions import NUMPY_MAXDIMS
 from ..dtypes import (
-    BY_NUMPY,
     DTypeRow,
     dtype_table,
     explain_numpy,
     resolve_dtype,
+    row_of_numpy,
 )
 from ..errors import (
     FormatError,
@@ -239,7 +239,7 @@ def _row_of_stored(stored: np.dtype[Any], where: str, raw: DTypeRow | None) -> D
     if row is not None:
         return row
     if stored.names is None and stored.kind != "V":
-        row = BY_NUMPY.get(stored.newbyteorder("="))
+        row = row_of_numpy(stored.newbyteorder("="))
         if row is not None and not row.carried:
             return row  # byte-swapped: read as stored, converted on the way out
     if stored in _RAW:

@@ -22,11 +22,11 @@ import numpy as np
 
 from .._keys import NameRules, no_nul, reserved_name, valid_unicode
 from .._packed import PSEUDO_ROWS
-from .._tensorfile import Deferred, cast_target, check_dense, row_of
+from .._tensorfile import Deferred, StoredBits, cast_target, check_dense, row_of
 from .._torch_checks import is_tensor
 from ..dtypes import (
-    PACKED_BY_NUMPY,
     DTypeRow,
+    packed_of_numpy,
 )
 from ..errors import (
     UnsupportedDtypeError,
@@ -127,12 +127,12 @@ def make_item(name: Any, value: Any, float_dtype: Any) -> Item:
             src = PSEUDO_ROWS[packed]
         else:
             src, shape = row_of(value), tuple(value.shape)
-    elif isinstance(value, Deferred):
+    elif isinstance(value, (Deferred, StoredBits)):
         src, shape = value.row, value.shape
     elif isinstance(value, np.ndarray):
         if isinstance(value, np.ma.MaskedArray):
             raise UnsupportedTensorError("a masked array's mask would be lost; pass a.filled()")
-        one_a_byte = PACKED_BY_NUMPY.get(value.dtype)
+        one_a_byte = packed_of_numpy(value.dtype)
         src = PSEUDO_ROWS[one_a_byte] if one_a_byte in PSEUDO_ROWS else row_of(value)
         shape = value.shape
     else:

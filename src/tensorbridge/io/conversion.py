@@ -58,15 +58,25 @@ def file_values(
                 stacklevel=3,
             )
     if fmt.single_array and not fmt.many_arrays and len(names) == 1:
-        return carried.get(names[0]) or f[names[0]], metadata or None
+        return carried.get(names[0]) or copied_value(f, names[0], fmt), metadata or None
     values: dict[str, Any] = {}
     for name in names:
         if name in carried:
             values[name] = carried[name]
             continue
-        value = f.stream_value(name)
+        bits = f.stored_bits(name) if fmt.stored_bits else None
+        value = bits if bits is not None else f.stream_value(name)
         values[name] = value if fmt.deferred or not isinstance(value, Deferred) else f[name]
     return values, metadata or None
+
+
+def copied_value(f: TensorFile, name: str, fmt: Format) -> Any:
+    """``f[name]`` as a copy to a ``fmt`` file takes it: a carried dtype's stored integers
+    (:class:`~tensorbridge._tensorfile.StoredBits`) where ``fmt`` states ``stored_bits``
+    and ``f`` maps them, so that copying bfloat16 or float8 between such files never
+    imports ml_dtypes; else the array."""
+    bits = f.stored_bits(name) if fmt.stored_bits else None
+    return bits if bits is not None else f[name]
 
 
 # the values of safetensors' "format" mark: the framework that wrote the file

@@ -56,7 +56,7 @@ from .._chunks import DEFAULT_CHUNK, iter_bytes
 from .._filemap import FileReader, check_unchanged, open_reader
 from .._keys import NameRules, case_insensitive, no_nul, not_empty, one_file_name, valid_unicode
 from .._progress import progress_bar
-from .._tensorfile import TensorFile, cast_target, row_of
+from .._tensorfile import StoredBits, TensorFile, cast_target, row_of
 from .._torch_checks import is_tensor
 from ..dtypes import (
     DTypeLike,
@@ -132,6 +132,8 @@ def prepare(x: Any, float_dtype: Any) -> Entry:
         reverse = x.permute(*range(x.ndim)[::-1]) if x.ndim > 1 else x
         fortran = not x.is_contiguous() and reverse.is_contiguous()  # as np.save decides
         data: Any = reverse if fortran else x
+    elif isinstance(x, StoredBits):  # a file's bytes, copied: C order
+        shape, fortran, data = x.shape, False, x
     else:
         a = x if isinstance(x, np.ndarray) else np.asarray(x)
         shape = a.shape

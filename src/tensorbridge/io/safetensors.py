@@ -43,13 +43,13 @@ import numpy as np
 from .._atomic import StagedFiles, destination_errors
 from .._chunks import DEFAULT_CHUNK, iter_bytes
 from .._commit import commit_files
-from .._filemap import array_at
+from .._filemap import array_at, bits_at
 from .._files import Links
 from .._locks import commit_lock
 from .._packed import PACKED_ROWS
 from .._pipeline import STREAM_CHUNK, pipelined
 from .._progress import progress_bar
-from .._tensorfile import Deferred, TensorFile, cast_target
+from .._tensorfile import Deferred, StoredBits, TensorFile, cast_target
 from .._torch_checks import is_tensor
 from ..dtypes import (
     DeviceLike,
@@ -320,6 +320,13 @@ class SafetensorsFile(TensorFile):
             values: np.ndarray = packing.unpack(self._bytes(name, copy_on_write=False))
             return values.reshape(e.shape)
         return array_at(shard.buffer(copy_on_write), e.begin, e.shape, e.row, name=name)
+
+    def stored_bits(self, name: str) -> StoredBits | None:
+        """A carried tensor (not F4) mapped read-only as its carrier's integers."""
+        shard, e = self._lookup(name)
+        if not e.row.carried or e.row in PACKED_ROWS:
+            return None
+        return StoredBits(bits_at(shard.buffer(False), e.begin, e.shape, e.row, name=name), e.row)
 
     def _owned(self, name: str) -> np.ndarray:
         _, e = self._lookup(name)

@@ -36,7 +36,7 @@ import numpy as np
 
 from .._filemap import check_same_version, identity
 from .._files import Links
-from .._tensorfile import TensorFile
+from .._tensorfile import StoredBits, TensorFile
 from ..dtypes import DTypeRow
 from ..errors import FormatError
 from .safetensors_header import read_index, short
@@ -192,6 +192,9 @@ class ShardedFile(TensorFile):
 
     def _array(self, name: str, *, copy_on_write: bool) -> np.ndarray:
         return self._shard(name)._array(name, copy_on_write=copy_on_write)
+
+    def stored_bits(self, name: str) -> StoredBits | None:
+        return self._shard(name).stored_bits(name)
 
     def get(self, name: str, **options: Any) -> Any:
         """``name`` read by its shard's reader, with the options of :meth:`TensorFile.get`."""

@@ -39,7 +39,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import ml_dtypes
 import numpy as np
 
 from ..dtypes import DTypeRow, resolve_dtype
@@ -351,11 +350,13 @@ def as_torch(x: Any) -> torch.Tensor:
     """A CPU tensor of ``x``'s bits: an array's memory viewed through the dtype table's
     bit-cast (``_memory``), zero-copy; read-only memory is copied, as ``to_torch`` would.
 
+    >>> import ml_dtypes
     >>> a = np.array([1.5], dtype=ml_dtypes.bfloat16)
     >>> t = as_torch(a)
     >>> t.dtype, t.data_ptr() == a.ctypes.data
     (torch.bfloat16, True)
     """
+    import ml_dtypes
     import torch
 
     from .._memory import host_tensor

@@ -4,7 +4,10 @@ Every scheme's kernel is built of these: the value tables (fp8's largest magnitu
 e2m1, e8m0), fp4 / fp8 / packed-integer codes as float32, group indices and scales
 (``g_idx``), e8m0 scales, an fp4 encoder for writing, and the part of a torchao
 subclass a scheme can read as it is. They import torch inside the functions (its
-tables are made on first use), so detecting a scheme needs none; :mod:`tensorbridge.quant.base`
+tables are made on first use), so detecting a scheme needs none. The value tables are
+written from the OCP MX spec, not computed by ml_dtypes (``tests/test_quant.py`` holds
+them to its bits), so importing this module, as every GGUF read does, needs no
+ml_dtypes either; only the fp4 encoder imports it. :mod:`tensorbridge.quant.base`
 holds the interface and re-exports these names, which scheme modules import from there.
 
 >>> FP4_VALUES[:4].tolist(), FP8_MAX["float8_e4m3fn"]
@@ -19,7 +22,6 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-import ml_dtypes
 import numpy as np
 
 from ..errors import FormatError, QuantizationError
@@ -31,8 +33,10 @@ if TYPE_CHECKING:
 
 # the largest magnitude of each fp8 code type
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
-# e2m1: code bits s e e m; the OCP MX spec's table (also ml_dtypes.float4_e2m1fn's)
-FP4_VALUES = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+# e2m1: code bits s e e m; the OCP MX spec's table (v1.0, 5.3.3; also ml_dtypes.float4_e2m1fn's)
+FP4_VALUES = np.array(
+    [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32
+)
 # one byte -> its two values, element 2j in the low nibble (TORCH_X2: safetensors F4,
 # torchao, gpt-oss); one 8-byte item a byte: NumPy gathers those faster than 2-D rows
 _FP4_PAIRS_U64 = (
@@ -40,8 +44,12 @@ _FP4_PAIRS_U64 = (
     .view(np.uint64)
     .reshape(256)
 )
-# e8m0 byte -> 2**(byte - 127) in float32 (byte 0: 2**-127, a subnormal; 255: NaN)
-_E8M0_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+# e8m0 byte -> 2**(byte - 127) in float32 (byte 0: 2**-127, a subnormal; 255: NaN, the
+# quiet NaN 0x7fc00000 as ml_dtypes.float8_e8m0fnu widens it)
+_E8M0_BYTES = np.arange(256)
+_E8M0_VALUES = np.where(_E8M0_BYTES == 255, np.nan, np.ldexp(1.0, _E8M0_BYTES - 127)).astype(
+    np.float32
+)
 
 # (their tensors are made on first use: detecting a scheme, for which this module is
 # imported, needs no torch)
@@ -296,6 +304,7 @@ def fp4_encode(x: torch.Tensor, *, packed: bool = False) -> torch.Tensor:
     """float32 -> e2m1 codes one a byte (round to nearest even, saturating at +-6), or
     with ``packed`` two a byte along the last axis, element ``2j`` in the low nibble
     (:data:`~tensorbridge.packing.TORCH_X2`, as every fp4 scheme stores them)."""
+    import ml_dtypes
     import torch
 
     a = x.detach().to(torch.float32).cpu().numpy()

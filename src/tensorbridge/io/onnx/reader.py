@@ -56,7 +56,7 @@ def row_of_type(t: DataType) -> DTypeRow:
     if packed is not None and packed in PSEUDO_ROWS:
         return PSEUDO_ROWS[packed]
     if t.code not in _UNTABLED:
-        _UNTABLED[t.code] = DTypeRow(t.numpy_name, dt, None, _category(t), carried=True)
+        _UNTABLED[t.code] = DTypeRow(t.numpy_name, dt.itemsize, None, _category(t), carried=True)
     return _UNTABLED[t.code]
 
 

@@ -35,7 +35,7 @@ from ..._keys import (
 )
 from ..._tensorfile import row_of
 from ..._torch_checks import is_tensor, is_torch_dtype
-from ...dtypes import PACKED_BY_NUMPY, DTypeLike, DTypeRow
+from ...dtypes import DTypeLike, DTypeRow, packed_of_numpy
 from ...errors import MissingExtraError, UnsupportedDtypeError, UnsupportedTensorError
 
 if TYPE_CHECKING:
@@ -269,7 +269,7 @@ def storable(dtype: Any) -> DTypeRow:
             raise UnsupportedDtypeError(_PACKED_MESSAGE.format(PACKED_BY_TORCH[dtype].name))
     try:
         if not isinstance(dtype, (str, DTypeRow)) and not is_torch_dtype(dtype):
-            packed = PACKED_BY_NUMPY.get(np.dtype(dtype))
+            packed = packed_of_numpy(np.dtype(dtype))
             if packed is not None:
                 raise UnsupportedDtypeError(_PACKED_MESSAGE.format(packed.name))
     except TypeError:
