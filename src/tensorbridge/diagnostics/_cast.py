@@ -1,15 +1,18 @@
 """cast_report(): what casting to a floating-point or complex dtype does to each value.
 
-The cast is the one ``to_numpy(x, dtype=...)`` runs, torch's kernel, applied chunk
-by chunk; the report counts overflow to inf, saturation, flush to zero, NaNs made
-or changed (sign and payload), zeros and signs the target cannot hold (float8_e8m0fnu
-has neither: torch casts 0.0 to 2^-127 and -1.0 to +1.0, where ml_dtypes makes NaN)
-and errors in units of the target's ULP. NumPy's ``astype`` (ml_dtypes' kernels for
-their types) runs on the same values beside it and its disagreements are counted,
-since the two kernels part ways on overflow, zero and sign for the float8 types. The
-``semantics`` line is probed on the installed torch, once per dtype pair (ties,
-overflow, inf, zero and sign, the NaN it makes), not copied from documents: torch
-2.13 began to saturate float8_e4m3fn overflow, where older releases make NaN.
+The cast is the one ``to_numpy(x, dtype=...)`` runs, applied chunk by chunk; the
+report counts overflow to inf, saturation, flush to zero, NaNs made or changed (sign
+and payload), zeros and signs the target cannot hold (float8_e8m0fnu has neither:
+torch casts 0.0 to 2^-127 and -1.0 to +1.0, where ml_dtypes makes NaN) and errors in
+units of the target's ULP. The kernel is torch's where torch has kernels for both
+dtypes, and then NumPy's ``astype`` (ml_dtypes' kernels for their types) runs on the
+same values beside it and its disagreements are counted, since the two kernels part
+ways on overflow, zero and sign for the float8 types. Where torch has no kernels for
+either dtype (int4 and its kin) or lacks it (float6_e2m3fn, float8_e4m3, ...), the
+plans cast with ml_dtypes' ``astype``, and so does the report: from the values as
+stored (``_values.host_chunks``), into the target's own type, its results widened
+exactly to be counted. The ``semantics`` line is probed on the installation, once per
+dtype pair and kernel (:mod:`._semantics`).
 """
 
 from __future__ import annotations
@@ -23,21 +26,27 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._ml_cast import astype
 from ..convert import to_numpy, to_torch
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import InvalidArgumentError, UnsupportedDtypeError
 from ._record import Record
+from ._semantics import kernel_of, semantics
 from ._values import (
     BITS_BY_SIZE,
     Format,
     Scratch,
+    Source,
     bits_of,
     chunks,
     component_row,
     format_of,
+    host_chunks,
+    part_bits,
     real_parts,
     source,
     to_float32,
+    wide_row,
 )
 
 ULP_BINS = ("0", "<=0.5", "<=1", "<=2", ">2")
@@ -46,13 +55,15 @@ _CHUNK = 1 << 20  # values per chunk: its float32 buffers stay in the last-level
 
 @dataclass(frozen=True)
 class CastReport(Record):
-    """What casting to ``target_dtype`` with torch's kernel does to each value.
+    """What casting to ``target_dtype`` with the kernel ``to_numpy`` runs does to each value.
 
     Counts are over real values (a complex element counts twice):
 
     Attributes:
-        kernel / semantics: whose cast this is ("torch", what ``to_numpy(x, dtype=)`` runs)
-            and how it treats ties, overflow, inf and NaN, as probed on this installation.
+        kernel / semantics: whose cast this is, the one ``to_numpy(x, dtype=)`` runs
+            ("torch"; "ml_dtypes" where torch has no kernels for a dtype or lacks it) and
+            how it treats ties, overflow, inf, zero, sign and NaN, as probed on this
+            installation (a NaN cast to float6 or float4, which have none, becomes -0).
         exact / inexact: finite values kept exactly / changed.
         overflow_inf: finite values that became ±inf.
         saturated: values beyond the target's range (or ±inf) clamped to ±max finite.
@@ -70,8 +81,10 @@ class CastReport(Record):
             (correct rounding gives at most 0.5; saturation lands in ">2").
         ml_dtypes_nan: non-NaN values that NumPy's ``astype`` (ml_dtypes' kernel for its
             types) would turn into NaN instead — e.g. float8_e4m3fn overflow, or a zero or
-            negative value cast to float8_e8m0fnu.
-        astype_differs: values whose bits ``astype`` would make differently.
+            negative value cast to float8_e8m0fnu (with the "ml_dtypes" kernel: the
+            values that became NaN).
+        astype_differs: values whose bits ``astype`` would make differently (0 with the
+            "ml_dtypes" kernel, which is ``astype``).
         imag_discarded: nonzero imaginary parts dropped by a complex-to-real cast.
         safe: nothing overflowed, saturated, flushed, lost its zero or sign, or became or
             changed a NaN. It says nothing of rounding: a cast to float8 that is "safe"
@@ -108,7 +121,7 @@ class CastReport(Record):
 
 
 def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastReport:
-    """What casting ``x`` to ``dtype`` would do, with torch's kernel (``to_numpy(x, dtype=)``).
+    """What casting ``x`` to ``dtype`` would do, with the kernel ``to_numpy(x, dtype=)`` runs.
 
     >>> import torch, tensorbridge as tb
     >>> r = tb.cast_report(torch.tensor([0.5, 1e6, -1.0]), "float8_e5m2")
@@ -117,6 +130,9 @@ def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastR
     >>> r = tb.cast_report(torch.tensor([0.3, 1.0]), "float8_e4m3fn", rtol=0.01)
     >>> r.safe, round(r.max_rel_err, 4), r.ok  # 0.3 became 0.3125: over rtol
     (True, 0.0417, False)
+    >>> r = tb.cast_report(torch.tensor([0.3, 9.0]), "float6_e2m3fn")  # torch has none
+    >>> r.kernel, r.saturated, r.exact  # ml_dtypes' astype: 9.0 became 7.5
+    ('ml_dtypes', 1, 0)
 
     Args:
         x: a tensor, array or number.
@@ -140,67 +156,49 @@ def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastR
             f"cast_report reports on casts to floating-point or complex dtypes, not {dst.name} "
             "(a cast to integers truncates); pass e.g. dtype='float32'"
         )
-    fmt = format_of(component_row(dst))
-    sfmt = format_of(component_row(src.row)) if src.row.category in ("float", "complex") else None
-    c = dict.fromkeys(
-        (
-            "numel",
-            "exact",
-            "inexact",
-            "overflow_inf",
-            "saturated",
-            "nan_created",
-            "flushed",
-            "subnormal",
-            "nan_changed",
-            "zero_replaced",
-            "sign_dropped",
-            "ml_nan",
-            "differs",
-            "imag",
-            "rel_n",
-        ),
-        0,
-    )
-    hist = dict.fromkeys(ULP_BINS, 0)
-    max_abs = max_rel = rel_sum = 0.0
-    seen_finite = seen_rel = False
-    astype_ok = True
-    quick_plan = _quick_plan(src.row, dst)
-    scratch = Scratch()
-    for chunk in chunks(src, _CHUNK):
-        c["numel"] += chunk.numel()
-        if chunk.is_complex() and not dst.torch.is_complex:
-            c["imag"] += int(torch.count_nonzero(chunk.imag != 0))
-            chunk_in = chunk.real
-        else:
-            chunk_in = chunk
-        res = scratch.get("res", dst.torch, chunk_in.numel()).copy_(chunk_in)
-        quick = (
-            _quick_chunk(chunk_in, res, fmt, scratch, quick_plan)
-            if quick_plan is not None
-            else None
-        )
-        if quick is not None:
-            n = chunk_in.numel()
-            c["exact"] += quick.exact
-            c["inexact"] += n - quick.exact
-            c["flushed"] += quick.flushed
-            c["subnormal"] += quick.subnormal
-            seen_finite = True
-            max_abs = max(max_abs, quick.max_abs)
-            if quick.nonzero:
-                seen_rel = True
-                max_rel, rel_sum = max(max_rel, quick.max_rel), rel_sum + quick.rel_sum
-                c["rel_n"] += quick.nonzero
-            hist["0"] += quick.exact  # at most half a ULP off: every inexact value there
-            hist["<=0.5"] += n - quick.exact
-            if astype_ok and not quick_plan:  # the kernels may part ways on these values
-                s_nan = torch.zeros(n, dtype=torch.bool)
-                astype_ok = _astype_check(chunk_in, res, s_nan, dst, c)
-            continue
-        s, r = _cast_parts(chunk_in, res)
-        sv, rv = s.to(torch.float64), r.to(torch.float64)
+    counts = _Counts(src.row, dst)
+    kernel = kernel_of(src.row, dst)
+    if kernel == "torch":
+        _count_torch(src, dst, counts)
+    else:
+        _count_ml_dtypes(src, dst, counts)
+    return counts.report(kernel, rtol)
+
+
+class _Counts:
+    """What :func:`cast_report` counts, chunk by chunk, for either kernel."""
+
+    def __init__(self, src: DTypeRow, dst: DTypeRow) -> None:
+        self.src, self.dst = src, dst
+        self.fmt = format_of(component_row(dst))
+        is_float = src.category in ("float", "complex")
+        self.sfmt = format_of(component_row(src)) if is_float else None
+        self.c = dict.fromkeys(_COUNTS, 0)
+        self.hist = dict.fromkeys(ULP_BINS, 0)
+        self.max_abs = self.max_rel = self.rel_sum = 0.0
+        self.seen_finite = self.seen_rel = False
+        self.astype_ok = True  # False once NumPy's astype could not be compared
+
+    def add_quick(self, q: _Quick, n: int) -> None:
+        """A chunk :func:`_quick_chunk` counted (finite, in range, rounded to nearest)."""
+        c = self.c
+        c["exact"] += q.exact
+        c["inexact"] += n - q.exact
+        c["flushed"] += q.flushed
+        c["subnormal"] += q.subnormal
+        self.seen_finite = True
+        self.max_abs = max(self.max_abs, q.max_abs)
+        if q.nonzero:
+            self.seen_rel = True
+            self.max_rel, self.rel_sum = max(self.max_rel, q.max_rel), self.rel_sum + q.rel_sum
+            c["rel_n"] += q.nonzero
+        self.hist["0"] += q.exact  # at most half a ULP off: every inexact value there
+        self.hist["<=0.5"] += n - q.exact
+
+    def add(self, sv: torch.Tensor, rv: torch.Tensor, nan_bits: _Bits) -> torch.Tensor:
+        """Source and result values (float64, side by side) of one chunk; ``nan_bits``
+        gives both sides' stored bits where the source is NaN. Returns the NaN mask."""
+        c, fmt = self.c, self.fmt
         s_nan, s_fin, r_fin, r_nan = sv.isnan(), sv.isfinite(), rv.isfinite(), rv.isnan()
         same_value = s_fin & (rv == sv)
         c["exact"] += int(torch.count_nonzero(same_value))
@@ -215,57 +213,136 @@ def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastR
         c["subnormal"] += int(
             torch.count_nonzero(r_fin & (rv != 0) & (rv.abs() < fmt.smallest_normal))
         )
-        if sfmt is not None and bool(s_nan.any()):
-            c["nan_changed"] += _nan_changes(s[s_nan], r[s_nan], r_nan[s_nan], sfmt, fmt)
+        if self.sfmt is not None and bool(s_nan.any()):
+            sb, rb = nan_bits(s_nan)
+            c["nan_changed"] += _nan_changes(sb, rb, r_nan[s_nan], self.sfmt, fmt)
         both = s_fin & r_fin
         if bool(both.any()):
-            seen_finite = True
-            every = bool(both.all())  # the usual case: no boolean-index copies
-            err = (rv - sv).abs_() if every else (rv[both] - sv[both]).abs()
-            ref = sv.abs() if every else sv[both].abs()
-            max_abs = max(max_abs, float(err.max()))
-            nz = ref > 0
-            if bool(nz.any()):
-                seen_rel = True
-                rel = err / ref if bool(nz.all()) else err[nz] / ref[nz]
-                max_rel = max(max_rel, float(rel.max()))
-                rel_sum += float(rel.sum())
-                c["rel_n"] += int(torch.count_nonzero(nz))
-            u = err / _target_ulp(ref, fmt)
-            for name, n in zip(ULP_BINS, _histogram(u), strict=True):
-                hist[name] += n
-        if astype_ok:
-            astype_ok = _astype_check(chunk_in, res, s_nan, dst, c)
-    unsafe = ("overflow_inf", "saturated", "nan_created", "flushed", "nan_changed", "imag")
-    safe = not any(c[k] for k in (*unsafe, "zero_replaced", "sign_dropped"))
-    within = rtol is None or not seen_rel or max_rel <= rtol
-    return CastReport(
-        source_dtype=src.row.name,
-        target_dtype=dst.name,
-        kernel="torch",
-        semantics=_semantics(src.row, dst),
-        numel=c["numel"],
-        exact=c["exact"],
-        inexact=c["inexact"],
-        overflow_inf=c["overflow_inf"],
-        saturated=c["saturated"],
-        nan_created=c["nan_created"],
-        flushed_to_zero=c["flushed"],
-        subnormal=c["subnormal"],
-        nan_changed=c["nan_changed"],
-        zero_replaced=c["zero_replaced"],
-        sign_dropped=c["sign_dropped"],
-        max_abs_err=max_abs if seen_finite else None,
-        max_rel_err=max_rel if seen_rel else None,
-        mean_rel_err=rel_sum / c["rel_n"] if seen_rel else None,
-        ulp_histogram=hist,
-        ml_dtypes_nan=c["ml_nan"] if astype_ok else None,
-        astype_differs=c["differs"] if astype_ok else None,
-        imag_discarded=c["imag"],
-        safe=safe,
-        rtol=None if rtol is None else float(rtol),
-        ok=safe and within,
-    )
+            self._errors(sv, rv, both)
+        return s_nan
+
+    def _errors(self, sv: torch.Tensor, rv: torch.Tensor, both: torch.Tensor) -> None:
+        """Absolute, relative and ULP errors where source and result are finite."""
+        self.seen_finite = True
+        every = bool(both.all())  # the usual case: no boolean-index copies
+        err = (rv - sv).abs_() if every else (rv[both] - sv[both]).abs()
+        ref = sv.abs() if every else sv[both].abs()
+        self.max_abs = max(self.max_abs, float(err.max()))
+        nz = ref > 0
+        if bool(nz.any()):
+            self.seen_rel = True
+            rel = err / ref if bool(nz.all()) else err[nz] / ref[nz]
+            self.max_rel = max(self.max_rel, float(rel.max()))
+            self.rel_sum += float(rel.sum())
+            self.c["rel_n"] += int(torch.count_nonzero(nz))
+        u = err / _target_ulp(ref, self.fmt)
+        for name, n in zip(ULP_BINS, _histogram(u), strict=True):
+            self.hist[name] += n
+
+    def report(self, kernel: str, rtol: float | None) -> CastReport:
+        c = self.c
+        unsafe = ("overflow_inf", "saturated", "nan_created", "flushed", "nan_changed", "imag")
+        safe = not any(c[k] for k in (*unsafe, "zero_replaced", "sign_dropped"))
+        within = rtol is None or not self.seen_rel or self.max_rel <= rtol
+        ml_nan, differs = c["ml_nan"], c["differs"]
+        if kernel != "torch":  # ml_dtypes' own kernel: what NumPy's astype does was counted
+            ml_nan, differs = c["nan_created"], 0
+        return CastReport(
+            source_dtype=self.src.name,
+            target_dtype=self.dst.name,
+            kernel=kernel,
+            semantics=semantics(self.src, self.dst, kernel),
+            numel=c["numel"],
+            exact=c["exact"],
+            inexact=c["inexact"],
+            overflow_inf=c["overflow_inf"],
+            saturated=c["saturated"],
+            nan_created=c["nan_created"],
+            flushed_to_zero=c["flushed"],
+            subnormal=c["subnormal"],
+            nan_changed=c["nan_changed"],
+            zero_replaced=c["zero_replaced"],
+            sign_dropped=c["sign_dropped"],
+            max_abs_err=self.max_abs if self.seen_finite else None,
+            max_rel_err=self.max_rel if self.seen_rel else None,
+            mean_rel_err=self.rel_sum / c["rel_n"] if self.seen_rel else None,
+            ulp_histogram=self.hist,
+            ml_dtypes_nan=ml_nan if self.astype_ok else None,
+            astype_differs=differs if self.astype_ok else None,
+            imag_discarded=c["imag"],
+            safe=safe,
+            rtol=None if rtol is None else float(rtol),
+            ok=safe and within,
+        )
+
+
+_COUNTS = (
+    "numel", "exact", "inexact", "overflow_inf", "saturated", "nan_created", "flushed",
+    "subnormal", "nan_changed", "zero_replaced", "sign_dropped", "ml_nan", "differs", "imag",
+    "rel_n",
+)  # fmt: skip
+# the stored bits of source and result where a mask (the source's NaNs) is set, as int64
+_Bits = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _count_torch(src: Source, dst: DTypeRow, counts: _Counts) -> None:
+    """torch's kernel, a chunk at a time: the quick path where it applies, else every count,
+    with NumPy's ``astype`` run beside it and its disagreements counted."""
+    quick_plan = _quick_plan(src.row, dst)
+    scratch = Scratch()
+    for chunk in chunks(src, _CHUNK):
+        counts.c["numel"] += chunk.numel()
+        if chunk.is_complex() and not dst.torch.is_complex:
+            counts.c["imag"] += int(torch.count_nonzero(chunk.imag != 0))
+            chunk_in = chunk.real
+        else:
+            chunk_in = chunk
+        res = scratch.get("res", dst.torch, chunk_in.numel()).copy_(chunk_in)
+        quick = (
+            _quick_chunk(chunk_in, res, counts.fmt, scratch, quick_plan)
+            if quick_plan is not None
+            else None
+        )
+        if quick is not None:
+            n = chunk_in.numel()
+            counts.add_quick(quick, n)
+            if counts.astype_ok and not quick_plan:  # the kernels may part ways on these values
+                s_nan = torch.zeros(n, dtype=torch.bool)
+                counts.astype_ok = _astype_check(chunk_in, res, s_nan, dst, counts.c)
+            continue
+        s, r = _cast_parts(chunk_in, res)
+
+        def nan_bits(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return bits_of(s[mask]), bits_of(r[mask])  # noqa: B023  (called at once)
+
+        s_nan = counts.add(s.to(torch.float64), r.to(torch.float64), nan_bits)
+        if counts.astype_ok:
+            counts.astype_ok = _astype_check(chunk_in, res, s_nan, dst, counts.c)
+
+
+def _count_ml_dtypes(src: Source, dst: DTypeRow, counts: _Counts) -> None:
+    """ml_dtypes' ``astype``, a chunk at a time, from the values as stored (a row torch has
+    no kernels for, or a target torch lacks): what ``to_numpy(x, dtype=dst)`` runs."""
+    comp = component_row(src.row).numpy
+    drop_imag = src.row.category == "complex" and dst.category != "complex"
+    to_complex = dst.category == "complex" and src.row.category != "complex"
+    wide = wide_row(dst).numpy
+    for raw, values in host_chunks(src, _CHUNK):
+        counts.c["numel"] += values.numel()
+        if drop_imag:
+            counts.c["imag"] += int(torch.count_nonzero(values.imag != 0))
+            raw, values = raw.view(comp).reshape(-1, 2)[:, 0], values.real
+        res = astype(raw, dst.numpy)
+        made = to_torch(res) if dst.kernels else torch.from_numpy(astype(res, wide))
+        s, r = _cast_parts(values, made)
+
+        def nan_bits(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            rb = part_bits(res)  # noqa: B023  (called at once)
+            rb = rb[::2] if to_complex else rb  # a real source faces the real parts
+            sb = torch.from_numpy(part_bits(raw))  # noqa: B023
+            return sb[mask], torch.from_numpy(rb)[mask]
+
+        counts.add(s.to(torch.float64), r.to(torch.float64), nan_bits)
 
 
 def _quick_plan(src: DTypeRow, dst: DTypeRow) -> bool | None:
@@ -464,10 +541,10 @@ def _histogram(u: torch.Tensor) -> list[int]:
 
 
 def _nan_changes(
-    s: torch.Tensor, r: torch.Tensor, r_nan: torch.Tensor, sf: Format, rf: Format
+    sb: torch.Tensor, rb: torch.Tensor, r_nan: torch.Tensor, sf: Format, rf: Format
 ) -> int:
-    """NaNs whose result is not a NaN of the same sign and the same (aligned) payload."""
-    sb, rb = bits_of(s), bits_of(r)
+    """NaNs whose result is not a NaN of the same sign and the same (aligned) payload, from
+    the stored bits (int64) of the NaN sources and of their results."""
     s_sign = (sb >> (sf.width - 1)) & 1 if sf.signed else torch.zeros_like(sb)
     r_sign = (rb >> (rf.width - 1)) & 1 if rf.signed else torch.zeros_like(rb)
     sp, rp = sb & ((1 << sf.nmant) - 1), rb & ((1 << rf.nmant) - 1)
@@ -493,85 +570,3 @@ def _astype_check(
     theirs = ref_t.reshape(-1).view(torch.uint8).reshape(-1, w)
     c["differs"] += int(torch.count_nonzero((ours != theirs).any(dim=1)))
     return True
-
-
-@cache
-def _semantics(src: DTypeRow, dst: DTypeRow) -> str:
-    """How torch's kernel casts src -> dst (ties, overflow, inf, NaN), probed on this install."""
-    dcomp = component_row(dst)
-    df = format_of(dcomp)
-    parts = [f"torch's CPU cast {src.name} -> {dst.name}, as tb.to_numpy(x, dtype=...) runs it"]
-    if src.category not in ("float", "complex"):
-        top = 1 if src.category == "bool" else int(np.iinfo(src.numpy).max)
-        big = min(top, int(df.max) * 4)
-        parts.append("integers round to the nearest representable value")
-        if big > df.max:
-            got = torch.tensor([big], dtype=src.torch).to(dcomp.torch)
-            parts.append(f"overflow {_outcome(got, df)}")
-        parts += _zero_and_sign(lambda v: torch.tensor(v).to(src.torch).to(dcomp.torch), src, df)
-        return "; ".join(parts)
-    probe = component_row(src)
-    pf = format_of(probe)
-    if src.category == "complex" and dst.category != "complex":
-        parts.append("the imaginary part is dropped")
-
-    def cast(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float64).to(probe.torch).to(dcomp.torch)
-
-    if pf.nmant > df.nmant:
-        parts.append(_tie_rule(cast, dcomp))
-    elif pf.max <= df.max and pf.smallest_subnormal >= df.smallest_subnormal:
-        parts.append("widening: every value is kept exactly")
-    if pf.max > df.max:
-        parts.append(f"overflow {_outcome(cast([min(pf.max, df.max * 4)]), df)}")
-        if _has_inf(probe):
-            parts.append(f"±inf {_outcome(cast([math.inf]), df)}")
-    parts += _zero_and_sign(cast, src, df)
-    parts.append(f"NaN -> {_hex(cast([math.nan]), df)}")
-    return "; ".join(parts)
-
-
-def _zero_and_sign(
-    cast: Callable[[list[float]], torch.Tensor], src: DTypeRow, df: Format
-) -> list[str]:
-    """What becomes of 0 and -1 in a target that has no zero or no sign (float8_e8m0fnu)."""
-    parts = []
-    zero = cast([0.0])
-    if float(zero.to(torch.float64)[0]) != 0:
-        parts.append(f"0 {_outcome(zero, df)} ({_hex(zero, df)})")
-    if not df.signed and src.category not in ("bool", "uint"):
-        parts.append(f"-1 {_outcome(cast([-1.0]), df)}")
-    return parts
-
-
-def _hex(t: torch.Tensor, fmt: Format) -> str:
-    return f"{int(bits_of(t)[0]):#0{fmt.width // 4 + 2}x}"
-
-
-def _tie_rule(cast: Callable[[list[float]], torch.Tensor], row: DTypeRow) -> str:
-    """Cast the two midpoints above 1.0 and see which neighbour each one went to."""
-    one = int(bits_of(torch.ones(1, dtype=row.torch))[0])
-    ladder = torch.tensor([one, one + 1, one + 2]).to(BITS_BY_SIZE[row.itemsize])
-    v = ladder.view(row.torch).to(torch.float64).tolist()
-    got = bits_of(cast([(v[0] + v[1]) / 2, (v[1] + v[2]) / 2])).tolist()
-    if got == [lo + lo % 2 for lo in (one, one + 1)]:
-        return "rounds to nearest, ties to even"
-    if got == [one + 1, one + 2]:
-        return "rounds to nearest, ties away from zero"
-    return "rounds to nearest"
-
-
-def _has_inf(row: DTypeRow) -> bool:
-    inf = torch.tensor([math.inf], dtype=torch.float64).to(row.torch).to(torch.float64)
-    return bool(inf.isinf().all())
-
-
-def _outcome(t: torch.Tensor, fmt: Format) -> str:
-    v = float(t.to(torch.float64)[0])
-    if math.isinf(v):
-        return "-> ±inf"
-    if math.isnan(v):
-        return "-> NaN"
-    if abs(v) == fmt.max:
-        return f"-> ±{fmt.max:g} (saturates)"
-    return f"-> {v:g}"
