@@ -36,14 +36,10 @@ NEW_ROWS = SUBBYTE | {r.name for r in NUMPY_ONLY_ROWS}  # every row issue 29 add
 PENDING: dict[str, frozenset[str]] = {
     ".pt": SUBBYTE,  # torch.save: "dtype torch.int4 is not recognized"
     "Zarr": NEW_ROWS,  # no Zarr data type for int1 ... (zarr_dtypes.py, tensorstore names)
-    "tb.stats": SUBBYTE,  # reduces with torch's kernels, which int4 lacks
 }
 # (test module, test function) -> the format or diagnostic its row parameter goes through
 PENDING_TESTS: dict[tuple[str, str], str] = {
     ("test_io_pt", "test_round_trip_every_dtype"): ".pt",
-    ("test_diagnostics", "test_every_row_compares_equal_to_itself_and_casts_safely_to_itself"): (
-        "tb.stats"
-    ),
 }
 
 

@@ -693,6 +693,114 @@ def test_cast_report_e8m0_zero_and_sign_columns(
     assert "0 -> 5.87747e-39 (0x00); -1 -> 1" in out and out.endswith("lossy in float8_e8m0fnu\n")
 
 
+NUMPY_ONLY_FLOATS = [r.name for r in dtype_table() if not r.in_torch and r.category == "float"]
+
+
+@pytest.mark.parametrize("dtype", NUMPY_ONLY_FLOATS)
+def test_cast_report_into_a_type_torch_lacks(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, dtype: str
+) -> None:
+    path = tmp_path / "w.npz"
+    w = np.array([0.5, 1.0, 3e5, -2.0, np.nan], np.float32)
+    tbio.save({"w": w}, path)
+    want = diagnostics.cast_report(w, dtype)  # ml_dtypes' astype, as to_numpy runs it
+
+    rc, out, err = run(capsys, "cast-report", path, "--dtype", dtype)
+
+    assert (rc, err) == (1, "")  # 3e5 is beyond every one of these types
+    lines = out.splitlines()
+    assert lines[0].split() == CAST_HEADER
+    counts = ["overflow_inf", "saturated", "nan_created", "flushed_to_zero", "subnormal"]
+    counts.append("nan_changed")
+    assert table(out)["w"][2:8] == [str(getattr(want, c)) for c in counts]
+    assert lines[3] == f"kernel: ml_dtypes ({want.semantics})"
+    assert lines[3].startswith(f"kernel: ml_dtypes (ml_dtypes' astype float32 -> {dtype} (torch")
+    assert lines[-1] == f"verdict: lossy in {dtype}"
+
+    rc, out, _ = run(capsys, "cast-report", path, "--dtype", dtype, "--json")
+    report = json.loads(out)["tensors"]["w"]
+    assert rc == 1 and report["kernel"] == "ml_dtypes" and report["exact"] == want.exact
+
+
+def test_new_rows_in_a_file_inspect_compare_and_cast_report(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import ml_dtypes
+
+    if not hasattr(ml_dtypes, "bcomplex32"):
+        pytest.skip(reason="this ml_dtypes has no bcomplex32 (0.7 has)")
+    ref, low = tmp_path / "ref.npz", tmp_path / "low.npz"
+    w = np.array([0.25, 1.0, -3.0, 9.0], np.float32)
+    q = np.array([0x07, 0x08, 0x18, 0x0F], np.uint8).view(ml_dtypes.int4)  # 7, -8, -8, -1
+    c = np.array([1 + 2j, -0.5j], np.complex64)
+    tbio.save({"w": w, "q": q, "c": c}, ref)
+    tbio.save({"w": w.astype(ml_dtypes.float6_e2m3fn), "q": q, "c": c.astype("bcomplex32")}, low)
+
+    rc, out, err = run(capsys, "inspect", low, "--stats")
+    assert (rc, err) == (0, "")
+    rows = table(out)  # name, dtype, shape, size ("4 B"), min, max, mean, std, nan, inf
+    assert rows["w"][1:2] + rows["w"][5:] == [
+        "float6_e2m3fn",
+        "-3",
+        "7.5",
+        "1.438",
+        "3.809",
+        "0",
+        "0",
+    ]
+    assert rows["q"][1:2] + rows["q"][5:7] == ["int4", "-8", "7"]  # the low 4 bits of each byte
+    assert rows["c"][1:2] + rows["c"][5:7] == ["bcomplex32", "-0.5", "2"]
+    rc, out, _ = run(capsys, "inspect", low, "--stats", "--json")
+    stats = {t["name"]: t["stats"] for t in json.loads(out)[0]["tensors"]}
+    assert (stats["w"]["subnormals"], stats["q"]["subnormals"], stats["c"]["subnormals"]) == (
+        1,  # 0.25 is below float6_e2m3fn's smallest normal, 1.0
+        None,
+        0,
+    )
+
+    rc, out, err = run(capsys, "compare", ref, low)
+    assert (rc, err) == (1, "")  # 9.0 became 7.5: 3 ULPs of float6_e2m3fn past its largest
+    rows = table(out)  # tensor, dtype, max abs, max rel, max ulp, ulps of, mismatches, verdict
+    want = ["float32/float6_e2m3fn", "1.5", "0.1667", "3", "float6_e2m3fn", "1", "DIFF"]
+    assert rows["w"][1:] == want
+    assert rows["q"][1:] == ["int4", "0", "0", "0", "integers", "(exact)", "0", "ok"]
+    assert rows["c"][1:] == ["complex64/bcomplex32", "0", "0", "0", "bfloat16", "0", "ok"]
+    assert run(capsys, "compare", low, low)[0] == 0
+
+    rc, out, err = run(capsys, "cast-report", low, "--dtype", "f32")
+    assert (rc, err) == (1, "") and "q" not in table(out)  # float tensors only
+    assert table(out)["w"][-1] == "safe" and table(out)["c"][-1] == "LOSSY"  # -0.5j dropped
+    kernels = [line for line in out.splitlines() if line.startswith("kernel:")]
+    assert kernels == [
+        "kernel: ml_dtypes (ml_dtypes' astype float6_e2m3fn -> float32 (torch has no "
+        "float6_e2m3fn), as tb.to_numpy(x, dtype=...) runs it; widening: every value is kept "
+        "exactly)",
+        "kernel: ml_dtypes (ml_dtypes' astype bcomplex32 -> float32 (torch has no bcomplex32), "
+        "as tb.to_numpy(x, dtype=...) runs it; the imaginary part is dropped; widening: every "
+        "value is kept exactly; NaN -> 0x7fc00000)",
+    ]
+
+    rc, _, err = run(capsys, "cast-report", low, "--dtype", "int4")
+    assert rc == 2 and "float6_e2m3fn" in one_error_line(err, "cast-report")
+
+
+def test_cast_report_scheme_of_a_weight_torch_has_no_dtype_for(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # a float8_e4m3 weight is widened exactly (ml_dtypes) before it is quantized
+    path = tmp_path / "w.npz"
+    w = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
+    e4m3 = resolve_dtype("float8_e4m3").numpy
+    tbio.save({"a.weight": w.astype(e4m3), "b.weight": w.astype(e4m3).astype(np.float32)}, path)
+
+    rc, out, err = run(capsys, "cast-report", path, "--scheme", "mxfp4", "--json")
+
+    report = json.loads(out)
+    assert (rc, err) == (0, "")
+    a, b = report["weights"]["a.weight"], report["weights"]["b.weight"]
+    assert a["max_rel_err"] == b["max_rel_err"] and a["stats"] == b["stats"]  # the same values
+
+
 def test_cast_report_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "c.safetensors"
     rng = np.random.default_rng(0)

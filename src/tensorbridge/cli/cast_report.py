@@ -142,8 +142,8 @@ def _print_table(
     ]
     headers = ["tensor", "from", *(h for h, _ in counts), "max rel", "mean rel", "verdict"]
     table(rows, headers, out)
-    first = next(iter(reports.values()))
-    out.write(f"kernel: {first.kernel} ({first.semantics})\n")
+    for kernel, semantics in dict.fromkeys((r.kernel, r.semantics) for r in reports.values()):
+        out.write(f"kernel: {kernel} ({semantics})\n")
     out.write(f"{_meaning(args.rtol)}\n")
     if plotted is not None:
         out.write(f"plot: {plotted['summary']}\n")

@@ -8,14 +8,20 @@
   reports their reason.
 * :func:`compare` measures two tensors, arrays or trees of them (matched by key
   path). ULP distances are counted in the coarser dtype: each value's magnitude is
-  cast to it with torch's kernel and its bits read as a position on an ordered
-  integer line (sign-magnitude to signed order, so -0 and +0 coincide); beyond the
-  largest finite value the line continues with the top binade's spacing. This is
-  exact for bfloat16 and float8, where NumPy's ``assert_array_max_ulp`` fails.
+  cast to it (torch's kernel; ml_dtypes' for a type torch lacks) and its bits read as
+  a position on an ordered integer line (sign-magnitude to signed order, so -0 and +0
+  coincide); beyond the largest finite value the line continues with the top binade's
+  spacing. This is exact for bfloat16, float8, float6 and float4, where NumPy's
+  ``assert_array_max_ulp`` fails.
 * :func:`cast_report` runs the cast a ``to_numpy(x, dtype=...)`` would run (torch's
-  kernel) and counts what happened: overflow, saturation, flush to zero, NaN sign
-  and payload changes, errors in units of the target's ULP.
+  kernel, or ml_dtypes' ``astype`` where torch has no kernels for a dtype or lacks it)
+  and counts what happened: overflow, saturation, flush to zero, NaN sign and payload
+  changes, errors in units of the target's ULP.
 * :func:`stats` summarises values in float64, so a bfloat16 sum does not stall.
+
+A row torch has no kernels for (the sub-byte integers, the ml_dtypes types torch lacks:
+int4, float6_e2m3fn, bcomplex32, ...) is read through ml_dtypes: the values ml_dtypes
+reads from each byte, widened exactly a chunk at a time.
 * :func:`quant_report` says what a quantization scheme does to weights, block by
   block: errors against the unquantized weights, saturated blocks, e8m0 scales at
   their limits, NaN / inf produced (``compare`` / ``cast-report --scheme``).

@@ -1,47 +1,52 @@
 """cast_report(): what casting to a floating-point or complex dtype does to each value.
 
-The cast is the one ``to_numpy(x, dtype=...)`` runs, torch's kernel, applied chunk
-by chunk; the report counts overflow to inf, saturation, flush to zero, NaNs made
-or changed (sign and payload), zeros and signs the target cannot hold (float8_e8m0fnu
-has neither: torch casts 0.0 to 2^-127 and -1.0 to +1.0, where ml_dtypes makes NaN)
-and errors in units of the target's ULP. NumPy's ``astype`` (ml_dtypes' kernels for
-their types) runs on the same values beside it and its disagreements are counted,
-since the two kernels part ways on overflow, zero and sign for the float8 types. The
-``semantics`` line is probed on the installed torch, once per dtype pair (ties,
-overflow, inf, zero and sign, the NaN it makes: :mod:`._cast_semantics`), not copied
-from documents: torch 2.13 began to saturate float8_e4m3fn overflow, where older
-releases make NaN. Chunks whose values are all finite, in range and rounded to nearest
-take a quick path of about ten passes (:func:`_quick_chunk`); the others are counted
-value by value (:meth:`_Tally.add_chunk`).
+The cast is the one ``to_numpy(x, dtype=...)`` runs, applied chunk by chunk; the
+report counts overflow to inf, saturation, flush to zero, NaNs made or changed (sign
+and payload), zeros and signs the target cannot hold (float8_e8m0fnu has neither:
+torch casts 0.0 to 2^-127 and -1.0 to +1.0, where ml_dtypes makes NaN) and errors in
+units of the target's ULP. The kernel is torch's where torch has kernels for both
+dtypes, and then NumPy's ``astype`` (ml_dtypes' kernels for their types) runs on the
+same values beside it and its disagreements are counted, since the two kernels part
+ways on overflow, zero and sign for the float8 types. Where torch has no kernels for
+either dtype (int4 and its kin) or lacks it (float6_e2m3fn, float8_e4m3, ...), the
+plans cast with ml_dtypes' ``astype``, and so does the report: from the values as
+stored (``_values.host_chunks``), into the target's own type, its results widened
+exactly to be counted. The ``semantics`` line is probed on the installation, once per
+dtype pair and kernel (:mod:`._semantics`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import numpy as np
 import torch
 
+from .._ml_cast import astype
 from ..convert import to_numpy, to_torch
 from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ..errors import InvalidArgumentError, UnsupportedDtypeError
-from ._cast_semantics import semantics
 from ._record import Record
+from ._semantics import kernel_of, semantics
 from ._values import (
     BITS_BY_SIZE,
     Format,
     Scratch,
+    Source,
     bits_of,
     chunks,
     component_row,
     format_of,
+    host_chunks,
+    part_bits,
     real_parts,
     source,
     to_float32,
+    wide_row,
 )
 
 ULP_BINS = ("0", "<=0.5", "<=1", "<=2", ">2")
@@ -50,13 +55,15 @@ _CHUNK = 1 << 20  # values per chunk: its float32 buffers stay in the last-level
 
 @dataclass(frozen=True)
 class CastReport(Record):
-    """What casting to ``target_dtype`` with torch's kernel does to each value.
+    """What casting to ``target_dtype`` with the kernel ``to_numpy`` runs does to each value.
 
     Counts are over real values (a complex element counts twice):
 
     Attributes:
-        kernel / semantics: whose cast this is ("torch", what ``to_numpy(x, dtype=)`` runs)
-            and how it treats ties, overflow, inf and NaN, as probed on this installation.
+        kernel / semantics: whose cast this is, the one ``to_numpy(x, dtype=)`` runs
+            ("torch"; "ml_dtypes" where torch has no kernels for a dtype or lacks it) and
+            how it treats ties, overflow, inf, zero, sign and NaN, as probed on this
+            installation (a NaN cast to float6 or float4, which have none, becomes -0).
         exact / inexact: finite values kept exactly / changed.
         overflow_inf: finite values that became ±inf.
         saturated: values beyond the target's range (or ±inf) clamped to ±max finite.
@@ -74,8 +81,10 @@ class CastReport(Record):
             (correct rounding gives at most 0.5; saturation lands in ">2").
         ml_dtypes_nan: non-NaN values that NumPy's ``astype`` (ml_dtypes' kernel for its
             types) would turn into NaN instead — e.g. float8_e4m3fn overflow, or a zero or
-            negative value cast to float8_e8m0fnu.
-        astype_differs: values whose bits ``astype`` would make differently.
+            negative value cast to float8_e8m0fnu (with the "ml_dtypes" kernel: the
+            values that became NaN).
+        astype_differs: values whose bits ``astype`` would make differently (0 with the
+            "ml_dtypes" kernel, which is ``astype``).
         imag_discarded: nonzero imaginary parts dropped by a complex-to-real cast.
         safe: nothing overflowed, saturated, flushed, lost its zero or sign, or became or
             changed a NaN. It says nothing of rounding: a cast to float8 that is "safe"
@@ -112,7 +121,7 @@ class CastReport(Record):
 
 
 def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastReport:
-    """What casting ``x`` to ``dtype`` would do, with torch's kernel (``to_numpy(x, dtype=)``).
+    """What casting ``x`` to ``dtype`` would do, with the kernel ``to_numpy(x, dtype=)`` runs.
 
     >>> import torch, tensorbridge as tb
     >>> r = tb.cast_report(torch.tensor([0.5, 1e6, -1.0]), "float8_e5m2")
@@ -121,6 +130,9 @@ def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastR
     >>> r = tb.cast_report(torch.tensor([0.3, 1.0]), "float8_e4m3fn", rtol=0.01)
     >>> r.safe, round(r.max_rel_err, 4), r.ok  # 0.3 became 0.3125: over rtol
     (True, 0.0417, False)
+    >>> r = tb.cast_report(torch.tensor([0.3, 9.0]), "float6_e2m3fn")  # torch has none
+    >>> r.kernel, r.saturated, r.exact  # ml_dtypes' astype: 9.0 became 7.5
+    ('ml_dtypes', 1, 0)
 
     Args:
         x: a tensor, array or number.
@@ -144,93 +156,49 @@ def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastR
             f"cast_report reports on casts to floating-point or complex dtypes, not {dst.name} "
             "(a cast to integers truncates); pass e.g. dtype='float32'"
         )
-    fmt = format_of(component_row(dst))
-    sfmt = format_of(component_row(src.row)) if src.row.category in ("float", "complex") else None
-    tally = _Tally()
-    quick_plan = _quick_plan(src.row, dst)
-    scratch = Scratch()
-    for chunk in chunks(src, _CHUNK):
-        tally.c["numel"] += chunk.numel()
-        if chunk.is_complex() and not dst.torch.is_complex:
-            tally.c["imag"] += int(torch.count_nonzero(chunk.imag != 0))
-            chunk_in = chunk.real
-        else:
-            chunk_in = chunk
-        res = scratch.get("res", dst.torch, chunk_in.numel()).copy_(chunk_in)
-        quick = (
-            _quick_chunk(chunk_in, res, fmt, scratch, quick_plan)
-            if quick_plan is not None
-            else None
-        )
-        if quick is not None:
-            tally.add_quick(quick, chunk_in.numel())
-            if tally.astype_ok and not quick_plan:  # the kernels may part ways on these values
-                s_nan = torch.zeros(chunk_in.numel(), dtype=torch.bool)
-                tally.astype_ok = _astype_check(chunk_in, res, s_nan, dst, tally.c)
-            continue
-        s_nan = tally.add_chunk(chunk_in, res, fmt, sfmt)
-        if tally.astype_ok:
-            tally.astype_ok = _astype_check(chunk_in, res, s_nan, dst, tally.c)
-    return tally.report(src.row, dst, rtol)
+    counts = _Counts(src.row, dst)
+    kernel = kernel_of(src.row, dst)
+    if kernel == "torch":
+        _count_torch(src, dst, counts)
+    else:
+        _count_ml_dtypes(src, dst, counts)
+    return counts.report(kernel, rtol)
 
 
-# what cast_report counts, chunk by chunk (a CastReport's counts, under shorter names)
-_COUNTS = (
-    "numel",
-    "exact",
-    "inexact",
-    "overflow_inf",
-    "saturated",
-    "nan_created",
-    "flushed",
-    "subnormal",
-    "nan_changed",
-    "zero_replaced",
-    "sign_dropped",
-    "ml_nan",
-    "differs",
-    "imag",
-    "rel_n",
-)
+class _Counts:
+    """What :func:`cast_report` counts, chunk by chunk, for either kernel."""
 
+    def __init__(self, src: DTypeRow, dst: DTypeRow) -> None:
+        self.src, self.dst = src, dst
+        self.fmt = format_of(component_row(dst))
+        is_float = src.category in ("float", "complex")
+        self.sfmt = format_of(component_row(src)) if is_float else None
+        self.c = dict.fromkeys(_COUNTS, 0)
+        self.hist = dict.fromkeys(ULP_BINS, 0)
+        self.max_abs = self.max_rel = self.rel_sum = 0.0
+        self.seen_finite = self.seen_rel = False
+        self.astype_ok = True  # False once NumPy's astype could not be compared
 
-@dataclass
-class _Tally:
-    """What :func:`cast_report` has counted so far, chunk by chunk, and the report of it."""
-
-    c: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_COUNTS, 0))
-    hist: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ULP_BINS, 0))
-    max_abs: float = 0.0
-    max_rel: float = 0.0
-    rel_sum: float = 0.0
-    seen_finite: bool = False
-    seen_rel: bool = False
-    astype_ok: bool = True  # NumPy's astype could cast every chunk so far
-
-    def add_quick(self, quick: _Quick, n: int) -> None:
-        """A chunk :func:`_quick_chunk` counted: ``n`` finite values, rounded in range."""
+    def add_quick(self, q: _Quick, n: int) -> None:
+        """A chunk :func:`_quick_chunk` counted (finite, in range, rounded to nearest)."""
         c = self.c
-        c["exact"] += quick.exact
-        c["inexact"] += n - quick.exact
-        c["flushed"] += quick.flushed
-        c["subnormal"] += quick.subnormal
+        c["exact"] += q.exact
+        c["inexact"] += n - q.exact
+        c["flushed"] += q.flushed
+        c["subnormal"] += q.subnormal
         self.seen_finite = True
-        self.max_abs = max(self.max_abs, quick.max_abs)
-        if quick.nonzero:
+        self.max_abs = max(self.max_abs, q.max_abs)
+        if q.nonzero:
             self.seen_rel = True
-            self.max_rel = max(self.max_rel, quick.max_rel)
-            self.rel_sum += quick.rel_sum
-            c["rel_n"] += quick.nonzero
-        self.hist["0"] += quick.exact  # at most half a ULP off: every inexact value there
-        self.hist["<=0.5"] += n - quick.exact
+            self.max_rel, self.rel_sum = max(self.max_rel, q.max_rel), self.rel_sum + q.rel_sum
+            c["rel_n"] += q.nonzero
+        self.hist["0"] += q.exact  # at most half a ULP off: every inexact value there
+        self.hist["<=0.5"] += n - q.exact
 
-    def add_chunk(
-        self, chunk: torch.Tensor, res: torch.Tensor, fmt: Format, sfmt: Format | None
-    ) -> torch.Tensor:
-        """A chunk counted value by value (the general path); its source NaNs."""
-        c = self.c
-        s, r = _cast_parts(chunk, res)
-        sv, rv = s.to(torch.float64), r.to(torch.float64)
+    def add(self, sv: torch.Tensor, rv: torch.Tensor, nan_bits: _Bits) -> torch.Tensor:
+        """Source and result values (float64, side by side) of one chunk; ``nan_bits``
+        gives both sides' stored bits where the source is NaN. Returns the NaN mask."""
+        c, fmt = self.c, self.fmt
         s_nan, s_fin, r_fin, r_nan = sv.isnan(), sv.isfinite(), rv.isfinite(), rv.isnan()
         same_value = s_fin & (rv == sv)
         c["exact"] += int(torch.count_nonzero(same_value))
@@ -245,17 +213,16 @@ class _Tally:
         c["subnormal"] += int(
             torch.count_nonzero(r_fin & (rv != 0) & (rv.abs() < fmt.smallest_normal))
         )
-        if sfmt is not None and bool(s_nan.any()):
-            c["nan_changed"] += _nan_changes(s[s_nan], r[s_nan], r_nan[s_nan], sfmt, fmt)
+        if self.sfmt is not None and bool(s_nan.any()):
+            sb, rb = nan_bits(s_nan)
+            c["nan_changed"] += _nan_changes(sb, rb, r_nan[s_nan], self.sfmt, fmt)
         both = s_fin & r_fin
         if bool(both.any()):
-            self._add_errors(sv, rv, both, fmt)
+            self._errors(sv, rv, both)
         return s_nan
 
-    def _add_errors(
-        self, sv: torch.Tensor, rv: torch.Tensor, both: torch.Tensor, fmt: Format
-    ) -> None:
-        """The errors of the values whose source and result are both finite."""
+    def _errors(self, sv: torch.Tensor, rv: torch.Tensor, both: torch.Tensor) -> None:
+        """Absolute, relative and ULP errors where source and result are finite."""
         self.seen_finite = True
         every = bool(both.all())  # the usual case: no boolean-index copies
         err = (rv - sv).abs_() if every else (rv[both] - sv[both]).abs()
@@ -268,21 +235,23 @@ class _Tally:
             self.max_rel = max(self.max_rel, float(rel.max()))
             self.rel_sum += float(rel.sum())
             self.c["rel_n"] += int(torch.count_nonzero(nz))
-        u = err / _target_ulp(ref, fmt)
+        u = err / _target_ulp(ref, self.fmt)
         for name, n in zip(ULP_BINS, _histogram(u), strict=True):
             self.hist[name] += n
 
-    def report(self, src: DTypeRow, dst: DTypeRow, rtol: float | None) -> CastReport:
-        """The :class:`CastReport` of every chunk counted, judged against ``rtol``."""
+    def report(self, kernel: str, rtol: float | None) -> CastReport:
         c = self.c
         unsafe = ("overflow_inf", "saturated", "nan_created", "flushed", "nan_changed", "imag")
         safe = not any(c[k] for k in (*unsafe, "zero_replaced", "sign_dropped"))
         within = rtol is None or not self.seen_rel or self.max_rel <= rtol
+        ml_nan, differs = c["ml_nan"], c["differs"]
+        if kernel != "torch":  # ml_dtypes' own kernel: what NumPy's astype does was counted
+            ml_nan, differs = c["nan_created"], 0
         return CastReport(
-            source_dtype=src.name,
-            target_dtype=dst.name,
-            kernel="torch",
-            semantics=semantics(src, dst),
+            source_dtype=self.src.name,
+            target_dtype=self.dst.name,
+            kernel=kernel,
+            semantics=semantics(self.src, self.dst, kernel),
             numel=c["numel"],
             exact=c["exact"],
             inexact=c["inexact"],
@@ -298,13 +267,82 @@ class _Tally:
             max_rel_err=self.max_rel if self.seen_rel else None,
             mean_rel_err=self.rel_sum / c["rel_n"] if self.seen_rel else None,
             ulp_histogram=self.hist,
-            ml_dtypes_nan=c["ml_nan"] if self.astype_ok else None,
-            astype_differs=c["differs"] if self.astype_ok else None,
+            ml_dtypes_nan=ml_nan if self.astype_ok else None,
+            astype_differs=differs if self.astype_ok else None,
             imag_discarded=c["imag"],
             safe=safe,
             rtol=None if rtol is None else float(rtol),
             ok=safe and within,
         )
+
+
+_COUNTS = (
+    "numel", "exact", "inexact", "overflow_inf", "saturated", "nan_created", "flushed",
+    "subnormal", "nan_changed", "zero_replaced", "sign_dropped", "ml_nan", "differs", "imag",
+    "rel_n",
+)  # fmt: skip
+# the stored bits of source and result where a mask (the source's NaNs) is set, as int64
+_Bits = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _count_torch(src: Source, dst: DTypeRow, counts: _Counts) -> None:
+    """torch's kernel, a chunk at a time: the quick path where it applies, else every count,
+    with NumPy's ``astype`` run beside it and its disagreements counted."""
+    quick_plan = _quick_plan(src.row, dst)
+    scratch = Scratch()
+    for chunk in chunks(src, _CHUNK):
+        counts.c["numel"] += chunk.numel()
+        if chunk.is_complex() and not dst.torch.is_complex:
+            counts.c["imag"] += int(torch.count_nonzero(chunk.imag != 0))
+            chunk_in = chunk.real
+        else:
+            chunk_in = chunk
+        res = scratch.get("res", dst.torch, chunk_in.numel()).copy_(chunk_in)
+        quick = (
+            _quick_chunk(chunk_in, res, counts.fmt, scratch, quick_plan)
+            if quick_plan is not None
+            else None
+        )
+        if quick is not None:
+            n = chunk_in.numel()
+            counts.add_quick(quick, n)
+            if counts.astype_ok and not quick_plan:  # the kernels may part ways on these values
+                s_nan = torch.zeros(n, dtype=torch.bool)
+                counts.astype_ok = _astype_check(chunk_in, res, s_nan, dst, counts.c)
+            continue
+        s, r = _cast_parts(chunk_in, res)
+
+        def nan_bits(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return bits_of(s[mask]), bits_of(r[mask])  # noqa: B023  (called at once)
+
+        s_nan = counts.add(s.to(torch.float64), r.to(torch.float64), nan_bits)
+        if counts.astype_ok:
+            counts.astype_ok = _astype_check(chunk_in, res, s_nan, dst, counts.c)
+
+
+def _count_ml_dtypes(src: Source, dst: DTypeRow, counts: _Counts) -> None:
+    """ml_dtypes' ``astype``, a chunk at a time, from the values as stored (a row torch has
+    no kernels for, or a target torch lacks): what ``to_numpy(x, dtype=dst)`` runs."""
+    comp = component_row(src.row).numpy
+    drop_imag = src.row.category == "complex" and dst.category != "complex"
+    to_complex = dst.category == "complex" and src.row.category != "complex"
+    wide = wide_row(dst).numpy
+    for raw, values in host_chunks(src, _CHUNK):
+        counts.c["numel"] += values.numel()
+        if drop_imag:
+            counts.c["imag"] += int(torch.count_nonzero(values.imag != 0))
+            raw, values = raw.view(comp).reshape(-1, 2)[:, 0], values.real
+        res = astype(raw, dst.numpy)
+        made = to_torch(res) if dst.kernels else torch.from_numpy(astype(res, wide))
+        s, r = _cast_parts(values, made)
+
+        def nan_bits(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            rb = part_bits(res)  # noqa: B023  (called at once)
+            rb = rb[::2] if to_complex else rb  # a real source faces the real parts
+            sb = torch.from_numpy(part_bits(raw))  # noqa: B023
+            return sb[mask], torch.from_numpy(rb)[mask]
+
+        counts.add(s.to(torch.float64), r.to(torch.float64), nan_bits)
 
 
 def _quick_plan(src: DTypeRow, dst: DTypeRow) -> bool | None:
@@ -503,10 +541,10 @@ def _histogram(u: torch.Tensor) -> list[int]:
 
 
 def _nan_changes(
-    s: torch.Tensor, r: torch.Tensor, r_nan: torch.Tensor, sf: Format, rf: Format
+    sb: torch.Tensor, rb: torch.Tensor, r_nan: torch.Tensor, sf: Format, rf: Format
 ) -> int:
-    """NaNs whose result is not a NaN of the same sign and the same (aligned) payload."""
-    sb, rb = bits_of(s), bits_of(r)
+    """NaNs whose result is not a NaN of the same sign and the same (aligned) payload, from
+    the stored bits (int64) of the NaN sources and of their results."""
     s_sign = (sb >> (sf.width - 1)) & 1 if sf.signed else torch.zeros_like(sb)
     r_sign = (rb >> (rf.width - 1)) & 1 if rf.signed else torch.zeros_like(rb)
     sp, rp = sb & ((1 << sf.nmant) - 1), rb & ((1 << rf.nmant) - 1)

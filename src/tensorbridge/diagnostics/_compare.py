@@ -16,6 +16,14 @@ chunk-sized buffers reused from chunk to chunk and leaf to leaf. A chunk holding
 inf, or finer values beyond the coarser range, takes the general float64 path. What a
 pair of dtypes needs (coarser type, default tolerances, fast or general) is planned once
 per pair, not per leaf.
+
+A row torch has no kernels for (int4, float6_e2m3fn, bcomplex32, ...) is read through
+ml_dtypes (``_values.host_chunks``): its values widened exactly, a chunk at a time, into
+int8 / uint8, float32 or complex64 take the general path, with ULPs counted in the
+coarser type's own format by ml_dtypes' cast (``_values.ordinals``) and its stored bytes
+beside them for ``bitwise_equal`` and NaN payloads. The sub-byte integers compare as the
+integers ml_dtypes reads (the low N bits of each byte): ``0x18`` and ``0x08`` as int4
+are both -8, equal values of different bytes.
 """
 
 from __future__ import annotations
@@ -43,12 +51,17 @@ from ._values import (
     chunks,
     component_row,
     format_of,
+    host_chunks,
     int_distance,
     ordinals,
+    part_bits,
     real_parts,
     source,
     to_float32,
 )
+
+# Two chunks as stored, beside their values widened by ml_dtypes (``_values.host_chunks``)
+_Stored = tuple[Array, Array]
 
 # torch.testing.assert_close's defaults; other floats get rtol = eps (one ULP at the bottom
 # of a binade) and atol = the smallest subnormal (one ULP at zero).
@@ -312,8 +325,12 @@ def _compare_leaf(
     rt = plan.rtol if rtol is None else float(rtol)
     at = plan.atol if atol is None else float(atol)
     acc = _LeafAccumulator(plan.coarse, rt, at, plan.same, plan.narrow, scratch)
-    for ta, tb in zip(chunks(sa), chunks(sb), strict=True):
-        acc.add(ta, tb)
+    if plan.through_ml_dtypes:  # values widened by ml_dtypes, beside the stored bytes
+        for (ra, ta), (rb, tb) in zip(host_chunks(sa), host_chunks(sb), strict=True):
+            acc.add(ta, tb, (ra, rb))
+    else:
+        for ta, tb in zip(chunks(sa), chunks(sb), strict=True):
+            acc.add(ta, tb)
     return Comparison(
         ok=acc.bad == 0,
         max_ulp=acc.max_ulp,
@@ -348,19 +365,22 @@ class _LeafPlan:
     atol: float
     same: bool
     narrow: bool  # both floats of at most 32 bits a part: the float32 fast path
+    through_ml_dtypes: bool  # a side torch has no kernels for: read through ml_dtypes
 
 
 @cache
 def _leaf_plan(ra: DTypeRow, rb: DTypeRow) -> _LeafPlan:
     coarse = _coarser(ra, rb)
     rtol, atol = default_tolerances(coarse or ra)
+    kernels = ra.kernels and rb.kernels
     return _LeafPlan(
         coarse=coarse,
         compared_in=coarse.name if coarse is not None else "integers (exact)",
         rtol=rtol,
         atol=atol,
         same=ra is rb,
-        narrow=_narrow(ra) and _narrow(rb),
+        narrow=kernels and _narrow(ra) and _narrow(rb),
+        through_ml_dtypes=not kernels,
     )
 
 
@@ -395,19 +415,26 @@ class _LeafAccumulator:
         # both sides floats of at most 32 bits, ULPs in a signed format: the fast path
         self.narrow = narrow and self.fmt is not None and self.fmt.signed
 
-    def add(self, ta: torch.Tensor, tb: torch.Tensor) -> None:
+    def add(self, ta: torch.Tensor, tb: torch.Tensor, stored: _Stored | None = None) -> None:
+        """One chunk of each side; ``stored``: the chunks as stored, where ``ta`` / ``tb``
+        are their values widened by ml_dtypes (their bits decide bitwise equality)."""
         elements = ta.numel()
         ca, cb = _paired(ta, tb)
         parts = ca.numel() // max(elements, 1)
         if self.same:
-            if torch.equal(_raw(ca), _raw(cb)):  # the common case: nothing in this chunk differs
+            equal = (
+                torch.equal(_raw(ca), _raw(cb))
+                if stored is None
+                else np.array_equal(part_bits(stored[0]), part_bits(stored[1]))
+            )
+            if equal:  # the common case: nothing in this chunk differs
                 self.numel += elements
                 return
             self.bitwise = False
         if self.narrow:
             self._add_narrow(ca, cb, elements, parts)
             return
-        self._add_general(ca, cb, elements, parts)
+        self._add_general(ca, cb, elements, parts, stored)
 
     def _accumulate(
         self,
@@ -417,6 +444,7 @@ class _LeafAccumulator:
         vb: torch.Tensor,
         elements: int,
         parts: int,
+        stored: _Stored | None = None,
     ) -> None:
         """Every count, for any pair of dtypes: NaN and inf masks, casts to the coarser line."""
         nan_a, nan_b = va.isnan(), vb.isnan()
@@ -426,7 +454,11 @@ class _LeafAccumulator:
             torch.count_nonzero((va.isinf() | vb.isinf()) & ~(nan_a | nan_b) & (va != vb))
         )
         if self.same and self.fmt is not None:
-            self.payload += int(torch.count_nonzero(nan_a & nan_b & (bits_of(ca) != bits_of(cb))))
+            if stored is None:
+                ba, bb = bits_of(ca), bits_of(cb)
+            else:  # the stored bits, not those of the widened values
+                ba, bb = (torch.from_numpy(part_bits(a)) for a in stored)
+            self.payload += int(torch.count_nonzero(nan_a & nan_b & (ba != bb)))
         if self.fmt is None:  # integers: exact distances
             dist = int_distance(_int_numpy(ca), _int_numpy(cb))
             diff = torch.from_numpy(dist.astype(np.float64))
@@ -491,9 +523,16 @@ class _LeafAccumulator:
             self.worst = self.numel + i // max(parts, 1)
         self.numel += elements
 
-    def _add_general(self, ca: torch.Tensor, cb: torch.Tensor, elements: int, parts: int) -> None:
+    def _add_general(
+        self,
+        ca: torch.Tensor,
+        cb: torch.Tensor,
+        elements: int,
+        parts: int,
+        stored: _Stored | None = None,
+    ) -> None:
         va, vb = ca.to(torch.float64), cb.to(torch.float64)
-        self._accumulate(ca, cb, va, vb, elements, parts)
+        self._accumulate(ca, cb, va, vb, elements, parts, stored)
 
 
 _INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -6,7 +6,10 @@ without reading a value. The verdict for each converter is not a second copy of
 the conversion rules: it is the conversion plan itself (the one that ``to_numpy`` /
 ``to_torch`` would run), its steps and the reason a copy is needed. Notes add what
 matters before sharing memory: stride-0 dimensions, non-contiguous views, writes
-autograd cannot see.
+autograd cannot see, and for a dtype torch has no kernels for (int4) how its copies
+and casts run. An array of a type torch lacks (float6_e2m3fn) has no ``to_torch``
+without ``dtype=``; ``widening`` is the plan of the narrowest exact one its refusal
+names.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import ml_dtypes
 import numpy as np
 import torch
 
@@ -23,7 +27,7 @@ from .. import _dlpack as dlpack
 from .. import _dtensor as dtensor
 from .. import _quantized as quantized
 from .._plan import Plan, plan_numpy, plan_torch
-from ..dtypes import BY_NUMPY, DTypeRow, explain_numpy, resolve_dtype
+from ..dtypes import BY_NUMPY, DTypeRow, exact_widenings, explain_numpy, resolve_dtype
 from ..errors import (
     TensorBridgeError,
     UnsupportedDtypeError,
@@ -72,6 +76,10 @@ class Description(Record):
             not its values).
         dequantize: for such a tensor, the plan of ``to_numpy(x, dtype=np.float32)``
             (steps ``("dequantize",)``, and how: the ``reason``).
+        widening: for an array of a type torch lacks (float8_e4m3, float6_e2m3fn, ...),
+            the plan of ``to_torch(x, dtype=...)`` with the narrowest dtype that holds
+            every value exactly (the first its ``to_torch`` refusal names), cast by
+            ml_dtypes' ``astype``.
     """
 
     kind: str
@@ -104,6 +112,7 @@ class Description(Record):
     notes: tuple[str, ...] = ()
     quantized: str | None = None
     dequantize: ConversionPlan | None = None
+    widening: ConversionPlan | None = None
 
 
 def _plan(make: Callable[[], Plan], share_reason: str) -> ConversionPlan:
@@ -229,7 +238,7 @@ def _describe_tensor(t: torch.Tensor) -> Description:
     wrapper = sharded or kind is not None  # its storage is not its values
     offset = int(t.storage_offset()) if strided and not wrapper else None
     numel = t.numel() if shape is not None else None
-    notes = _aliasing_notes(shape, strides, c, f)
+    notes = _aliasing_notes(shape, strides, c, f) + _kernel_notes(row)
     if sharded:  # its storage is this rank's local tensor: no storage facts about the whole
         notes.insert(0, dtensor.note(t))
     share = "to_numpy returns a NumPy view of the tensor's memory"
@@ -342,5 +351,29 @@ def _describe_array(a: Array) -> Description:
         byteswapped=swapped,
         to_numpy=_plan(lambda: plan_numpy(a), "already an array: to_numpy returns it as is"),
         to_torch=_plan(lambda: plan_torch(a), "to_torch returns a tensor over the array's memory"),
-        notes=tuple(_aliasing_notes(tuple(a.shape), strides, c, f)),
+        notes=tuple(_aliasing_notes(tuple(a.shape), strides, c, f) + _kernel_notes(row)),
+        widening=_widening(a, row) if row is not None and not row.in_torch else None,
     )
+
+
+def _kernel_notes(row: DTypeRow | None) -> list[str]:
+    """How a dtype torch has no kernels for (int4) is copied and cast."""
+    if row is None or row.kernels or not row.in_torch:
+        return []
+    info: Any = ml_dtypes.iinfo(row.numpy)  # type: ignore[no-untyped-call]
+    bits = int(info.bits)
+    return [
+        f"torch has no kernels for {row.name} (clone, copy_, .to() raise): tensorbridge "
+        f"copies and moves its bytes as {row.carrier_numpy} and casts it with ml_dtypes' "
+        f"astype, which reads the low {bits} bit{'s' if bits > 1 else ''} of each byte"
+    ]
+
+
+def _widening(a: Array, row: DTypeRow) -> ConversionPlan:
+    """The plan of ``to_torch(a, dtype=...)`` into the narrowest exact widening of ``row``."""
+    wide = exact_widenings(row)[0]
+    made = _plan(lambda: plan_torch(a, wide), "")
+    if made.verdict != "copy":
+        return made
+    how = f"{made.reason}, each exactly (ml_dtypes' astype)"
+    return dataclasses.replace(made, reason=how)

@@ -39,7 +39,7 @@ from ..quant.detect import plan, read_config
 from ..quant.registry import SCHEMES, scheme_named
 from ._record import Record
 from ._stats import Stats, StatsAccumulator
-from ._values import source
+from ._values import source, widened
 
 _E8M0 = ("float8_e8m0fnu",)
 
@@ -235,8 +235,11 @@ def _names(f: Any) -> list[str]:
 
 
 def _value(f: Any, name: str) -> Any:
-    """A stored value; an open file's as a mapped (copy-on-write) tensor, not a copy."""
-    return f.get(name, framework="torch") if hasattr(f, "info") else f[name]
+    """A stored value; an open file's as a mapped (copy-on-write) tensor, not a copy (an
+    array where torch has no kernels for its dtype: float8_e4m3, int4, ...)."""
+    if not hasattr(f, "info"):
+        return f[name]
+    return f.get(name, framework="torch" if f.info(name)[0].kernels else "numpy")
 
 
 def _info(f: Any, name: str) -> Any:
@@ -267,7 +270,7 @@ def _what_if(
         if why is not None:
             skipped[n] = why
             continue
-        value = _value(f, n)
+        value = widened(_value(f, n))  # float8_e4m3 -> float32, exactly
         q = quantize(value, name, name=n, block_size=block_size, layout=s.published_layout)
         qindex = {k: _info(q, k) for k in q}
         opts: dict[str, Any] = {"block_size": tuple(block_size or (128, 128))}
@@ -303,7 +306,7 @@ def weight_report(
         if tuple(rs.shape) != tuple(group.shape):
             problem = f"the reference is {list(rs.shape)}, the weight {list(group.shape)}"
         else:
-            ref_flat = as_torch(reference).reshape(-1)
+            ref_flat = as_torch(widened(reference)).reshape(-1)
     acc = StatsAccumulator()
     errors = _Errors.of(nblocks if blocked else None)
     nan = inf = 0

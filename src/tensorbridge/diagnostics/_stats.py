@@ -5,6 +5,11 @@ sum does not stall at its own precision. Each chunk's mean and squared deviation
 are merged into the running ones with Chan et al.'s pairwise update, which stays
 accurate where a running sum of squares would cancel. Complex values count as
 their real and imaginary parts.
+
+A row torch has no kernels for (int4, float6_e2m3fn, bcomplex32, ...) is read as the
+values ml_dtypes reads, widened exactly a chunk at a time (``_values.chunks``); its
+subnormal values are counted on the widened values. Torch's own rows are reduced as
+before, without that pass (``subnormals`` is ``None`` for them).
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from typing import Any
 
 import torch
 
+from ..dtypes import DTypeRow
 from ._record import Record
-from ._values import chunks, real_parts, source
+from ._values import chunks, component_row, format_of, real_parts, source
 
 
 @dataclass(frozen=True)
@@ -25,7 +31,12 @@ class Stats(Record):
 
     min/max/absmax/mean/std/sum are over the finite values (``None`` when there are
     none); std is the population one (ddof=0). Complex values contribute their real
-    and imaginary parts as separate values.
+    and imaginary parts as separate values. ``subnormals`` counts the values that are
+    subnormal in the dtype, for the rows torch has no kernels for (read through
+    ml_dtypes, where the pass costs little beside the widening) whose type has
+    subnormals; it is ``None`` for integers, for types without subnormals
+    (float8_e8m0fnu) and for torch's own rows, whose reductions skip that pass
+    (``tb.cast_report(x, x.dtype).subnormal`` counts them).
     """
 
     dtype: str
@@ -41,6 +52,7 @@ class Stats(Record):
     mean: float | None
     std: float | None
     sum: float | None
+    subnormals: int | None = None
 
     @property
     def inf_count(self) -> int:
@@ -60,10 +72,18 @@ def stats(x: Any) -> Stats:
             values this library can read.
     """
     src = source(x)
-    acc = StatsAccumulator()
+    acc = StatsAccumulator(_subnormal_below(src.row))
     for chunk in chunks(src):
         acc.add(chunk)
     return acc.result(src.row.name)
+
+
+def _subnormal_below(row: DTypeRow) -> float | None:
+    """The smallest normal magnitude of a row whose subnormals :func:`stats` counts."""
+    if row.kernels or row.category not in ("float", "complex"):
+        return None
+    fmt = format_of(component_row(row))
+    return fmt.smallest_normal if fmt.subnormals else None
 
 
 class StatsAccumulator:
@@ -78,9 +98,12 @@ class StatsAccumulator:
     (2.0, 1)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, subnormal_below: float | None = None) -> None:
+        """``subnormal_below``: the dtype's smallest normal magnitude, to count the nonzero
+        finite values below it (``None``: not counted)."""
         self.numel = self.finite = self.nan = self.posinf = self.neginf = self.zeros = 0
         self.lo, self.hi, self.total, self.mean, self.m2 = math.inf, -math.inf, 0.0, 0.0, 0.0
+        self.tiny, self.subnormals = subnormal_below, 0
 
     def add(self, chunk: torch.Tensor) -> None:
         """Take in one chunk's values."""
@@ -93,7 +116,10 @@ class StatsAccumulator:
             self.posinf += int(torch.count_nonzero(v == math.inf))
             self.neginf += int(torch.count_nonzero(v == -math.inf))
             fin = v[finite_mask]
-        self.zeros += int(torch.count_nonzero(fin == 0))
+        zeros = int(torch.count_nonzero(fin == 0))
+        self.zeros += zeros
+        if self.tiny is not None:  # the values below the smallest normal, zeros excepted
+            self.subnormals += int(torch.count_nonzero(fin.abs() < self.tiny)) - zeros
         n = fin.numel()
         if not n:
             return
@@ -125,4 +151,5 @@ class StatsAccumulator:
             mean=self.mean if some else None,
             std=math.sqrt(self.m2 / self.finite) if some else None,
             sum=self.total if some else None,
+            subnormals=self.subnormals if self.tiny is not None else None,
         )
