@@ -153,7 +153,7 @@ def _reader(
         raise FormatError(refusal)
     if dtype is not None and not (fmt is None or fmt.raw_dtype):
         raise InvalidArgumentError(
-            f"dtype= names the type of raw bytes np.save wrote from ml_dtypes arrays "
+            f"dtype= names the type of raw bytes an ml_dtypes array was saved as "
             f"({listing(lambda f: f.raw_dtype)}); {where} is {describe(kind)}: to cast "
             "values pass float_dtype= (command line: --float-dtype)"
         )

@@ -1,24 +1,21 @@
 """The registry of file formats: one table that every caller asks instead of testing names.
 
 A :class:`Format` row names a format's module and reader, the suffixes it is saved under,
-the kinds of content :mod:`tensorbridge.io._detect` recognises as it, and what it can
-do: hold one bare array or many named ones, metadata (typed or text), shards; map its
-reads; dequantize on read; take ``quantize=``; write values computed as they are
-written; be what a chunked (DCP) checkpoint converts to. A capability the row states
-is provided by the format's module under a fixed name (see "Adding a format" in
-``docs/dev/design.md``). ``tb.open`` picks the reader by content, ``tb.save`` the
-writer by suffix, and the command line words its messages ("a .npy file holds one
-array", "convert to .safetensors or .pt to keep it") from these rows.
+the content :mod:`tensorbridge.io._detect` recognises as it (kinds, a magic, zip members),
+and what it can do: hold one bare array or many named ones, metadata (typed or text),
+shards; map its reads; dequantize on read; take ``quantize=``; write values computed as
+they are written; be what a chunked (DCP) checkpoint converts to. The format's module
+provides each capability under a fixed name (docs/dev/design.md, "Adding a file
+format"). ``tb.open`` picks the reader by content, ``tb.save`` the writer by suffix, and
+the command line words its messages ("a .npy file holds one array") from these rows.
 
-**Registration.** Every format, the built-in ones included, is registered through the
-entry point group ``tensorbridge.formats``: each entry point names a :class:`Format`
-row (``npz = "tensorbridge.io._formats:NPZ"``), in a module that imports nothing
-heavy. The group is read once, on the first question asked of the table; a format's
-own module is imported when its reader or writer is first used. Built-in rows whose
-entry points the installed metadata lacks (a source checkout on ``PYTHONPATH``, an
-install from before the group existed) are registered directly, so the table is the
-same either way. Code registers a row with :func:`register_format` and takes it back
-with :func:`unregister_format`.
+**Registration.** Every format, the built-ins included, is registered through the entry
+point group ``tensorbridge.formats``: each entry point names a :class:`Format` row
+(``npz = "tensorbridge.io._formats:NPZ"``), in a module that imports nothing heavy. The
+group is read once, on the first question asked of the table; a format's module is
+imported when its reader or writer is first used. Built-in rows the installed metadata
+lacks (a checkout on ``PYTHONPATH``) are registered directly: the table is the same
+either way. :func:`register_format` / :func:`unregister_format` do it from code.
 
 Every format module's ``save`` has one signature::
 
@@ -36,7 +33,7 @@ whatever it is called.
 >>> by_suffix(".NPZ").name, by_kind("pt-legacy").name
 ('npz', 'pt')
 >>> [f.suffixes[0] for f in FORMATS if f.metadata]
-['.safetensors', '.pt', '.gguf', '.zarr']
+['.safetensors', '.pt', '.gguf', '.zarr', '.h5']
 """
 
 from __future__ import annotations
@@ -118,6 +115,9 @@ class Format:
     quantizes: str = ""  # what ``save(quantize=...)`` writes ("" : it takes no quantize=)
     quantized: bool = False  # quantization schemes' published layouts are written in it
     magic: bytes = b""  # the first bytes that identify it, where a fixed magic does
+    # further offsets ``magic`` may begin at, tried when the first bytes are no format's
+    magic_offsets: tuple[int, ...] = ()
+    zip_members: tuple[str, ...] = ()  # a zip archive holding one is read as it (the member)
     in_directory: tuple[str, ...] = ()  # names a checkpoint directory is searched for, best first
     directory_rank: int = 0  # directories are searched by rank, then table order: models first
     directory: bool = False  # a store is a directory (Zarr), recognised by its contents
@@ -336,7 +336,26 @@ NPY_DIR = Format(  # what ``convert dcp/ out/ --format npy`` writes
     file_per_entry=True,
     order=80,
 )
-BUILTIN = (SAFETENSORS, NPY, NPZ, PT, GGUF, ZARR, DCP, NPY_DIR)
+HDF5 = Format(
+    "hdf5",
+    "tensorbridge.io.hdf5",
+    "HDF5File",
+    "an HDF5 file",
+    suffixes=(".h5", ".hdf5"),
+    kinds=("hdf5",),
+    metadata=True,
+    memory_map=True,
+    raw_dtype=True,
+    magic=b"\x89HDF\r\n\x1a\n",
+    magic_offsets=tuple(512 << k for k in range(40)),  # after a user block: 512, 1024, ...
+    zip_members=("model.weights.h5",),  # a Keras .keras archive: its weights
+    loose_suffixes=(".keras",),
+    extra="hdf5",
+    save_options=("chunk_bytes",),
+    keeps="tensors by name ('/' makes groups); metadata as attributes",
+    order=65,
+)
+BUILTIN = (SAFETENSORS, NPY, NPZ, PT, GGUF, ZARR, HDF5, DCP, NPY_DIR)
 
 # what a directory destination gets: model.safetensors in it
 DIRECTORY_FORMAT = SAFETENSORS
@@ -535,8 +554,7 @@ def by_kind(kind: str) -> Format | None:
 
 
 def by_name(name: str) -> Format:
-    """The format called ``name`` ("safetensors", "npy", "npz", "pt", "gguf", "zarr", "dcp",
-    "npy-dir", or a registered one's)."""
+    """The format called ``name`` (a built-in's, ``"npz"``, or a registered one's)."""
     _discover()
     return _BY_NAME[name]
 
@@ -577,6 +595,6 @@ def listing(has: Callable[[Format], bool], sep: str = " / ") -> str:
     """The usual suffixes of the writable formats that ``has`` a capability, for messages.
 
     >>> listing(lambda f: f.metadata, " or ")
-    '.safetensors or .pt or .gguf or .zarr'
+    '.safetensors or .pt or .gguf or .zarr or .h5'
     """
     return sep.join(f.suffixes[0] for f in FORMATS if f.writes and has(f))

@@ -126,7 +126,7 @@ def metadata_homes(keys: list[str], names: list[str]) -> str:
     """The suffixes of the formats that can keep metadata ``keys`` beside tensors ``names``.
 
     >>> metadata_homes(["epoch"], ["w"]), metadata_homes(["w"], ["w"])
-    ('.safetensors or .pt or .gguf or .zarr', '.safetensors or .gguf or .zarr')
+    ('.safetensors or .pt or .gguf or .zarr or .h5', '.safetensors or .gguf or .zarr or .h5')
     """
     clash = any(k in names for k in keys)
     return listing(lambda f: f.metadata and not (clash and f.metadata_with_tensors), " or ")
