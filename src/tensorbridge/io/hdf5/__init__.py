@@ -14,7 +14,8 @@ Attributes are metadata: the root group's under their own names, another object'
   datasets, and unwritten ones (their fill value), are read by h5py into new memory,
   with the file's own type as the memory type, so HDF5 converts nothing; a read may
   exceed the bytes the file stores for it (1032 times that for a filtered one: deflate's
-  limit) by ``max_fill_bytes`` at most. Filters are HDF5's and h5py's own.
+  limit) by ``max_fill_bytes`` at most. Filters are HDF5's and h5py's own (a plugin's,
+  a library HDF5 would load because the file names it, is refused).
 * Types (:mod:`.datatypes`): integers, IEEE floats, h5py's bool and complex, and HDF5
   2.0's bfloat16 / float8 types by their bit layout, never widened; opaque bytes only
   with a ``dtype`` attribute naming their type, as Keras writes bfloat16

@@ -46,7 +46,16 @@ import numpy as np
 from ...dtypes import DTypeRow, dtype_table, resolve_dtype
 from ...errors import MissingExtraError, UnsupportedDtypeError
 
-__all__ = ["MARKER", "Stored", "file_type", "float_layouts", "require_h5py", "stored_type"]
+__all__ = [
+    "MARKER",
+    "Stored",
+    "file_type",
+    "float_layouts",
+    "marker_of",
+    "plain_type",
+    "require_h5py",
+    "stored_type",
+]
 
 # the attribute naming an opaque dataset's type: Keras' (saving_lib.H5IOStore.__setitem__
 # writes ``ds.attrs["dtype"] = "bfloat16"``; __getitem__ reads bfloat16 back by it)
@@ -245,6 +254,13 @@ def _compound(tid: Any, where: str) -> Stored:
 
 
 def _opaque(size: int, marker: str | None, raw: DTypeRow | None, where: str) -> Stored:
+    kinds = [r.name for r in dtype_table() if r.carried and r.itemsize == size]
+    fix = (
+        f"name it with dtype=, e.g. tb.load(path, dtype={kinds[0]!r}) (command line: "
+        f"--as-dtype {kinds[0]}); the {size}-byte types are {', '.join(kinds)}"
+        if kinds
+        else "read it with h5py"
+    )
     if marker is not None:
         try:
             row = resolve_dtype(marker)
@@ -253,17 +269,31 @@ def _opaque(size: int, marker: str | None, raw: DTypeRow | None, where: str) -> 
         if row is None or row.itemsize != size or row.name != marker:
             raise UnsupportedDtypeError(
                 f"{where} holds opaque {size}-byte values whose {MARKER!r} attribute says "
-                f"{marker[:40]!r}, which is no dtype of that size; open it with dtype= naming "
-                "the type they hold"
+                f"{marker[:40]!r}, which is no dtype of that size; {fix}"
             )
         return Stored(row, False, size, marked=True)
     if raw is not None and raw.itemsize == size:
         return Stored(raw, False, size)
     raise UnsupportedDtypeError(
-        f"{where} holds opaque {size}-byte values (h5py's |V{size}) and no {MARKER!r} "
-        f"attribute naming their type; open it with dtype= naming it (dtype='bfloat16' for "
-        "what np.save-style writers make of bfloat16)"
+        f"{where} holds opaque {size}-byte values (what h5py makes of an ml_dtypes array, "
+        f"its type lost) and no {MARKER!r} attribute naming their type; {fix}"
     )
+
+
+def plain_type(tid: Any) -> bool:
+    """Whether values of the HDF5 type ``tid`` are plain data h5py reads safely: numbers,
+    strings (fixed or variable-length), opaque bytes, and enums, arrays and compounds of
+    them. Variable-length sequences, references and time types are not: h5py's conversion
+    of a damaged one crashes the interpreter, so attributes of such types are left unread."""
+    h5t = require_h5py().h5t
+    cls = tid.get_class()
+    if cls in (h5t.INTEGER, h5t.FLOAT, h5t.BITFIELD, h5t.OPAQUE, h5t.STRING):
+        return True
+    if cls in (h5t.ENUM, h5t.ARRAY):
+        return plain_type(tid.get_super())
+    if cls == h5t.COMPOUND:
+        return all(plain_type(tid.get_member_type(i)) for i in range(tid.get_nmembers()))
+    return False
 
 
 def file_type(row: DTypeRow) -> Any:

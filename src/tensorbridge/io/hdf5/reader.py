@@ -30,13 +30,16 @@ from ...errors import FormatError, TensorBridgeError, UnsupportedDtypeError
 from .._common import loader
 from .._detect import ZIP_ERRORS
 from .._formats import HDF5 as ROW
-from .datatypes import MARKER, Stored, require_h5py, stored_type
+from .datatypes import MARKER, Stored, plain_type, require_h5py, stored_type
 from .source import DEFLATE_RATIO, open_source
 
-__all__ = ["DEFLATE_RATIO", "MAX_DEPTH", "MAX_FILL_BYTES", "HDF5File", "load", "open"]
+__all__ = ["DEFLATE_RATIO", "FILTERS", "MAX_DEPTH", "MAX_FILL_BYTES", "HDF5File", "load", "open"]
 
 MAX_FILL_BYTES = 8 << 20  # what a read may make up (fill values) beyond the stored bytes
 MAX_DEPTH = 256  # groups nested deeper are refused (a walk of a corrupt file ends)
+# HDF5's own filters (deflate, shuffle, fletcher32, szip, nbit, scaleoffset) and h5py's
+# lzf; any other id names a plugin HDF5 would load from its plugin path to run it
+FILTERS = frozenset({1, 2, 3, 4, 5, 6, 32000})
 _MAX_ATTRIBUTE = 16 << 20  # one attribute's bytes, read as metadata
 
 
@@ -64,6 +67,8 @@ class HDF5File(TensorFile):
     each dataset's header read, when first asked for.
     """
 
+    _text: dict[str, str] | None = None  # the attributes as text, made when first asked for
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -86,7 +91,7 @@ class HDF5File(TensorFile):
         self._names: dict[str, bytes] | None = None  # name -> its path in the file, walked
         self._groups: list[tuple[str, bytes]] = []  # the groups walked, the root first
         self._entries: dict[str, _Entry] = {}
-        self._meta: dict[str, Any] | None = None
+        self._meta: dict[str, Any] | None = None  # the attributes, typed
         try:
             source = open_source(self._fd, self._file_size, self._where, ROW.zip_members)
             self._open.append(source.archive)
@@ -217,13 +222,21 @@ class HDF5File(TensorFile):
             space = dsid.get_space()
             null = space.get_simple_extent_type() == h5py.h5s.NULL
             shape = None if null else tuple(int(n) for n in space.shape)
-            filtered = dcpl.get_nfilters() > 0 if layout == h5d.CHUNKED else False
+            n = dcpl.get_nfilters() if layout == h5d.CHUNKED else 0
+            filters = [int(dcpl.get_filter(i)[0]) for i in range(n)]
+            filtered = bool(filters)
             storage = int(dsid.get_storage_size())
             offset = dsid.get_offset() if layout == h5d.CONTIGUOUS and not external else None
         if layout == getattr(h5d, "VIRTUAL", 3) or external:
             raise UnsupportedDtypeError(
                 f"{where} keeps its data in other files (a virtual dataset or external "
                 "storage); tensorbridge reads only the file opened: read it with h5py"
+            )
+        plugins = [f for f in filters if f not in FILTERS]
+        if plugins:
+            raise UnsupportedDtypeError(
+                f"{where} is compressed by HDF5 filter {plugins[0]}, a plugin library the "
+                "file would choose to run; read it with h5py where that plugin is installed"
             )
         if shape is None:
             raise UnsupportedDtypeError(f"{where} has a null dataspace: it holds no array")
@@ -332,12 +345,16 @@ class HDF5File(TensorFile):
     @property
     def metadata(self) -> dict[str, str]:
         """Every attribute as text (JSON for non-strings): the root's by name, another
-        object's as ``path@name`` (``layers/dense/vars@name``)."""
-        return {k: v if isinstance(v, str) else _text(v) for k, v in self._attributes().items()}
+        object's as ``path@name`` (``layers/dense/vars@name``); read when first asked for."""
+        if self._text is None:
+            self._text = {
+                k: v if isinstance(v, str) else _text(v) for k, v in self._attributes().items()
+            }
+        return self._text
 
     @metadata.setter
     def metadata(self, value: dict[str, str]) -> None:
-        pass  # TensorFile.__init__ sets it; the attributes are read when first asked for
+        self._text = value or None  # TensorFile.__init__'s {}: read when first asked for
 
     def plain_values(self) -> dict[str, Any]:
         """Every attribute typed: str, bool, int, float, lists of them (arrays)."""
@@ -347,14 +364,25 @@ class HDF5File(TensorFile):
         if self._meta is not None:
             return self._meta
         out: dict[str, Any] = {}
+        unread: list[str] = []
         datasets = self._walk()
         with self._errors():
             for name, path in [*self._groups, *datasets.items()]:
                 obj = self._h5[path]
                 marked = name in datasets and self._is_marked(name)
                 for key in obj.attrs:
-                    if not (marked and key == MARKER):  # the type's name, not metadata
-                        out[f"{name}@{key}" if name else key] = self._attribute(obj, key, name)
+                    if marked and key == MARKER:  # the type's name, not metadata
+                        continue
+                    what = f"{name}@{key}" if name else key
+                    if plain_type(obj.attrs.get_id(key).get_type()):
+                        out[what] = self._attribute(obj, key, name)
+                    else:
+                        unread.append(what)
+        if unread:
+            self.notes.append(
+                f"{self.filename}: {len(unread)} attribute(s) of variable-length sequences, "
+                f"references or times not read as metadata ({', '.join(unread[:3])})"
+            )
         self._meta = out
         return out
 
@@ -421,6 +449,8 @@ def _marker(ds: Any) -> str | None:
 
 def _plain(value: Any) -> Any:
     """An attribute's value as plain Python: str, bool, int, float, lists; bytes decoded."""
+    if isinstance(value, require_h5py().Empty):  # a null dataspace: no value
+        return None
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, np.ndarray):
@@ -480,6 +510,7 @@ def open(
     :class:`~tensorbridge.errors.FormatError`; ``max_fill_bytes=None`` reads it.
 
     >>> import os, tempfile, numpy as np
+    >>> from tensorbridge.io.hdf5 import save
     >>> p = os.path.join(tempfile.mkdtemp(), "w.h5")
     >>> save({"enc/w": np.arange(6, dtype=np.int16).reshape(2, 3)}, p)
     >>> with open(p) as f:

@@ -79,9 +79,10 @@ def save(
     bfloat16.
 
     >>> import os, tempfile, ml_dtypes, numpy as np
+    >>> from tensorbridge.io import hdf5
     >>> p = os.path.join(tempfile.mkdtemp(), "w.h5")
     >>> save({"a/b": np.ones(2, ml_dtypes.bfloat16)}, p, metadata={"epoch": 3})
-    >>> with open(p) as f:
+    >>> with hdf5.open(p) as f:
     ...     f.keys(), f["a/b"].dtype, f.plain_values()
     (['a/b'], dtype(bfloat16), {'epoch': 3})
 
