@@ -42,8 +42,15 @@ Attributes are metadata: the root group's under their own names, another object'
 h5py (``pip install tensorbridge[hdf5]``) reads and writes the files; it is imported
 when a file is first opened or saved.
 
-The package: :mod:`.datatypes` (HDF5 types and the dtype table), :mod:`.reader`
-(:class:`HDF5File`, :func:`open`, :func:`load`), :mod:`.writer` (:func:`save`).
+**Hostile files.** The HDF5 library parses the file; what it cannot be trusted with is
+checked first: a global heap collection it would loop on (:mod:`.source`), a
+variable-length string attribute's stated length (:mod:`.headers`: HDF5 allocates it
+before reading), attributes of variable-length sequences and references (h5py's
+conversion of a damaged one crashes), filter plugins, links and data in other files.
+
+The package: :mod:`.datatypes` (HDF5 types and the dtype table), :mod:`.source` (the
+bytes h5py reads), :mod:`.headers` (attribute messages), :mod:`.reader` (:class:`HDF5File`,
+:func:`open`, :func:`load`), :mod:`.writer` (:func:`save`).
 
 >>> import os, tempfile, numpy as np, tensorbridge as tb
 >>> p = os.path.join(tempfile.mkdtemp(), "w.h5")

@@ -280,19 +280,23 @@ def _opaque(size: int, marker: str | None, raw: DTypeRow | None, where: str) -> 
     )
 
 
-def plain_type(tid: Any) -> bool:
+def plain_type(tid: Any, top: bool = True) -> bool:
     """Whether values of the HDF5 type ``tid`` are plain data h5py reads safely: numbers,
-    strings (fixed or variable-length), opaque bytes, and enums, arrays and compounds of
-    them. Variable-length sequences, references and time types are not: h5py's conversion
-    of a damaged one crashes the interpreter, so attributes of such types are left unread."""
+    fixed-length strings, opaque bytes, enums, arrays and compounds of them, and (``top``:
+    not inside another type) variable-length strings, whose lengths the caller checks
+    first (:mod:`.headers`). Variable-length sequences, references and times are not:
+    h5py's conversion of a damaged one crashes the interpreter."""
     h5t = require_h5py().h5t
     cls = tid.get_class()
-    if cls in (h5t.INTEGER, h5t.FLOAT, h5t.BITFIELD, h5t.OPAQUE, h5t.STRING):
+    if cls == h5t.STRING:
+        return top or not tid.is_variable_str()
+    if cls in (h5t.INTEGER, h5t.FLOAT, h5t.BITFIELD, h5t.OPAQUE):
         return True
     if cls in (h5t.ENUM, h5t.ARRAY):
-        return plain_type(tid.get_super())
+        return plain_type(tid.get_super(), top=False)
     if cls == h5t.COMPOUND:
-        return all(plain_type(tid.get_member_type(i)) for i in range(tid.get_nmembers()))
+        n = tid.get_nmembers()
+        return all(plain_type(tid.get_member_type(i), top=False) for i in range(n))
     return False
 
 

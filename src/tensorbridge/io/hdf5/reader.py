@@ -31,6 +31,7 @@ from .._common import loader
 from .._detect import ZIP_ERRORS
 from .._formats import HDF5 as ROW
 from .datatypes import MARKER, Stored, plain_type, require_h5py, stored_type
+from .headers import attribute_lengths
 from .source import DEFLATE_RATIO, open_source
 
 __all__ = ["DEFLATE_RATIO", "FILTERS", "MAX_DEPTH", "MAX_FILL_BYTES", "HDF5File", "load", "open"]
@@ -41,6 +42,7 @@ MAX_DEPTH = 256  # groups nested deeper are refused (a walk of a corrupt file en
 # lzf; any other id names a plugin HDF5 would load from its plugin path to run it
 FILTERS = frozenset({1, 2, 3, 4, 5, 6, 32000})
 _MAX_ATTRIBUTE = 16 << 20  # one attribute's bytes, read as metadata
+_MAX_MARKER = 64  # a dtype attribute longer than this names no type
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class HDF5File(TensorFile):
         # (h5py's file-object driver crashes the interpreter's teardown otherwise)
         self._closer = weakref.finalize(self, _release, self._open, self._fd)
         self._maps: dict[bool, Any] = {}
+        self._lengths: dict[int, dict[str, int] | None] = {}  # header address -> attributes'
         self._names: dict[str, bytes] | None = None  # name -> its path in the file, walked
         self._groups: list[tuple[str, bytes]] = []  # the groups walked, the root first
         self._entries: dict[str, _Entry] = {}
@@ -95,6 +98,7 @@ class HDF5File(TensorFile):
         try:
             source = open_source(self._fd, self._file_size, self._where, ROW.zip_members)
             self._open.append(source.archive)
+            self._read, self._layout = source.file.raw, source.file.layout
             self._where, self._start, self._size = source.where, source.start, source.size
             with self._errors():
                 self._h5 = h5py.File(source.file, "r")
@@ -215,7 +219,7 @@ class HDF5File(TensorFile):
         dsid = self._dataset(name)
         with self._errors(f", dataset {name!r}"):
             tid = dsid.get_type()
-            marker = _marker(h5py.Dataset(dsid)) if tid.get_class() == h5t.OPAQUE else None
+            marker = self._marker(h5py.Dataset(dsid)) if tid.get_class() == h5t.OPAQUE else None
             dcpl = dsid.get_create_plist()
             layout = dcpl.get_layout()
             external = dcpl.get_external_count() if layout == h5d.CONTIGUOUS else 0
@@ -374,14 +378,15 @@ class HDF5File(TensorFile):
                     if marked and key == MARKER:  # the type's name, not metadata
                         continue
                     what = f"{name}@{key}" if name else key
-                    if plain_type(obj.attrs.get_id(key).get_type()):
+                    if self._readable(obj, key, self._size):
                         out[what] = self._attribute(obj, key, name)
                     else:
                         unread.append(what)
         if unread:
             self.notes.append(
                 f"{self.filename}: {len(unread)} attribute(s) of variable-length sequences, "
-                f"references or times not read as metadata ({', '.join(unread[:3])})"
+                "references or times, or of strings whose stated lengths pass the file, not "
+                f"read as metadata ({', '.join(unread[:3])})"
             )
         self._meta = out
         return out
@@ -391,6 +396,34 @@ class HDF5File(TensorFile):
             return self._entry(name).stored.marked
         except UnsupportedDtypeError:
             return False
+
+    def _marker(self, ds: Any) -> str | None:
+        """The dataset's :data:`MARKER` attribute when it is one short string, else None."""
+        if MARKER not in ds.attrs:
+            return None
+        aid = ds.attrs.get_id(MARKER)
+        if aid.shape not in ((), (1,)) or aid.get_type().get_class() != require_h5py().h5t.STRING:
+            return None
+        if not self._readable(ds, MARKER, _MAX_MARKER):
+            return None
+        value = _plain(ds.attrs[MARKER])
+        value = value[0] if isinstance(value, list) else value
+        return value if isinstance(value, str) and len(value) <= _MAX_MARKER else None
+
+    def _readable(self, obj: Any, key: str, longest: int) -> bool:
+        """Whether h5py may read attribute ``key`` of ``obj``: a plain type, and, for
+        variable-length strings, every length its object header states at most ``longest``
+        (HDF5 allocates a stated length before it reads: :mod:`.headers`)."""
+        tid = obj.attrs.get_id(key).get_type()
+        if not plain_type(tid):
+            return False
+        if tid.get_class() != require_h5py().h5t.STRING or not tid.is_variable_str():
+            return True
+        addr = require_h5py().h5o.get_info(obj.id).addr
+        if addr not in self._lengths:
+            self._lengths[addr] = attribute_lengths(self._read, self._layout, addr)
+        lengths = self._lengths[addr]
+        return lengths is not None and lengths.get(key, longest + 1) <= longest
 
     def _attribute(self, obj: Any, key: str, name: str) -> Any:
         aid = obj.attrs.get_id(key)
@@ -433,18 +466,6 @@ def _children(gid: Any) -> list[tuple[bytes, int]]:
     out: list[tuple[bytes, int]] = []
     gid.links.iterate(lambda n, i: out.append((n, i.type)), info=True, idx_type=index)
     return out
-
-
-def _marker(ds: Any) -> str | None:
-    """The dataset's :data:`MARKER` attribute when it is one short string, else None."""
-    if MARKER not in ds.attrs:
-        return None
-    aid = ds.attrs.get_id(MARKER)
-    if aid.shape not in ((), (1,)) or aid.get_type().get_class() != require_h5py().h5t.STRING:
-        return None
-    value = _plain(ds.attrs[MARKER])
-    value = value[0] if isinstance(value, list) else value
-    return value if isinstance(value, str) and len(value) < 64 else None
 
 
 def _plain(value: Any) -> Any:

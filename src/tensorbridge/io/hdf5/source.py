@@ -22,8 +22,17 @@ from typing import Any
 from ..._filemap import FileReader
 from ...errors import FormatError
 from .._detect import ZIP_ERRORS
+from .headers import Layout
 
-__all__ = ["DEFLATE_RATIO", "Source", "Stream", "Window", "check_collection", "open_source"]
+__all__ = [
+    "DEFLATE_RATIO",
+    "Source",
+    "Stream",
+    "Window",
+    "check_collection",
+    "open_source",
+    "superblock",
+]
 
 DEFLATE_RATIO = 1032  # deflate expands at most 1032:1
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -68,15 +77,19 @@ class Window(FileReader):
     """Bytes ``[start, start + size)`` of an opened file, as a file of their own (h5py's
     file-object driver reads through it; a stored zip member is such a window)."""
 
-    def __init__(self, fd: int, start: int, size: int, lengths: int, where: str) -> None:
+    def __init__(self, fd: int, start: int, size: int, layout: Layout, where: str) -> None:
         super().__init__(fd, size)
-        self.start, self.lengths, self.where = start, lengths, where
+        self.start, self.layout, self.where = start, layout, where
+
+    def raw(self, pos: int, n: int) -> bytes:
+        """``n`` bytes at ``pos`` of the window (fewer at its end), unchecked."""
+        n = max(0, min(n, self.size - pos))
+        return os.pread(self.fd, n, self.start + pos) if n and pos >= 0 else b""
 
     def readinto(self, b: Any) -> int:
         view = memoryview(b).cast("B")
-        want = max(0, min(len(view), self.size - self.pos))
-        data = os.pread(self.fd, want, self.start + self.pos)
-        check_collection(data, self.lengths, self.where)
+        data = self.raw(self.pos, len(view))
+        check_collection(data, self.layout.lengths, self.where)
         view[: len(data)] = data
         self.pos += len(data)
         return len(data)
@@ -85,9 +98,16 @@ class Window(FileReader):
 class Stream(io.RawIOBase):
     """A seekable stream (a deflated zip member) read with :func:`check_collection`."""
 
-    def __init__(self, inner: Any, size: int, lengths: int, where: str) -> None:
+    def __init__(self, inner: Any, size: int, layout: Layout, where: str) -> None:
         super().__init__()
-        self.inner, self.size, self.lengths, self.where = inner, size, lengths, where
+        self.inner, self.size, self.layout, self.where = inner, size, layout, where
+
+    def raw(self, pos: int, n: int) -> bytes:
+        """``n`` bytes at ``pos`` (fewer at the end), unchecked; h5py seeks before it reads."""
+        if pos < 0 or pos >= self.size:
+            return b""
+        self.inner.seek(pos)
+        return bytes(self.inner.read(max(0, min(n, self.size - pos))))
 
     def readable(self) -> bool:
         return True
@@ -104,7 +124,7 @@ class Stream(io.RawIOBase):
     def readinto(self, b: Any) -> int:
         view = memoryview(b).cast("B")
         data = self.inner.read(len(view))
-        check_collection(data, self.lengths, self.where)
+        check_collection(data, self.layout.lengths, self.where)
         view[: len(data)] = data
         return len(data)
 
@@ -129,7 +149,7 @@ def open_source(fd: int, file_size: int, where: str, members: tuple[str, ...]) -
     """
     head = os.pread(fd, 4, 0)
     if head not in (b"PK\x03\x04", b"PK\x05\x06"):
-        window = Window(fd, 0, file_size, _lengths(fd, 0, file_size), where)
+        window = Window(fd, 0, file_size, _layout(fd, 0, file_size), where)
         return Source(window, 0, file_size, where)
     try:
         archive = zipfile.ZipFile(io.BufferedReader(FileReader(fd, file_size)))
@@ -150,7 +170,7 @@ def open_source(fd: int, file_size: int, where: str, members: tuple[str, ...]) -
     if info.compress_type == zipfile.ZIP_STORED:
         archive.close()
         start = _stored_start(fd, file_size, info, where)
-        window = Window(fd, start, info.file_size, _lengths(fd, start, info.file_size), where)
+        window = Window(fd, start, info.file_size, _layout(fd, start, info.file_size), where)
         return Source(window, start, info.file_size, where)
     if info.file_size > info.compress_size * DEFLATE_RATIO + 1024:
         archive.close()
@@ -162,26 +182,27 @@ def open_source(fd: int, file_size: int, where: str, members: tuple[str, ...]) -
     except ZIP_ERRORS as err:
         archive.close()
         raise FormatError(f"{where}: corrupt member data ({err})") from None
-    stream = Stream(member, info.file_size, _superblock_lengths(first), where)
+    stream = Stream(member, info.file_size, superblock(first), where)
     return Source(stream, None, info.file_size, where, archive)
 
 
-def _lengths(fd: int, start: int, size: int) -> int:
-    """The superblock's size of lengths (bytes), from the first 64 KiB of the HDF5 file."""
-    return _superblock_lengths(os.pread(fd, min(size, 1 << 16), start))
+def _layout(fd: int, start: int, size: int) -> Layout:
+    """The file's :func:`superblock` layout, from its first 64 KiB."""
+    return superblock(os.pread(fd, min(size, 1 << 16), start))
 
 
-def _superblock_lengths(head: bytes) -> int:
-    """The size of lengths the superblock at 0 or after a user block (512, 1024, ...) states;
-    8 (h5py's, and HDF5's default) where it is not in ``head`` (HDF5 then refuses the file)."""
+def superblock(head: bytes) -> Layout:
+    """Where the superblock is (at 0 or after a user block: 512, 1024, ...; addresses count
+    from it) and the sizes of offsets and lengths it states; 0 and 8-byte sizes (h5py's,
+    HDF5's defaults) where ``head`` holds none (HDF5 then refuses the file)."""
     at = 0
     while at + 16 <= len(head):
         if head[at : at + 8] == SIGNATURE:
-            version = head[at + 8]
-            pos = at + 14 if version < 2 else at + 10
-            return head[pos] if head[pos] in (2, 4, 8, 16, 32) else 8
+            sizes = head[at + 13 : at + 15] if head[at + 8] < 2 else head[at + 9 : at + 11]
+            valid = all(n in (2, 4, 8, 16, 32) for n in sizes)
+            return Layout(at, sizes[0], sizes[1]) if valid else Layout(at, 8, 8)
         at = 512 if at == 0 else at * 2
-    return 8
+    return Layout(0, 8, 8)
 
 
 def _stored_start(fd: int, size: int, info: zipfile.ZipInfo, where: str) -> int:
