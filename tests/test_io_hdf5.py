@@ -411,7 +411,11 @@ def test_metadata_attributes_round_trip(tmp_path: Path) -> None:
     copy = tmp_path / "copy.h5"
     with tb.open(path) as f:
         tb.save(f, copy)  # an opened file's attributes go along
-    assert tb.open(copy).plain_values() == values
+    with tb.open(copy) as f:
+        assert f.plain_values() == values
+    bf16 = {"b": np.ones(2, ml_dtypes.bfloat16)}
+    with pytest.raises(tb.InvalidArgumentError, match=r"would replace the 'dtype' attribute"):
+        tb.save(bf16, tmp_path / "x.h5", metadata={"b@dtype": "float16"})
 
 
 @pytest.mark.parametrize("libver", ["earliest", "latest"])
@@ -450,6 +454,18 @@ def test_string_lengths_are_read_from_the_object_header(
         assert f["w"].dtype == ml_dtypes.bfloat16
         assert f.plain_values()["w@names"] == ["a", "bcd", "ef" * 40]
         assert ("dense@a3" in f.plain_values()) is (libver == "earliest")
+
+
+def test_names_that_are_no_utf_8(tmp_path: Path) -> None:
+    """HDF5 names are bytes: one that is no UTF-8 reads as its bytes escaped (a fuzz find)."""
+    path = tmp_path / "names.h5"
+    with h5py.File(path, "w") as f:
+        f["w"] = np.arange(2)
+        h5py.h5a.create(f.id, b"n\x96e", h5t.STD_I64LE, h5s.create(h5s.SCALAR)).write(
+            np.array(7, np.int64)
+        )
+    with tb.open(path) as f:
+        assert f.plain_values() == {"n\udc96e": 7} and f.notes == []
 
 
 def test_names_are_checked_before_anything_is_written(tmp_path: Path) -> None:

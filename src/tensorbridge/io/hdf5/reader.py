@@ -377,7 +377,9 @@ class HDF5File(TensorFile):
                 for key in obj.attrs:
                     if marked and key == MARKER:  # the type's name, not metadata
                         continue
-                    what = f"{name}@{key}" if name else key
+                    # h5py gives a name that is no UTF-8 as bytes
+                    text = key if isinstance(key, str) else key.decode("utf-8", "surrogateescape")
+                    what = f"{name}@{text}" if name else text
                     if self._readable(obj, key, self._size):
                         out[what] = self._attribute(obj, key, name)
                     else:
@@ -423,7 +425,8 @@ class HDF5File(TensorFile):
         if addr not in self._lengths:
             self._lengths[addr] = attribute_lengths(self._read, self._layout, addr)
         lengths = self._lengths[addr]
-        return lengths is not None and lengths.get(key, longest + 1) <= longest
+        text = key if isinstance(key, str) else key.decode("utf-8", "surrogateescape")
+        return lengths is not None and lengths.get(text, longest + 1) <= longest
 
     def _attribute(self, obj: Any, key: str, name: str) -> Any:
         aid = obj.attrs.get_id(key)

@@ -176,6 +176,7 @@ def _attributes(
 ) -> list[tuple[str, str, Any]]:
     """``(object path, attribute name, value)`` for each metadata key, values checked."""
     paths = {it.name for it in items}
+    marked = {it.name: marker_of(it.row) for it in items if marker_of(it.row) is not None}
     paths |= {it.name.rsplit("/", i)[0] for it in items for i in range(1, it.name.count("/") + 1)}
     out = []
     for key, value in (metadata or {}).items():
@@ -186,6 +187,11 @@ def _attributes(
         obj, at, attr = key.rpartition("@")
         if not (at and obj in paths and attr):
             obj, attr = "", key  # the root's (a name may hold '@' itself)
+        if attr == MARKER and obj in marked:
+            raise InvalidArgumentError(
+                f"{where}: metadata {key!r} would replace the {MARKER!r} attribute that names "
+                f"{obj!r}'s type ({marked[obj]}); leave it out of metadata="
+            )
         out.append((obj, attr, _attribute_value(key, value, where)))
     return out
 
