@@ -17,6 +17,8 @@ directory: one array per tensor)       ``pip install tensorbridge[zarr]``)
 a shard index (``*.index.json``) and   :mod:`tensorbridge.io.sharded`
 its shards, or a directory holding one
 GGUF (llama.cpp's ``.gguf``)           :mod:`tensorbridge.io.gguf`
+HDF5 (``.h5``, ``.hdf5``; Keras        :mod:`tensorbridge.io.hdf5` (needs
+``.weights.h5`` and ``.keras``)        ``pip install tensorbridge[hdf5]``)
 =====================================  =========================================
 
 **Reading** looks at a file's first bytes (:mod:`tensorbridge.io._detect`), not its

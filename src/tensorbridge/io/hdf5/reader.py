@@ -36,7 +36,7 @@ from .source import DEFLATE_RATIO, open_source
 
 __all__ = ["DEFLATE_RATIO", "FILTERS", "MAX_DEPTH", "MAX_FILL_BYTES", "HDF5File", "load", "open"]
 
-MAX_FILL_BYTES = 8 << 20  # what a read may make up (fill values) beyond the stored bytes
+MAX_FILL_BYTES = 4 << 20  # what a read may make up (fill values) beyond the stored bytes
 MAX_DEPTH = 256  # groups nested deeper are refused (a walk of a corrupt file ends)
 # HDF5's own filters (deflate, shuffle, fletcher32, szip, nbit, scaleoffset) and h5py's
 # lzf; any other id names a plugin HDF5 would load from its plugin path to run it
@@ -308,13 +308,9 @@ class HDF5File(TensorFile):
         dsid = self._dataset(name)
         with self._errors(f", dataset {name!r}"):
             dsid.read(h5s.ALL, h5s.ALL, buf, mtype=dsid.get_type())
-        view = e.stored.view_dtype
-        if view is not None:
-            out = buf.view(view)
-            return out if out.dtype.isnative else out.astype(out.dtype.newbyteorder("="))
-        unit = e.stored.unit  # big-endian ml_dtypes values: swap each number's bytes
-        swapped = buf.view(f">u{unit}").astype(f"<u{unit}")
-        return swapped.view(e.stored.row.numpy).reshape(e.shape)
+        if e.stored.big_endian and e.stored.unit > 1:  # each number's bytes swapped in place
+            buf.reshape(-1).view(f"u{e.stored.unit}").byteswap(inplace=True)
+        return buf.view(e.stored.row.numpy)
 
     def _check_fill(self, name: str, e: _Entry) -> None:
         """Refuse a read whose size the stored bytes cannot account for.
