@@ -46,6 +46,7 @@ SECTIONS = (
     "dcp_save",
     "quant",
     "dcp_convert",
+    "hdf5",
     "onnx_models",
     "cuda",
 )

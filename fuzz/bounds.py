@@ -63,6 +63,7 @@ class Outcome:
 def warm_up() -> None:
     """Import everything a reader may import lazily, so no watchdog fires mid-import."""
     import gguf  # noqa: F401
+    import h5py  # noqa: F401
     import safetensors  # noqa: F401
     import torch.distributed.checkpoint  # noqa: F401
     import zarr  # noqa: F401

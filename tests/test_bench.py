@@ -48,8 +48,9 @@ HEADINGS = [
     "## 12. Distributed checkpoints: dcp.save to Hugging Face safetensors on 2 ranks",
     "## 13. Quantized weights: dequantize throughput and streamed conversion",
     "## 14. DCP checkpoints to sharded safetensors: peak memory against size",
-    "## 15. ONNX models: open, read-all and memory against onnx.load",
-    "## 16. Device transfers of whole trees (CUDA)",
+    "## 15. HDF5: open, mapped reads and writes against h5py",
+    "## 16. ONNX models: open, read-all and memory against onnx.load",
+    "## 17. Device transfers of whole trees (CUDA)",
 ]
 # a section that cannot run here (no CUDA device) is left out of the report, and said so
 SHOWN = HEADINGS if torch.cuda.is_available() else HEADINGS[:-1]

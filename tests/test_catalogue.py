@@ -880,7 +880,7 @@ ROWS: list[Row] = [
         "`tb.save(sd, 'x.foo')`",
         lambda e: tb.save({"a": F32}, "x.foo"),
         tb.FormatError,
-        r"use \.bin, \.gguf, \.npy",
+        r"use \.bin, \.gguf, \.h5, \.hdf5, \.npy",
         "use a suffix from the list",
     ),
     Row(

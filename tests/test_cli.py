@@ -304,7 +304,7 @@ def test_convert_pt_to_pt_keeps_the_nesting(
     assert one_error_line(err, "convert") == (
         "list.pt: layers is a list, and leaving out its item 'layers.0' would "
         "renumber the items after it; keep all of its items or none (--include / --exclude), "
-        "or convert to .safetensors / .npz / .gguf / .zarr / .onnx, which keep flat names"
+        "or convert to .safetensors / .npz / .gguf / .zarr / .h5 / .onnx, which keep flat names"
     )
 
 
@@ -320,20 +320,21 @@ def test_metadata_that_names_tensors_and_no_metadata(
     assert rc == 1
     assert one_error_line(err, "convert") == (
         f"metadata key 'h1' of {src.name} is also a tensor's name; a torch zip archive cannot "
-        "hold both: write .safetensors or .gguf or .zarr or .onnx, or pass --no-metadata to "
-        "leave the metadata out"
+        "hold both: write .safetensors or .gguf or .zarr or .h5 or .onnx, or pass --no-metadata "
+        "to leave the metadata out"
     )
     rc, _, err = run(capsys, "convert", src, tmp_path / "h.pt", "--no-metadata")
     assert (rc, err) == (0, "")
     assert sorted(torch.load(tmp_path / "h.pt", weights_only=True)) == ["h1", "h2"]
     rc, _, err = run(capsys, "convert", src, tmp_path / "h.npz")  # the hint names only homes
-    assert rc == 0 and "(convert to .safetensors or .gguf or .zarr or .onnx to keep it;" in err
+    homes = ".safetensors or .gguf or .zarr or .h5 or .onnx"
+    assert rc == 0 and f"(convert to {homes} to keep it;" in err
     with tb.open(src) as f:
         with pytest.raises(tb.TensorBridgeError, match=r"or pass metadata=False to leave"):
             tb.save(f, tmp_path / "api.pt")
         tb.save(f, tmp_path / "api.pt", metadata=False)
         with pytest.warns(
-            UserWarning, match=r"save to .safetensors or .gguf or .zarr or .onnx to keep"
+            UserWarning, match=r"save to .safetensors or .gguf or .zarr or .h5 or .onnx to keep"
         ):
             tb.save(f, tmp_path / "api.npz")
         tb.save(f, tmp_path / "quiet.npz", metadata=False)  # no warning: asked for
@@ -1345,8 +1346,8 @@ def test_convert_help_lists_what_each_suffix_keeps(capsys: pytest.CaptureFixture
             last = line.split("  ")[1].strip()
             rows[last] = line
     assert set(rows) == {
-        ".safetensors", ".npy", ".npz", ".pt, .pth, .bin", ".gguf", ".zarr", ".onnx", "DIR/",
-        "NAME.safetensors.index.json", "DIR/ --format npy",
+        ".safetensors", ".npy", ".npz", ".pt, .pth, .bin", ".gguf", ".zarr", ".h5, .hdf5",
+        ".onnx", "DIR/", "NAME.safetensors.index.json", "DIR/ --format npy",
     }  # fmt: skip
     assert "--into MODEL" in rows[".onnx"]
     assert "--into MODEL" in out and "(.onnx destinations)" in out  # the row's own option
@@ -1383,7 +1384,6 @@ def test_json_metadata_keeps_gguf_types(capsys: pytest.CaptureFixture[str], tmp_
 
 _FOREIGN_FILES = {
     "model.tflite": (b"\x1c\x00\x00\x00TFL3" + bytes(40), "a TensorFlow Lite model"),
-    "weights.h5": (b"\x89HDF\r\n\x1a\n" + bytes(40), "an HDF5 file (Keras .h5 weights)"),
     "model.mlmodel": (b"\x08\x04\x12\x08\x0a\x06\x0a\x04in_x", "a Core ML model (.mlmodel)"),
     "saved_model.pb": (b"\x08\x01\x12\x04\x0a\x02\x0a\x00", "a TensorFlow SavedModel"),
 }
@@ -1407,16 +1407,9 @@ def _check_foreign(capsys: pytest.CaptureFixture[str], path: Path, what: str) ->
     assert "a legacy (pre-1.6) torch.save file" in line  # among the formats read
 
 
-def test_other_toolkits_archives_and_directories_are_named(
+def test_other_toolkits_directories_are_named(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    import zipfile
-
-    with zipfile.ZipFile(tmp_path / "model.keras", "w") as z:
-        z.writestr("metadata.json", "{}")
-        z.writestr("config.json", "{}")
-        z.writestr("model.weights.h5", b"\x89HDF\r\n\x1a\n")
-    _check_foreign(capsys, tmp_path / "model.keras", "a Keras .keras archive")
     saved = tmp_path / "saved"
     (saved / "variables").mkdir(parents=True)
     (saved / "saved_model.pb").write_bytes(_FOREIGN_FILES["saved_model.pb"][0])

@@ -26,7 +26,7 @@ from fuzz.mutators import boundaries, mutate
 from fuzz.targets import JSON_EXPANSION, READERS, seeds
 
 # the harness reads every format, so it needs the extras' packages (CI installs them)
-for _extra in ("gguf", "zarr", "onnx"):
+for _extra in ("gguf", "zarr", "h5py", "onnx"):
     pytest.importorskip(_extra, reason=f"the fuzz harness reads every format; {_extra} "
                         "(an optional extra) is not installed")  # fmt: skip
 

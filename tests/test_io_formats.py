@@ -35,12 +35,17 @@ def required(fmt: Format) -> dict[str, str]:
     return {key: "test" for key in fmt.required_metadata}
 
 
+# the module an extra installs, where it is not named like the extra
+_EXTRA_MODULE = {"hdf5": "h5py"}
+
+
 @pytest.fixture(autouse=True)
 def _extras_installed(request: pytest.FixtureRequest) -> None:
     """A format whose optional library is missing is skipped, not failed."""
     fmt = getattr(request.node, "callspec", None) and request.node.callspec.params.get("fmt")
     if isinstance(fmt, Format) and fmt.extra:
-        pytest.importorskip(fmt.extra, reason=f"pip install tensorbridge[{fmt.extra}]")
+        module = _EXTRA_MODULE.get(fmt.extra, fmt.extra)
+        pytest.importorskip(module, reason=f"pip install tensorbridge[{fmt.extra}]")
 
 
 def two(fmt: Format) -> dict[str, np.ndarray]:
@@ -56,7 +61,18 @@ def test_rows_are_consistent() -> None:
     assert len(suffixes) == len(set(suffixes)) and len(kinds) == len(set(kinds))
     assert all(s.startswith(".") and s == s.lower() for s in suffixes)
     names = [f.name for f in FORMATS]
-    assert names == ["safetensors", "npy", "npz", "pt", "gguf", "zarr", "dcp", "npy-dir", "onnx"]
+    assert names == [
+        "safetensors",
+        "npy",
+        "npz",
+        "pt",
+        "gguf",
+        "zarr",
+        "hdf5",
+        "dcp",
+        "npy-dir",
+        "onnx",
+    ]
     for f in FORMATS:
         assert f.single_array or f.many_arrays, f.name
         assert not f.text_metadata or f.metadata, f.name
@@ -94,8 +110,10 @@ def test_every_save_has_the_one_signature(fmt: Format) -> None:
 
 
 def test_listing_follows_the_table_order() -> None:
-    assert listing(lambda f: f.metadata, " or ") == ".safetensors or .pt or .gguf or .zarr or .onnx"
-    assert listing(lambda f: f.many_arrays) == ".safetensors / .npz / .pt / .gguf / .zarr / .onnx"
+    metadata_suffixes = ".safetensors or .pt or .gguf or .zarr or .h5 or .onnx"
+    many_suffixes = ".safetensors / .npz / .pt / .gguf / .zarr / .h5 / .onnx"
+    assert listing(lambda f: f.metadata, " or ") == metadata_suffixes
+    assert listing(lambda f: f.many_arrays) == many_suffixes
     assert listing(lambda f: False) == ""
 
 
@@ -230,7 +248,7 @@ def test_raw_dtype(fmt: Format, tmp_path: Path) -> None:
         with tb.open(path, dtype="bf16") as f:  # no raw member here: the dtypes stay
             assert f.info(f.keys()[0])[0].name == "float32"
         return
-    with pytest.raises(ValueError, match=r"np.save wrote from ml_dtypes arrays \(.npy / .npz\)"):
+    with pytest.raises(ValueError, match=r"an ml_dtypes array was saved as \(.npy / .npz / .h5\)"):
         tb.open(path, dtype="bf16")
 
 
@@ -371,7 +389,8 @@ def test_cli_messages_come_from_the_table(
     assert main(["convert", str(src), str(tmp_path / "o.npz")]) == 0
     assert capsys.readouterr().err == (
         "note: dropped metadata who: .npz files have no place for it (convert to "
-        ".safetensors or .pt or .gguf or .zarr or .onnx to keep it; --no-metadata leaves it out "
+        ".safetensors or .pt or .gguf or .zarr or .h5 or .onnx to keep it; --no-metadata leaves it "
+        "out "
         "without this note)\n"
     )
     assert main(["convert", str(src), str(tmp_path / "o.npz"), "--overwrite", "-q"]) == 0

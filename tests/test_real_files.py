@@ -303,7 +303,8 @@ def test_convert_keeps_metadata(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert rc == 0 and json.loads(out)["dropped_metadata"] == ["epoch", "lr"]
     assert err == (
         "note: dropped metadata epoch, lr: .npz files have no place for it (convert to "
-        ".safetensors or .pt or .gguf or .zarr or .onnx to keep it; --no-metadata leaves it out "
+        ".safetensors or .pt or .gguf or .zarr or .h5 or .onnx to keep it; --no-metadata leaves it "
+        "out "
         "without this note)\n"
     )
 

@@ -30,8 +30,11 @@ from .errors import DestinationError
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+def atomic_write(path: str | os.PathLike[str], *, readable: bool = False) -> Iterator[BinaryIO]:
     """Open a temporary file beside ``path``; on success fsync it and rename it into place.
+
+    ``readable=True`` opens it for reading too, for a writer whose library reads back
+    what it wrote (HDF5's, through h5py's file-object driver).
 
     Missing parent directories are created (like ``save_pretrained``). A write that
     fails (disk full, file size limit, no permission, a directory in the way) raises
@@ -46,7 +49,7 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     ['x.bin']
     """
     with StagedFiles() as staged:
-        with staged.write(path) as f:
+        with staged.write(path, readable=readable) as f:
             yield f
         staged.commit()
 
@@ -85,15 +88,17 @@ class StagedFiles:
         return claim
 
     @contextlib.contextmanager
-    def write(self, path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
-        """A temporary file beside ``path``, fsynced when the block ends without an error."""
+    def write(self, path: str | os.PathLike[str], *, readable: bool = False) -> Iterator[BinaryIO]:
+        """A temporary file beside ``path`` (open for reading too when ``readable``), fsynced
+        when the block ends without an error."""
         target = Path(path)
         with destination_errors(target, only_destination=True):
             target.parent.mkdir(parents=True, exist_ok=True)
             if target.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "Is a directory")
             tmp = str(self.claim(target.parent).temp(target))
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+            access = os.O_RDWR if readable else os.O_WRONLY
+            flags = access | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
             fd = os.open(
                 tmp, flags | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0), 0o600
             )
@@ -102,7 +107,7 @@ class StagedFiles:
                 umask = os.umask(0)
                 os.umask(umask)
                 os.fchmod(fd, 0o666 & ~umask)
-                with os.fdopen(fd, "wb") as f:
+                with os.fdopen(fd, "w+b" if readable else "wb") as f:
                     yield f
                     f.flush()
                     os.fsync(f.fileno())

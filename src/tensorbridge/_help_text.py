@@ -1,7 +1,6 @@
 """Help text the command line prints without importing the format table (which imports torch).
 
-Generated from the format table by ``tensorbridge.cli.destinations_from_table()`` and
-``save_options_from_table()``;
+Generated from the format table by ``tensorbridge.cli.destinations_from_table()``;
 ``tests/test_cli.py`` checks that it is current (regenerate with
 ``PYTHONPATH=src python -c "import tensorbridge.cli as c; c.write_help_text()"``).
 """
@@ -24,6 +23,9 @@ DESTINATIONS = (
     "  .gguf                        tensors by name; typed metadata\n"
     "                               (general.architecture required)\n"
     "  .zarr                        one array per tensor; metadata as attributes\n"
+    "  .h5, .hdf5                   tensors by name ('/' makes groups); metadata "
+    "as\n"
+    "                               attributes\n"
     "  .onnx                        initializers by name (--into MODEL: its "
     "weights\n"
     "                               replaced); metadata as text; weights as "

@@ -17,6 +17,8 @@ directory: one array per tensor)       ``pip install tensorbridge[zarr]``)
 a shard index (``*.index.json``) and   :mod:`tensorbridge.io.sharded`
 its shards, or a directory holding one
 GGUF (llama.cpp's ``.gguf``)           :mod:`tensorbridge.io.gguf`
+HDF5 (``.h5``, ``.hdf5``; Keras        :mod:`tensorbridge.io.hdf5` (needs
+``.weights.h5`` and ``.keras``)        ``pip install tensorbridge[hdf5]``)
 ONNX models' initializers (``.onnx``;  :mod:`tensorbridge.io.onnx` (writing needs
 external data beside it)               ``pip install tensorbridge[onnx]``)
 =====================================  =========================================
@@ -159,7 +161,7 @@ def _reader(
         raise FormatError(refusal)
     if dtype is not None and not (fmt is None or fmt.raw_dtype):
         raise InvalidArgumentError(
-            f"dtype= names the type of raw bytes np.save wrote from ml_dtypes arrays "
+            f"dtype= names the type of raw bytes an ml_dtypes array was saved as "
             f"({listing(lambda f: f.raw_dtype)}); {where} is {describe(kind)}: to cast "
             "values pass float_dtype= (command line: --float-dtype)"
         )

@@ -14,6 +14,9 @@ kind               how it is recognised
 ``pt-legacy``      a pickle that starts with torch's legacy magic number (before 1.6)
 ``torchscript``    a zip archive with ``constants.pkl`` or ``code/`` (``torch.jit.save``)
 ``gguf``           the ``GGUF`` magic
+``hdf5``           the HDF5 signature ``\\x89HDF\\r\\n\\x1a\\n`` at 0 or after a user block
+                   (512, 1024, ...), or a zip archive holding ``model.weights.h5`` (a
+                   Keras ``.keras`` archive: its weights are read)
 ``pickle``         any other pickle
 ``index``          JSON: a shard index (``*.safetensors.index.json``, ``*.bin.index.json``)
 ``zarr``           a directory whose ``zarr.json`` is a Zarr v3 group or array
@@ -30,16 +33,15 @@ Model files of other toolkits are recognised too, so that a refusal says what th
 is (:data:`FOREIGN`); none of them is read:
 
 =================  ===================================================================
-``hdf5``           the HDF5 signature ``\\x89HDF\\r\\n\\x1a\\n`` (Keras ``.h5``, ``.weights.h5``)
-``keras``          a zip archive with ``config.json`` and ``model.weights.h5`` (``.keras``)
 ``tflite``         a FlatBuffer whose file identifier (bytes 4-8) is ``TFL3``
 ``coreml``         a protobuf starting with field 1 and a nested message (``.mlmodel``)
 ``mlpackage``      a directory with ``Manifest.json`` and ``Data/com.apple.CoreML``
 ``savedmodel``     a directory with ``saved_model.pb``, or that protobuf itself
 =================  ===================================================================
 
-A fixed magic (``npy``'s, GGUF's) or a sniff hook is the format's own, read from its
-row in ``tensorbridge.io._formats``; the structural rules above are this module's. Which
+A fixed magic (``npy``'s, GGUF's, HDF5's), the further offsets it may sit at, a sniff
+hook and the zip members that make an archive a format's are the format's own, read from
+its row in ``tensorbridge.io._formats``; the structural rules above are this module's. Which
 format reads a kind, what it is called in messages, and which names a directory is
 searched for come from those rows too.
 
@@ -98,8 +100,6 @@ def is_legacy_pt(head: bytes) -> bool:
 # model files of other toolkits: recognised so that a refusal names them, never read
 FOREIGN = {
     "tflite": "a TensorFlow Lite model",
-    "keras": "a Keras .keras archive",
-    "hdf5": "an HDF5 file (Keras .h5 weights)",
     "coreml": "a Core ML model (.mlmodel)",
     "mlpackage": "a Core ML package (.mlpackage)",
     "savedmodel": "a TensorFlow SavedModel",
@@ -148,6 +148,9 @@ def detect(path: str | os.PathLike[str]) -> str:
         if is_legacy_pt(head):
             return "pt-legacy"
         return "dcp" if _is_dcp_metadata(path) else "pickle"
+    later = _magic_later(path, size)
+    if later is not None:
+        return later
     if head.lstrip()[:1] == b"{":
         return "index"
     return _sniffed(path) or _foreign_kind(path, head) or "unknown"
@@ -163,13 +166,25 @@ def _sniffed(path: str | os.PathLike[str]) -> str | None:
     return next((f.kinds[0] for f in sniffing if f.recognises(head)), None)
 
 
-_HDF5 = b"\x89HDF\r\n\x1a\n"
+def _magic_later(path: str | os.PathLike[str], size: int) -> str | None:
+    """The kind of the first row whose magic sits at one of its further offsets (HDF5's
+    superblock after a user block), or None."""
+    rows = [f for f in FORMATS if f.magic and f.magic_offsets]
+    if not rows:
+        return None
+    with open_regular(path) as f:
+        for fmt in rows:
+            for at in fmt.magic_offsets:
+                if at + len(fmt.magic) > size:
+                    break
+                f.seek(at)
+                if f.read(len(fmt.magic)) == fmt.magic:
+                    return fmt.kinds[0]
+    return None
 
 
 def _foreign_kind(path: str | os.PathLike[str], head: bytes) -> str | None:
     """Another toolkit's model file (see :data:`FOREIGN`), from its first bytes, or None."""
-    if head.startswith(_HDF5):
-        return "hdf5"
     if head[4:8] == b"TFL3":
         return "tflite"
     if head[:1] != b"\x08":  # protobuf field 1 as a varint: Core ML, SavedModel (ONNX: sniffed)
@@ -242,8 +257,10 @@ def _zip_kind(path: str | os.PathLike[str]) -> str:
         return "pt"
     if all(n.endswith((".npy", "/")) for n in names):
         return "npz"
-    if "config.json" in names and any(n.endswith(".weights.h5") for n in names):
-        return "keras"
+    members = set(names)
+    for fmt in FORMATS:  # a format whose file an archive holds (a .keras: HDF5 weights)
+        if members.intersection(fmt.zip_members):
+            return fmt.kinds[0]
     return "zip"
 
 

@@ -135,8 +135,10 @@ def carried_metadata(
 def metadata_homes(keys: list[str], names: list[str]) -> str:
     """The suffixes of the formats that can keep metadata ``keys`` beside tensors ``names``.
 
-    >>> metadata_homes(["epoch"], ["w"]), metadata_homes(["w"], ["w"])
-    ('.safetensors or .pt or .gguf or .zarr or .onnx', '.safetensors or .gguf or .zarr or .onnx')
+    >>> metadata_homes(["epoch"], ["w"])
+    '.safetensors or .pt or .gguf or .zarr or .h5 or .onnx'
+    >>> metadata_homes(["w"], ["w"])
+    '.safetensors or .gguf or .zarr or .h5 or .onnx'
     """
     clash = any(k in names for k in keys)
     return listing(lambda f: f.metadata and not (clash and f.metadata_with_tensors), " or ")
