@@ -1239,7 +1239,8 @@ def test_convert_help_lists_what_each_suffix_keeps(capsys: pytest.CaptureFixture
         "NAME.safetensors.index.json", "DIR/ --format npy",
     }  # fmt: skip
     assert "metadata as text" in rows[".safetensors"] and "shards" in rows[".safetensors"]
-    assert "one array; no metadata" in rows[".npy"]
+    assert "one array, of any dtype of the table; no metadata" in rows[".npy"]
+    assert "of any dtype of the table (int4, float6, ...)" in rows[".npz"]  # issue 29
     assert "general.architecture required" in rows[".gguf"]
     assert "nesting and plain values" in rows[".pt, .pth, .bin"]
 
