@@ -270,6 +270,18 @@ def test_sub_byte_integers_are_refused_naming_a_format_that_keeps_them(
     assert not (tmp_path / "x.zarr").exists()
 
 
+def test_a_shell_dtype_is_refused_naming_its_bytes(tmp_path: Path) -> None:
+    """torch.int3 has no row; the refusal names the view of its bytes. Packed float4 is one
+    byte to DCP's planner, so it is not refused here."""
+    t = torch.arange(4, dtype=torch.uint8).view(torch.int3)
+    with warnings.catch_warnings(), pytest.raises(CheckpointException) as info:
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"q": t}, storage_writer=tb.ZarrWriter(tmp_path / "x.zarr"), no_dist=True)
+    (error, _), *_ = info.value.failures.values()
+    assert isinstance(error, tb.UnsupportedDtypeError)
+    assert str(error).endswith("save x.view(torch.int8), its bytes as torch holds them")
+
+
 def _peak_growth(rank: int, world: int, path: str, rows: int, buffer: int) -> dict[str, int]:
     """Save a ``rows x 8192`` bf16 Shard(0) tensor; the RSS this rank grew by while saving."""
     mesh = init_device_mesh("cpu", (world,))

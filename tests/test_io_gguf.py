@@ -385,6 +385,10 @@ def test_the_new_rows_are_refused_naming_npy_or_cast(tmp_path: Path, row: tb.DTy
         tb.save({"x": a}, path, metadata=ARCH, float_dtype="float32")
         want = tb.to_numpy(a, dtype="float32")
         assert tb.load(path)["x"].tobytes() == want.tobytes()  # NaN payloads included
+        tb.save({"x": a.reshape(1, -1)}, path, metadata=ARCH, quantize="q8_0", overwrite=True)
+        with tb.open(path, dequantize="float32") as f:  # Q8_0 of the values: 1/127 of max
+            error = np.abs(f["x"] - want.reshape(1, -1))
+        assert np.isfinite(want).all() and error.max() <= np.abs(want).max() / 127
 
 
 def test_save_refusals(tmp_path: Path) -> None:

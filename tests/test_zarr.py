@@ -463,6 +463,23 @@ def test_every_bit_pattern_of_the_new_rows_round_trips(tmp_path: Path, row: tb.D
     assert plain.dtype == row.numpy and bits(plain) == bits(a)
 
 
+@pytest.mark.parametrize("row", [r for r in IN_ZARR if not r.kernels], ids=lambda r: r.name)
+def test_tensorstore_reads_the_new_types_it_knows(tmp_path: Path, row: tb.DTypeRow) -> None:
+    """What tb.save writes of int4, float8_e3m4, ... tensorstore opens bit for bit; a
+    zarr-extensions name it lacks (float6, uint4, ...) it refuses by that name."""
+    ts = pytest.importorskip("tensorstore", reason="tensorstore is not installed")
+    a = make_patterns(row)
+    tb.save({"a": a}, tmp_path / "n.zarr")
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "n.zarr/a")}}
+    name = zd.zarr_name(row.numpy)
+    if name in NOT_TENSORSTORE:
+        with pytest.raises(ValueError, match=rf"{name} data type is not one of the supported"):
+            ts.open(spec).result()
+    else:
+        got = ts.open(spec).result().read().result()
+        assert got.dtype == row.numpy and bits(got) == bits(a)
+
+
 @pytest.mark.parametrize("name", sorted(NO_ZARR_TYPE))
 def test_rows_without_a_zarr_data_type_are_refused_naming_npy(tmp_path: Path, name: str) -> None:
     row = tb.resolve_dtype(name)

@@ -12,6 +12,7 @@ types only NumPy has never reach DCP: they are no tensors.
 
 >>> import torch
 >>> check_plannable("w", torch.bfloat16)
+>>> check_plannable("w", torch.float4_e2m1fn_x2)  # one byte to the planner: fine
 >>> check_plannable("w", torch.int4)
 Traceback (most recent call last):
 ...
@@ -25,16 +26,21 @@ from __future__ import annotations
 import torch
 
 from .._tensorfile import keeping
-from ..dtypes import resolve_dtype
+from ..dtypes import BY_TORCH, SHELL_BY_TORCH
 from ..errors import UnsupportedDtypeError
 
 
 def check_plannable(name: str, dtype: torch.dtype) -> None:
-    """Raise unless DCP's planner can size a tensor of ``dtype`` (see the module docstring)."""
-    row = resolve_dtype(dtype)
-    if not row.kernels:
-        raise UnsupportedDtypeError(
-            f"tensor {name!r} is torch.{row.name}, which torch.distributed.checkpoint cannot "
-            "plan (its planner sizes items with torch.iinfo, which refuses sub-byte "
-            f"integers); {keeping(row)}"
-        )
+    """Raise if DCP's planner cannot size a tensor of ``dtype`` (see the module docstring):
+    a sub-byte integer, row (``int4``) or shell (``int3``: the fix views its bytes)."""
+    row = BY_TORCH.get(dtype)
+    if row is not None and not row.kernels:
+        fix = keeping(row)
+    elif dtype in SHELL_BY_TORCH:
+        fix = f"save x.view(torch.{SHELL_BY_TORCH[dtype].name}), its bytes as torch holds them"
+    else:
+        return
+    raise UnsupportedDtypeError(
+        f"tensor {name!r} is {dtype}, which torch.distributed.checkpoint cannot plan (its "
+        f"planner sizes items with torch.iinfo, which refuses sub-byte integers); {fix}"
+    )

@@ -44,7 +44,10 @@ become bfloat16 tensors), casts floating values when ``float_dtype`` asks, moves
 the CPU, and hands them to ``torch.save`` inside an atomic write. ``torch.save`` needs
 every tensor in memory at once, so unlike ``.npy`` and ``.safetensors`` a cast save holds
 the whole cast model. Tensors passed as they are keep their shared storage (tied weights
-stay tied), and a view saves its whole storage, as ``torch.save`` always does.
+stay tied), and a view saves its whole storage, as ``torch.save`` always does. torch's
+sub-byte integers (``torch.save`` cannot pickle them) and the types only NumPy has are
+refused before anything is written, naming ``.npy`` / ``.npz``; a file whose pickle
+rebuilds a sub-byte tensor (``torch.load`` reads one) is read like any other.
 """
 
 from __future__ import annotations
