@@ -25,22 +25,17 @@ import tensorbridge as tb
 ROWS = tuple(r for r in tb.dtype_table() if r.in_torch)
 NUMPY_ONLY_ROWS = tuple(r for r in tb.dtype_table() if not r.in_torch)
 
-# --- issue 29 §2: what the file formats and diagnostics do not hold yet -------------------------
-# The bridge (to_numpy / to_torch / trees / describe / plans / DLPack) handles every row; a
-# file format or a diagnostic that does not handle a new row yet is named here with the
-# rows it lacks, and exactly the tests that need it skip those rows (parametrized ones
-# through PENDING_TESTS, loops over the table through `held`). Whoever teaches a format a
-# row removes the row here; its tests then run for it.
+# --- issue 29 §2: what the diagnostics do not hold yet ------------------------------------------
+# The bridge (to_numpy / to_torch / trees / describe / plans / DLPack) and the file formats
+# handle every row (a format that has no place for one refuses it, naming .npy / .npz,
+# and its tests say so); a diagnostic that does not handle a new row yet is named here
+# with the rows it lacks, and exactly the tests that need it skip those rows
+# (parametrized ones through PENDING_TESTS, loops over the table through `held`). Whoever
+# teaches it a row removes the row here; its tests then run for it.
 SUBBYTE = frozenset(r.name for r in ROWS if not r.kernels)  # int1 ... uint4
-NEW_ROWS = SUBBYTE | {r.name for r in NUMPY_ONLY_ROWS}  # every row issue 29 added
-PENDING: dict[str, frozenset[str]] = {
-    ".pt": SUBBYTE,  # torch.save: "dtype torch.int4 is not recognized"
-    "Zarr": NEW_ROWS,  # no Zarr data type for int1 ... (zarr_dtypes.py, tensorstore names)
-}
+PENDING: dict[str, frozenset[str]] = {}
 # (test module, test function) -> the format or diagnostic its row parameter goes through
-PENDING_TESTS: dict[tuple[str, str], str] = {
-    ("test_io_pt", "test_round_trip_every_dtype"): ".pt",
-}
+PENDING_TESTS: dict[tuple[str, str], str] = {}
 
 
 def pending_reason(what: str, row: str) -> str:
@@ -49,7 +44,9 @@ def pending_reason(what: str, row: str) -> str:
 
 def held(what: str, rows: Any = None) -> tuple[tb.DTypeRow, ...]:
     """The rows (by default every row torch has) that ``what`` holds today."""
-    return tuple(r for r in (ROWS if rows is None else rows) if r.name not in PENDING[what])
+    return tuple(
+        r for r in (ROWS if rows is None else rows) if r.name not in PENDING.get(what, frozenset())
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

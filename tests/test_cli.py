@@ -1352,7 +1352,8 @@ def test_convert_help_lists_what_each_suffix_keeps(capsys: pytest.CaptureFixture
     assert "--into MODEL" in rows[".onnx"]
     assert "--into MODEL" in out and "(.onnx destinations)" in out  # the row's own option
     assert "metadata as text" in rows[".safetensors"] and "shards" in rows[".safetensors"]
-    assert "one array; no metadata" in rows[".npy"]
+    assert "one array, of any dtype of the table; no metadata" in rows[".npy"]
+    assert "of any dtype of the table (int4, float6, ...)" in rows[".npz"]  # issue 29
     assert "general.architecture required" in rows[".gguf"]
     assert "nesting and plain values" in rows[".pt, .pth, .bin"]
 

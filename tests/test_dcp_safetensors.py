@@ -432,7 +432,22 @@ def test_a_dtype_without_a_safetensors_code_is_refused_before_writing(tmp_path: 
 
     (error, _), *_ = info.value.failures.values()
     assert isinstance(error, tb.UnsupportedDtypeError)
-    assert "'z' is complex128, which has no safetensors dtype code" in str(error)
+    assert "tensor 'z': complex128 has no safetensors dtype code; pass torch.view_as_real" in str(
+        error
+    )
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
+
+
+def test_a_sub_byte_integer_is_refused_naming_a_format_that_keeps_it(tmp_path: Path) -> None:
+    """DCP's planner cannot size torch.int4 (torch.iinfo refuses it): the writer says so
+    first, naming the tensor and .npy/.npz (safetensors has no code for int4 either)."""
+    sd = {"ok": torch.ones(2), "q": torch.arange(4, dtype=torch.uint8).view(torch.int4)}
+    with pytest.raises(CheckpointException) as info:
+        dcp.save(sd, storage_writer=tb.SafetensorsWriter(tmp_path / "c"))
+    (error, _), *_ = info.value.failures.values()
+    assert isinstance(error, tb.UnsupportedDtypeError)
+    assert "tensor 'q' is torch.int4, which torch.distributed.checkpoint cannot plan" in str(error)
+    assert str(error).endswith("save it to .npy or .npz, which keep int4 as it is")
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
 
 

@@ -415,3 +415,65 @@ def test_cli_messages_come_from_the_table(
 def test_docstring_examples_run(module: str) -> None:
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+# --- the low-precision rows: the docs' table of which format holds which ------------------------
+
+_DOCS = Path(__file__).resolve().parent.parent / "docs" / "formats.md"
+_HOLDS_SUFFIX = {
+    "`.npy` / `.npz`": (".npy", ".npz"),
+    "safetensors": (".safetensors",),
+    "`.pt`": (".pt",),
+    "GGUF": (".gguf",),
+    "Zarr `data_type`": (".zarr",),
+}
+
+
+def _cells(name: str) -> dict[str, str]:
+    """docs/formats.md's table row of ``name``: column -> cell."""
+    text = _DOCS.read_text(encoding="utf-8")
+    table = text[text.index("<!-- tb:low-precision-formats") :].split("\n\n")[0]
+    lines = table.splitlines()[1:]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    return {r[0]: dict(zip(header[1:], r[1:], strict=True)) for r in rows}.get(name, {})
+
+
+def _holds_table() -> dict[str, dict[str, str]]:
+    """docs/formats.md's table: dtype -> column -> the cell's first word ("yes" / "no")."""
+    names = [r.name for r in tb.dtype_table() if not r.kernels]
+    table = {n: {k: c.split()[0] for k, c in _cells(n).items()} for n in names}
+    return {n: cells for n, cells in table.items() if cells}
+
+
+def test_the_docs_table_names_every_new_row() -> None:
+    assert set(_holds_table()) == {r.name for r in tb.dtype_table() if not r.kernels}
+
+
+@pytest.mark.parametrize("name", sorted(_holds_table()))
+def test_every_format_holds_or_refuses_a_new_row_as_the_docs_say(tmp_path: Path, name: str) -> None:
+    """Held: every byte value back, from NumPy and (where torch has the type) from torch.
+    Not held: refused before anything is written, naming .npy / .npz."""
+    pytest.importorskip("zarr", reason="pip install tensorbridge[zarr]")
+    row = tb.resolve_dtype(name)
+    a = np.arange(256, dtype=np.uint8)[: 64 * row.itemsize].view(row.numpy).reshape(4, -1)
+    sources = (a, tb.to_torch(a)) if row.in_torch else (a,)
+    for column, cell in _holds_table()[name].items():
+        for suffix in _HOLDS_SUFFIX[column]:
+            path = tmp_path / f"m{suffix}"
+            options = {"metadata": {"general.architecture": "x"}} if suffix == ".gguf" else {}
+            for value in sources:
+                saved = value if suffix == ".npy" else {"w": value}  # .npy: one array
+                if cell == "yes":
+                    tb.save(saved, path, overwrite=True, **options)
+                    got = tb.load(path) if suffix == ".npy" else tb.load(path)["w"]
+                    want = a.view(np.uint8)
+                    if "packed" in _cells(name)[column]:  # F4: a value's own 4 bits only
+                        want = want & 0x0F
+                    assert got.dtype == row.numpy and got.tobytes() == want.tobytes(), suffix
+                    continue
+                assert cell == "no", (name, column, cell)
+                with pytest.raises(tb.UnsupportedDtypeError) as info:
+                    tb.save(saved, path, **options)
+                assert ".npy" in str(info.value) and ".npz" in str(info.value), str(info.value)
+                assert not path.exists(), suffix

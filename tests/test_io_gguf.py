@@ -364,6 +364,33 @@ def test_q8_0_is_bit_identical_to_ggufs_quantizer(dtype: torch.dtype, tmp_path: 
     assert np.array_equal(back, quants.dequantize(np.asarray(want), Q.Q8_0))
 
 
+@pytest.mark.parametrize(
+    "row", [r for r in tb.dtype_table() if not r.kernels], ids=lambda r: r.name
+)
+def test_the_new_rows_are_refused_naming_npy_or_cast(tmp_path: Path, row: tb.DTypeRow) -> None:
+    """GGUF has no type for int4, float6, ...: refused naming .npy/.npz; a float row casts
+    with float_dtype= (ml_dtypes' cast: torch has no kernel) or quantizes to Q8_0."""
+    path = tmp_path / "m.gguf"
+    a = np.arange(64, dtype=np.uint8)[: 32 * row.itemsize].view(row.numpy).reshape(2, -1)
+    for value in (a, tb.to_torch(a)) if row.in_torch else (a,):
+        with pytest.raises(UnsupportedDtypeError) as info:
+            tb.save({"x": value}, path, metadata=ARCH)
+        assert str(info.value).endswith(
+            f"GGUF has no tensor type for {row.name}; it holds float32, float16, int8, int16, "
+            f"int32, int64, float64, bfloat16 (save it to .npy or .npz, which keep {row.name} "
+            "as it is)"
+        )
+    assert not path.exists()
+    if row.is_floating:
+        tb.save({"x": a}, path, metadata=ARCH, float_dtype="float32")
+        want = tb.to_numpy(a, dtype="float32")
+        assert tb.load(path)["x"].tobytes() == want.tobytes()  # NaN payloads included
+        tb.save({"x": a.reshape(1, -1)}, path, metadata=ARCH, quantize="q8_0", overwrite=True)
+        with tb.open(path, dequantize="float32") as f:  # Q8_0 of the values: 1/127 of max
+            error = np.abs(f["x"] - want.reshape(1, -1))
+        assert np.isfinite(want).all() and error.max() <= np.abs(want).max() / 127
+
+
 def test_save_refusals(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     w = {"w": np.zeros((2, 32), np.float32)}

@@ -172,6 +172,70 @@ def test_plain_np_load_reads_the_raw_bits(tmp_path: Path, row: tb.DTypeRow) -> N
         assert np.array_equal(z["w"][row.name], unsigned)
 
 
+# --- the rows issue 29 added: sub-byte integers and the types only NumPy has -----------------
+
+NEW = [r for r in ROWS if not r.kernels]  # int1 ... uint4, float8_e3m4 ... bcomplex32
+
+
+def test_types_only_numpy_has_round_trip_every_bit_pattern(
+    tmp_path: Path, numpy_only_row: tb.DTypeRow
+) -> None:
+    """Kept by the bit-carrier convention, as bf16 and fp8 are (a torch result refused)."""
+    from conftest import make_patterns
+
+    row = numpy_only_row
+    a = shaped(make_patterns(row))
+    npy.save(a, tmp_path / "x.npy")
+    npz.save({"whole": a, "strided": a[..., ::3]}, tmp_path / "x.npz")
+    for mmap in (True, False):
+        got = npy.load(tmp_path / "x.npy", mmap=mmap)
+        assert got.dtype == row.numpy and got.shape == a.shape and bits(got) == bits(a)
+        members = npz.load(tmp_path / "x.npz", mmap=mmap)
+        assert bits(members["whole"]) == bits(a) and bits(members["strided"]) == bits(a[..., ::3])
+        assert {m.dtype for m in members.values()} == {row.numpy}
+    with npy.open(tmp_path / "x.npy") as f:
+        assert f.info("x") == (row, a.shape)
+    assert np.load(tmp_path / "x.npy").dtype == np.dtype([(row.name, f"<u{row.itemsize}")])
+    with pytest.raises(UnsupportedDtypeError, match=rf"ml_dtypes {row.name} has no torch dtype"):
+        npy.load(tmp_path / "x.npy", framework="torch")
+
+
+@pytest.mark.parametrize("row", NEW, ids=lambda r: r.name)
+def test_what_np_save_writes_of_each_new_type_reads_with_dtype(
+    tmp_path: Path, row: tb.DTypeRow
+) -> None:
+    """np.save writes an ml_dtypes array as raw void ('<V1', '<V4' for bcomplex32): the
+    bytes are kept, the type is lost, so only dtype= can restore it."""
+    from conftest import make_patterns
+
+    a = make_patterns(row)
+    np.save(tmp_path / "x.npy", a)
+    np.savez(tmp_path / "x.npz", w=a)
+    with open(tmp_path / "x.npy", "rb") as f:
+        assert np.lib.format.read_magic(f) == (1, 0)
+        stored = np.lib.format.read_array_header_1_0(f)[2]  # as NumPy itself reads it
+    assert stored == np.dtype(f"V{row.itemsize}")
+    width = row.itemsize
+    for name in ("x.npy", "x.npz"):
+        path = tmp_path / name
+        with pytest.raises(UnsupportedDtypeError) as info:
+            tb.load(path)
+        message = str(info.value)
+        assert f"raw {width}-byte data: np.save writes ml_dtypes arrays this way" in message
+        assert f"the {width}-byte types are " in message and row.name in message.split("are ")[-1]
+        for mmap in (True, False):
+            got = tb.load(path, dtype=row.name, mmap=mmap)
+            got = got if name.endswith(".npy") else got["w"]
+            assert got.dtype == row.numpy and bits(got) == bits(a)
+        if row.in_torch:
+            t = tb.load(path, dtype=row.torch, framework="torch")
+            t = t if name.endswith(".npy") else t["w"]
+            assert t.dtype is row.torch and bits(t) == bits(a)
+        other = "bfloat16" if width != 2 else "float8_e4m3fn"
+        with pytest.raises(UnsupportedDtypeError, match=rf"dtype='{other}' does not fit raw"):
+            tb.load(path, dtype=other)
+
+
 def test_np_save_files_load_with_tensorbridge(tmp_path: Path) -> None:
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     np.save(tmp_path / "f.npy", np.asfortranarray(a))

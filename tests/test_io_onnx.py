@@ -547,7 +547,7 @@ def test_convert_from_a_model_keeps_what_the_destination_can_hold(
     assert main(["convert", str(path), str(tmp_path / "all.npz")]) == 0  # .npz keeps int4
     for name, a in tb.load(tmp_path / "all.npz", framework="numpy").items():
         same_bits(a, arrays[name])
-    for dst in ("o.safetensors",):  # TODO(merge files29): and "o.pt"
+    for dst in ("o.safetensors", "o.pt"):
         assert main(["convert", str(path), str(tmp_path / dst)]) == 1
         err = capsys.readouterr().err
         assert "'q'" in err and "int4" in err, err

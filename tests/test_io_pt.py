@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import tensorbridge as tb
-from tensorbridge.errors import FormatError, UnsupportedTensorError
+from tensorbridge.dtypes import exact_widenings
+from tensorbridge.errors import FormatError, UnsupportedDtypeError, UnsupportedTensorError
 from tensorbridge.io import pt
 
 
@@ -33,14 +34,87 @@ def test_round_trip_every_dtype(
     tmp_path: Path, row: tb.DTypeRow, patterns: np.ndarray, framework: str, suffix: str
 ) -> None:
     p = tmp_path / f"m{suffix}"
-    pt.save({"array": patterns, "tensor": tb.to_torch(patterns)[1:]}, p)
-    got = pt.load(p, framework=framework)
-    assert list(got) == ["array", "tensor"]
-    for k, want in (("array", patterns), ("tensor", patterns[1:])):
-        assert got[k].dtype == (row.numpy if framework == "numpy" else row.torch)
-        assert bits(got[k]) == bits(want)
-    plain = torch.load(p, weights_only=True)  # torch reads our file on its own
-    assert plain["array"].dtype == row.torch and bits(plain["array"]) == bits(patterns)
+    if row.kernels:
+        pt.save({"array": patterns, "tensor": tb.to_torch(patterns)[1:]}, p)
+        got = pt.load(p, framework=framework)
+        assert list(got) == ["array", "tensor"]
+        for k, want in (("array", patterns), ("tensor", patterns[1:])):
+            assert got[k].dtype == (row.numpy if framework == "numpy" else row.torch)
+            assert bits(got[k]) == bits(want)
+        plain = torch.load(p, weights_only=True)  # torch reads our file on its own
+        assert plain["array"].dtype == row.torch and bits(plain["array"]) == bits(patterns)
+    else:  # torch.save cannot pickle torch's sub-byte integers: refused before writing
+        for value in (patterns, tb.to_torch(patterns)):
+            with pytest.raises(UnsupportedDtypeError) as info:
+                pt.save({"w": value}, p)
+            assert str(info.value) == (
+                f"at 'w': torch.save cannot write torch.{row.name} (it raises 'dtype "
+                f"torch.{row.name} is not recognized'); save it to .npy or .npz, which keep "
+                f"{row.name} as it is"
+            )
+        assert not p.exists()
+        with pytest.raises(KeyError, match=rf"dtype torch.{row.name} is not recognized"):
+            torch.save({"w": tb.to_torch(patterns)}, tmp_path / "theirs.pt")  # torch's own
+
+
+def _naming(tmp_path: Path, name: str) -> Path:
+    """A torch zip archive whose pickle rebuilds a ``torch.<name>`` tensor of every byte
+    value: torch.save's own file of a uint16 tensor (``_rebuild_tensor_v3`` over an untyped
+    storage, as torch writes its newer dtypes) with the dtype global renamed. torch.save
+    cannot write it for a sub-byte integer; torch.load reads it."""
+    storage = np.concatenate([np.arange(256, dtype=np.uint8), np.zeros(256, np.uint8)])
+    torch.save({"w": torch.from_numpy(storage.view(np.uint16).copy())}, tmp_path / "u16.pt")
+    out = tmp_path / f"{name}.pt"
+    with zipfile.ZipFile(tmp_path / "u16.pt") as src, zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename.endswith("/data.pkl"):
+                assert data.count(b"ctorch\nuint16\n") == 1
+                data = data.replace(b"ctorch\nuint16\n", f"ctorch\n{name}\n".encode())
+            dst.writestr(info, data)
+    return out
+
+
+@pytest.mark.parametrize("name", ["int1", "int2", "int4", "uint1", "uint2", "uint4"])
+def test_a_pickle_naming_a_sub_byte_dtype_reads_every_byte(tmp_path: Path, name: str) -> None:
+    """The pickle machine maps torch's sub-byte dtypes as torch.load does (256 byte values,
+    the high bits kept), though torch.save writes none."""
+    if not hasattr(torch, name) or tb.resolve_dtype(name).kernels:
+        pytest.skip(reason=f"torch.{name} is no row of this installation")
+    row = tb.resolve_dtype(name)
+    path = _naming(tmp_path, name)
+    theirs = torch.load(path, weights_only=True)["w"]
+    assert theirs.dtype is row.torch and bits(theirs) == bytes(range(256))
+    with pt.open(path) as f:
+        assert f.info("w") == (row, (256,))
+        assert f["w"].dtype == row.numpy and bits(f["w"]) == bytes(range(256))
+    for mmap_ in (True, False):
+        t = pt.load(path, framework="torch", mmap=mmap_)["w"]
+        assert t.dtype is row.torch and bits(t) == bytes(range(256))
+    with pytest.raises(UnsupportedDtypeError, match=rf"torch.save cannot write torch.{name}"):
+        pt.save(pt.load(path), tmp_path / "again.pt")
+
+
+def test_types_only_numpy_has_are_refused_naming_npy(
+    tmp_path: Path, numpy_only_row: tb.DTypeRow
+) -> None:
+    row = numpy_only_row
+    a = np.arange(256, dtype=np.uint8)[: 64 * row.itemsize].view(row.numpy)
+    with pytest.raises(UnsupportedDtypeError) as info:
+        pt.save({"w": a}, tmp_path / "m.pt")
+    message = str(info.value)
+    assert message.startswith(
+        f"at 'w': ml_dtypes {row.name} has no torch dtype, so a .pt file cannot hold it; save "
+        f"it to .npy or .npz, which keep {row.name} as it is"
+    )
+    assert not (tmp_path / "m.pt").exists()
+    if row.is_floating:  # the widening the message names holds every value
+        wide = exact_widenings(row)[0]
+        assert message.endswith(f", or pass float_dtype=torch.{wide.name}, which holds its values")
+        pt.save({"w": a}, tmp_path / "m.pt", float_dtype=wide.torch)
+        back = torch.load(tmp_path / "m.pt", weights_only=True)["w"]
+        assert back.dtype is wide.torch
+        assert bits(back) == bits(tb.to_numpy(a, dtype=wide))
 
 
 def test_torch_save_files_flatten_to_dotted_keys(tmp_path: Path) -> None:

@@ -162,6 +162,94 @@ def test_f4_odd_last_dimension(tmp_path: Path) -> None:
         st.save({"q": values[:1]}, path)
 
 
+# --- the rows issue 29 added: F4 kept, F6 refused, no code refused -----------------------------
+
+# the table's rows safetensors has no code for, and no packing of (float4_e2m1fn: F4)
+NO_CODE = [
+    r
+    for r in tb.dtype_table()
+    if not r.kernels and r.safetensors is None and r.name != "float4_e2m1fn"
+]
+F6 = {"float6_e2m3fn": "F6_E2M3", "float6_e3m2fn": "F6_E3M2"}
+
+
+@pytest.mark.parametrize("row", NO_CODE, ids=lambda r: r.name)
+def test_rows_without_a_code_are_refused_on_save_naming_npy(
+    row: tb.DTypeRow, tmp_path: Path
+) -> None:
+    a = np.arange(256, dtype=np.uint8)[: 64 * row.itemsize].view(row.numpy)
+    path = tmp_path / "m.safetensors"
+    if row.name in F6:
+        want = (
+            f"safetensors defines no bit order for {F6[row.name]} (its source gives only the "
+            f"size, 6 bits a value), so tensorbridge neither reads nor writes it; keep "
+            f"{row.name} in .npy, .npz or Zarr, which store one value a byte"
+        )
+    else:
+        want = (
+            f"{row.name} has no safetensors dtype code; save it to .npy or .npz, which keep "
+            f"{row.name} as it is"
+        )
+    for value in (a, tb.to_torch(a)) if row.in_torch else (a,):
+        with pytest.raises(UnsupportedDtypeError) as info:
+            st.save({"ok": np.ones(2), "w": value}, path)
+        assert str(info.value) == f"cannot save tensor 'w' to {path}: {want}"
+    if row.is_floating:  # a cast into it is refused too
+        with pytest.raises(UnsupportedDtypeError, match=rf"{row.name} has no safetensors|F6_"):
+            st.save({"w": np.ones(4, np.float32)}, path, float_dtype=row.numpy)
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("code", ["F6_E2M3", "F6_E3M2"])
+def test_f6_files_are_refused_saying_safetensors_defines_no_bit_order(
+    code: str, tmp_path: Path
+) -> None:
+    """safetensors' own source gives F6 its size (6 bits a value, 4 values in 3 bytes) and
+    no bit order; its own readers list such a tensor but cannot give its values."""
+    path = tmp_path / "f6.safetensors"
+    entry = {
+        "x": {"dtype": code, "shape": [4], "data_offsets": [0, 3]},
+        "y": {"dtype": "U8", "shape": [1], "data_offsets": [3, 4]},
+    }
+    path.write_bytes(raw_file(entry, b"\x01\x02\x03\x04"))
+    with safe_open(path, "numpy") as theirs:  # the official reader: valid, but no values
+        assert sorted(theirs.keys()) == ["x", "y"]
+        with pytest.raises(Exception, match=rf"Dtype not understood: {code}"):
+            theirs.get_tensor("x")
+    name = {v: k for k, v in F6.items()}[code]
+    with pytest.raises(FormatError) as info:
+        st.open(path)
+    assert str(info.value) == (
+        f"{path}: tensor 'x': safetensors defines no bit order for {code} (its source gives "
+        f"only the size, 6 bits a value), so tensorbridge neither reads nor writes it; keep "
+        f"{name} in .npy, .npz or Zarr, which store one value a byte"
+    )
+    with pytest.raises(FormatError, match=rf"no bit order for {code}"):
+        tb.load(path)
+
+
+@pytest.mark.parametrize("code", ["F8_E8M0", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ"])
+def test_float8_codes_read_as_numpy_where_the_official_numpy_reader_fails(
+    code: str, tmp_path: Path
+) -> None:
+    """safetensors' NumPy loader looks for np.float8_* (absent): tensorbridge gives the
+    ml_dtypes array, every byte value."""
+    row = next(r for r in tb.dtype_table() if r.safetensors == code)
+    path = tmp_path / "f8.safetensors"
+    path.write_bytes(
+        raw_file(
+            {"x": {"dtype": code, "shape": [256], "data_offsets": [0, 256]}}, bytes(range(256))
+        )
+    )
+    with safe_open(path, "numpy") as theirs, pytest.raises(AttributeError, match=r"numpy"):
+        theirs.get_tensor("x")
+    got = st.load(path)["x"]
+    assert got.dtype == row.numpy and bits(got) == bytes(range(256))
+    st.save({"x": got}, tmp_path / "again.safetensors")
+    assert header_of(tmp_path / "again.safetensors")["x"]["dtype"] == code
+    assert (tmp_path / "again.safetensors").read_bytes().endswith(bytes(range(256)))
+
+
 def test_writer_matches_the_official_bytes(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     sd = {
@@ -501,7 +589,7 @@ MALFORMED = {
     ),
     "not-object": (raw_file(b"[1, 2]"), "JSON list, not an object"),
     "entry-not-object": (raw_file({"a": 5}), "tensor 'a': the entry is 5"),
-    "unknown-dtype": (raw_file({"a": _entry("F6_E2M3")}, bytes(4)), "'a': unknown dtype 'F6_E2M3'"),
+    "unknown-dtype": (raw_file({"a": _entry("F3_E1M1")}, bytes(4)), "'a': unknown dtype 'F3_E1M1'"),
     "missing-dtype": (raw_file({"a": {"shape": [1]}}), "'a': unknown dtype None"),
     "negative-shape": (raw_file({"a": _entry(shape=[-4])}, bytes(4)), "'a': shape \\[-4\\]"),
     "float-shape": (raw_file({"a": _entry(shape=[4.0])}, bytes(4)), "non-negative integers"),

@@ -153,6 +153,7 @@ DOCUMENTED = [
     "tensorbridge._packed_dtypes",
     "tensorbridge._plan_numpy_runs",
     "tensorbridge.dcp._hf_layout",
+    "tensorbridge.dcp._plannable",
     "tensorbridge.dcp.safetensors",
     "tensorbridge.diagnostics._cast",
     "tensorbridge.diagnostics._compare",

@@ -540,6 +540,7 @@ import torch
 torch.set_num_threads(int(sys.argv[3]))  # the stream's worker threads
 import tensorbridge as tb
 import tensorbridge.io, tensorbridge.quant.api, tensorbridge.io.safetensors  # imports: not measured
+import ml_dtypes  # imported on first need since the table is built without it: not measured
 from tensorbridge.cli import main
 
 def anon():

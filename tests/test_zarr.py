@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import tensorbridge as tb
-from conftest import held, make_patterns
+from conftest import make_patterns
 
 zarr = pytest.importorskip("zarr", reason="zarr is an extra: pip install tensorbridge[zarr]")
 
@@ -42,20 +42,37 @@ from tensorbridge.io import zarr as tbz  # noqa: E402
 
 SRC = Path(tb.__file__).resolve().parent.parent
 ROOT = SRC.parent
-# tensorstore's own names for the types it knows (complex_float16 it does not)
-TENSORSTORE = [c for c in zd.DATA_TYPES if c._zarr_v3_name != "complex_float16"]
+# zarr-extensions' names that tensorstore 0.1.86 does not read (its zarr3 driver says
+# "... data type is not one of the supported data types")
+NOT_TENSORSTORE = frozenset({
+    "complex_float16", "complex_bfloat16", "float8_e4m3", "float6_e2m3fn", "float6_e3m2fn",
+    "uint4", "uint2",
+})  # fmt: skip
+TENSORSTORE = [c for c in zd.DATA_TYPES if c._zarr_v3_name not in NOT_TENSORSTORE]
+# the table's rows no Zarr data type holds: zarr-extensions and tensorstore name none
+NO_ZARR_TYPE = frozenset({"int1", "uint1", "float8_e5m3fnu"})
+IN_ZARR = [r for r in tb.dtype_table() if r.name not in NO_ZARR_TYPE]
 
 
 def bits(a: Any) -> bytes:
     return np.ascontiguousarray(a).view(np.uint8).tobytes()
 
 
-def type_patterns(cls: type[zd.MLFloat]) -> np.ndarray:
-    """Every bit pattern of a 1- or 2-byte type; complex32: the table's float16 pairs."""
+def type_patterns(cls: type[zd.MLType]) -> np.ndarray:
+    """Every bit pattern of a 1- or 2-byte type; a complex one: the table's edge pairs."""
     dt = cls._numpy
     if dt.itemsize == 4:
-        return make_patterns(tb.resolve_dtype("complex32"))
+        return make_patterns(tb.resolve_dtype(dt))
     return np.arange(1 << (8 * dt.itemsize), dtype=np.uint32).astype(f"u{dt.itemsize}").view(dt)
+
+
+def fill_values(cls: type[zd.MLType]) -> np.ndarray:
+    """The values a fill value can spell: every bit pattern, or an integer type's values
+    (a JSON integer is the value of the low bits; bytes with high bits set read the same)."""
+    if issubclass(cls, zd.MLInt):
+        every = np.arange(256, dtype=np.uint8).view(cls._numpy).astype(np.int64)
+        return np.arange(every.min(), every.max() + 1).astype(cls._numpy)
+    return type_patterns(cls)
 
 
 def plain_python(code: str, tmp_path: Path, timeout: int = 300) -> dict[str, Any]:
@@ -95,11 +112,15 @@ def test_the_data_type_module_imports_neither_torch_nor_tensorbridge(tmp_path: P
         """,
         tmp_path,
     )
-    assert got["tb"] == ["tensorbridge", "tensorbridge.zarr_dtypes"]
+    assert got["tb"] == [
+        "tensorbridge",
+        "tensorbridge.zarr_dtypes",
+        "tensorbridge.zarr_dtypes._fill",
+    ]
 
 
 @pytest.mark.parametrize("cls", zd.DATA_TYPES, ids=lambda c: c._zarr_v3_name)
-def test_every_bit_pattern_round_trips(cls: type[zd.MLFloat], tmp_path: Path) -> None:
+def test_every_bit_pattern_round_trips(cls: type[zd.MLType], tmp_path: Path) -> None:
     a = type_patterns(cls)
     z = zarr.create_array(
         str(tmp_path / "a"),
@@ -117,9 +138,9 @@ def test_every_bit_pattern_round_trips(cls: type[zd.MLFloat], tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("cls", zd.DATA_TYPES, ids=lambda c: c._zarr_v3_name)
-def test_every_fill_value_keeps_its_bits(cls: type[zd.MLFloat]) -> None:
+def test_every_fill_value_keeps_its_bits(cls: type[zd.MLType]) -> None:
     t = cls()
-    for value in type_patterns(cls):
+    for value in fill_values(cls):
         spelled = json.loads(json.dumps(t.to_json_scalar(value, zarr_format=3)))
         back = t.from_json_scalar(spelled, zarr_format=3)
         assert bits(np.asarray(back)) == bits(np.asarray(value)), (value, spelled)
@@ -127,13 +148,15 @@ def test_every_fill_value_keeps_its_bits(cls: type[zd.MLFloat]) -> None:
 
 @pytest.mark.parametrize("cls", zd.DATA_TYPES, ids=lambda c: c._zarr_v3_name)
 def test_a_fill_value_fills_unwritten_chunks_with_its_bits(
-    cls: type[zd.MLFloat], tmp_path: Path
+    cls: type[zd.MLType], tmp_path: Path
 ) -> None:
     dt = cls._numpy
     fill = np.array([0x7FC1 if dt.itemsize == 2 else 0x7F], f"u{min(dt.itemsize, 2)}")
     if dt.itemsize == 4:
         fill = np.array([0x7E01, 0xFC00], np.uint16)  # a NaN payload and -inf
-    value = fill.view(dt)[0]
+        if dt == np.dtype(ml_dtypes.bcomplex32):
+            fill = np.array([0x7FC1, 0xFF80], np.uint16)  # the same in bfloat16 parts
+    value = fill_values(cls)[-1] if issubclass(cls, zd.MLInt) else fill.view(dt)[0]
     z = zarr.create_array(str(tmp_path / "f"), shape=(6,), dtype=dt, chunks=(3,), fill_value=value)
     z[:3] = np.zeros(3, dt)
     again = zarr.open_array(str(tmp_path / "f"))
@@ -168,6 +191,34 @@ def test_fill_value_spellings() -> None:
     with pytest.raises(ValueError, match=r"'0x1ff' is not 1 byte\(s\) of hexadecimal bits"):
         e4m3fn.from_json_scalar("0x1ff", zarr_format=3)
     assert zd.ComplexFloat16().to_json_scalar(1 + 2j, zarr_format=3) == [1.0, 2.0]
+    bc = zd.ComplexBFloat16()
+    assert bc.to_json_scalar(1 + 2j, zarr_format=3) == [1.0, 2.0]
+    assert bits(bc.from_json_scalar(["0x7fc1", -0.0], zarr_format=3)) == bits(
+        np.array([0x7FC1, 0x8000], np.uint16)
+    )
+    # the new floats: NaN as zarr-extensions spells it, no infinity where the type has none
+    for cls, nan in ((zd.Float8E4M3, 0x7C), (zd.Float8E3M4, 0x78), (zd.Float8E4M3B11FNUZ, 0x80)):
+        assert bits(cls().from_json_scalar("NaN", zarr_format=3)) == bytes([nan])
+    assert bits(zd.Float8E4M3().from_json_scalar("Infinity", zarr_format=3)) == b"\x78"
+    for cls in (zd.Float6E2M3FN, zd.Float6E3M2FN, zd.Float8E4M3B11FNUZ):
+        with pytest.raises(ValueError, match=r"'Infinity' has no exact float"):
+            cls().from_json_scalar("Infinity", zarr_format=3)
+    assert zd.Float6E2M3FN().to_json_scalar(7.5, zarr_format=3) == 7.5
+    # the integers: JSON integers within the range, a byte's low bits as its value
+    int4, uint2 = zd.Int4(), zd.UInt2()
+    assert (
+        int4.to_json_scalar(np.array([0x18], np.uint8).view(ml_dtypes.int4)[0], zarr_format=3) == -8
+    )
+    assert bits(int4.from_json_scalar(-8, zarr_format=3)) == b"\x08"
+    assert bits(uint2.from_json_scalar(3.0, zarr_format=3)) == b"\x03"  # as zarr's own ints
+    with pytest.raises(
+        ValueError, match=r"fill value 8 is outside int4's range; give an integer from -8 to 7"
+    ):
+        int4.from_json_scalar(8, zarr_format=3)
+    with pytest.raises(TypeError, match=r"fill value 'NaN' is not a uint2 value"):
+        uint2.from_json_scalar("NaN", zarr_format=3)
+    with pytest.raises(TypeError, match=r"fill value True is not a int4 value"):
+        int4.from_json_scalar(True, zarr_format=3)
 
 
 def test_zarr_v2_has_no_name_for_them() -> None:
@@ -186,12 +237,33 @@ def test_big_endian_chunks_are_refused_not_misread(tmp_path: Path) -> None:
         zarr.open_array(str(tmp_path / "b"))[:]
 
 
-def test_float8_e4m3_is_not_ours() -> None:
-    """zarr-extensions' float8_e4m3 is the IEEE-style format, not float8_e4m3fn."""
-    assert "float8_e4m3" not in {c._zarr_v3_name for c in zd.DATA_TYPES}
-    assert zd.zarr_name(ml_dtypes.float8_e4m3) is None
+def test_float8_e4m3_and_float8_e4m3fn_keep_their_own_names() -> None:
+    """zarr-extensions' float8_e4m3 is the IEEE-style format, a different one from
+    float8_e4m3fn: each is stored under its own name, never the other's."""
+    assert zd.zarr_name(ml_dtypes.float8_e4m3) == "float8_e4m3"
     assert zd.zarr_name(ml_dtypes.float8_e4m3fn) == "float8_e4m3fn"
     assert data_type_registry.get("float8_e4m3fn") is zd.Float8E4M3FN
+    assert data_type_registry.get("float8_e4m3") is zd.Float8E4M3
+    assert zd.Float8E4M3().to_json_scalar(float("inf"), zarr_format=3) == "Infinity"
+
+
+def test_every_name_is_zarr_extensions_and_no_name_is_invented() -> None:
+    """The names are the directory names of zarr-extensions' data-types/ (checked against
+    github.com/zarr-developers/zarr-extensions at 4da7b37); it has none for int1, uint1 or
+    float8_e5m3fnu, so neither has this module."""
+    extensions = {
+        "bfloat16", "complex_bfloat16", "complex_float16", "float4_e2m1fn", "float6_e2m3fn",
+        "float6_e3m2fn", "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz",
+        "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "int2", "int4",
+        "uint2", "uint4",
+    }  # fmt: skip
+    ours = {c._zarr_v3_name for c in zd.DATA_TYPES}
+    assert ours - {"float8_e4m3fn"} == extensions  # float8_e4m3fn: tensorstore's name
+    for name in NO_ZARR_TYPE:
+        assert zd.zarr_name(getattr(ml_dtypes, name)) is None
+    every_carried = {r.name for r in tb.dtype_table() if r.carried}
+    named = {r.name for r in tb.dtype_table() if r.carried and zd.zarr_name(r.numpy)}
+    assert every_carried - named == NO_ZARR_TYPE
 
 
 def test_entry_points_name_every_type_and_load_as_zarr_3_2_would() -> None:
@@ -213,8 +285,9 @@ def test_entry_points_name_every_type_and_load_as_zarr_3_2_would() -> None:
 
 
 def _reference_store(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
-    """A store of every table row's bit patterns, and the expected bytes as uint8 .npy."""
-    arrays = {r.name: make_patterns(r) for r in held("Zarr")}
+    """A store of the bit patterns of every table row a Zarr data type holds, and the
+    expected bytes as uint8 .npy."""
+    arrays = {r.name: make_patterns(r) for r in IN_ZARR}
     arrays["bfloat16_2d"] = make_patterns(tb.resolve_dtype("bf16")).reshape(256, 256)
     arrays["scalar"] = np.array(np.uint16(0x7FC1)).view(ml_dtypes.bfloat16)
     store = tmp_path / "ref.zarr"
@@ -257,8 +330,9 @@ def test_plain_numpy_reads_with_zarr_dask_and_tensorstore(tmp_path: Path) -> Non
     for name, a in arrays.items():
         r = got[name]
         assert r["zarr"] and r["dask"] and r["dtype"] == str(a.dtype), (name, r)
-        if name == "complex32":  # tensorstore has no complex_float16
-            assert "complex_float16 data type is not one of the supported" in r["tensorstore"]
+        zarr_type = zd.zarr_name(a.dtype)
+        if zarr_type in NOT_TENSORSTORE:  # e.g. complex_float16, float6_e2m3fn
+            assert f"{zarr_type} data type is not one of the supported" in r["tensorstore"]
         else:
             assert r["tensorstore"] is True and r["ts_dtype"] == str(a.dtype), (name, r)
 
@@ -299,16 +373,18 @@ def test_dask_distributed_workers_read_without_torch(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("cls", TENSORSTORE, ids=lambda c: c._zarr_v3_name)
 def test_arrays_tensorstore_writes_read_back_bit_for_bit(
-    cls: type[zd.MLFloat], tmp_path: Path
+    cls: type[zd.MLType], tmp_path: Path
 ) -> None:
     ts = pytest.importorskip("tensorstore", reason="tensorstore is not installed")
     a = type_patterns(cls)
     width = a.dtype.itemsize
-    fills: list[Any] = [None, "0x" + "01".rjust(2 * width, "0")]
-    if cls is not zd.Float4E2M1FN:
-        fills.append("NaN")
-    if width == 2:
-        fills.append("0x7fc1")  # a NaN payload
+    fills: list[Any] = [None, 1, int(fill_values(cls)[0])]  # an integer type: integers
+    if not issubclass(cls, zd.MLInt):
+        fills = [None, "0x" + "01".rjust(2 * width, "0")]
+        if cls._rules.has_nan:
+            fills.append("NaN")
+        if width == 2:
+            fills.append("0x7fc1")  # a NaN payload
     for i, fill in enumerate(fills):
         path = tmp_path / f"ts{i}"
         meta: dict[str, Any] = {
@@ -330,6 +406,11 @@ def test_arrays_tensorstore_writes_read_back_bit_for_bit(
             stored = json.loads((path / "zarr.json").read_text())["fill_value"]
             assert stored == 2.0**-62 and bits(ours[300:]) == b"\x41" * a.size
             continue
+        if issubclass(cls, zd.MLInt):  # a fill value is a value: tensorstore sign-extends
+            # it into the high bits (-2 is 0xfe), ml_dtypes leaves them clear (0x02), and
+            # zarr-extensions says readers ignore them
+            assert np.array_equal(ours.astype(np.int64), theirs.astype(np.int64)), fill
+            continue
         assert bits(ours) == bits(theirs), fill
 
 
@@ -337,7 +418,7 @@ def test_arrays_tensorstore_writes_read_back_bit_for_bit(
 
 
 def test_every_table_row_round_trips_through_the_format(tmp_path: Path) -> None:
-    tensors = {r.name: tb.to_torch(make_patterns(r)) for r in held("Zarr")}
+    tensors = {r.name: tb.to_torch(make_patterns(r)) for r in IN_ZARR if r.in_torch}
     tensors["scalar"] = torch.tensor(-0.0, dtype=torch.bfloat16)
     tensors["empty"] = torch.zeros(0, 3, dtype=torch.float8_e5m2)
     tensors["columns"] = torch.arange(24, dtype=torch.int32).reshape(4, 6).t()  # not contiguous
@@ -355,6 +436,68 @@ def test_every_table_row_round_trips_through_the_format(tmp_path: Path) -> None:
     for name, t in tensors.items():
         assert back[name].dtype is t.dtype
         assert bits(tb.to_numpy(back[name])) == bits(tb.to_numpy(t.contiguous()))
+
+
+@pytest.mark.parametrize("row", [r for r in IN_ZARR if not r.kernels], ids=lambda r: r.name)
+def test_every_bit_pattern_of_the_new_rows_round_trips(tmp_path: Path, row: tb.DTypeRow) -> None:
+    """int4 ... and the types only NumPy has: NumPy -> store -> NumPy (and torch where torch
+    has the type), every byte value kept, high bits of a sub-byte element included."""
+    a = make_patterns(row)
+    sources = {"a": a, "t": tb.to_torch(a)} if row.in_torch else {"a": a}
+    tb.save(sources, tmp_path / "n.zarr")
+    meta = json.loads((tmp_path / "n.zarr" / "a" / "zarr.json").read_text())
+    assert meta["data_type"] == zd.zarr_name(row.numpy)
+    with tb.open(tmp_path / "n.zarr") as f:
+        for name in sources:
+            assert f.info(name) == (row, a.shape)
+            assert f[name].dtype == row.numpy and bits(f[name]) == bits(a)
+    if row.in_torch:
+        back = tb.load(tmp_path / "n.zarr", framework="torch")
+        assert all(t.dtype is row.torch and bits(tb.to_numpy(t)) == bits(a) for t in back.values())
+    else:
+        with pytest.raises(
+            UnsupportedDtypeError, match=rf"ml_dtypes {row.name} has no torch dtype"
+        ):
+            tb.load(tmp_path / "n.zarr", framework="torch")
+    plain = zarr.open_array(str(tmp_path / "n.zarr" / "a"), mode="r")[...]  # zarr itself
+    assert plain.dtype == row.numpy and bits(plain) == bits(a)
+
+
+@pytest.mark.parametrize("row", [r for r in IN_ZARR if not r.kernels], ids=lambda r: r.name)
+def test_tensorstore_reads_the_new_types_it_knows(tmp_path: Path, row: tb.DTypeRow) -> None:
+    """What tb.save writes of int4, float8_e3m4, ... tensorstore opens bit for bit; a
+    zarr-extensions name it lacks (float6, uint4, ...) it refuses by that name."""
+    ts = pytest.importorskip("tensorstore", reason="tensorstore is not installed")
+    a = make_patterns(row)
+    tb.save({"a": a}, tmp_path / "n.zarr")
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "n.zarr/a")}}
+    name = zd.zarr_name(row.numpy)
+    if name in NOT_TENSORSTORE:
+        with pytest.raises(ValueError, match=rf"{name} data type is not one of the supported"):
+            ts.open(spec).result()
+    else:
+        got = ts.open(spec).result().read().result()
+        assert got.dtype == row.numpy and bits(got) == bits(a)
+
+
+@pytest.mark.parametrize("name", sorted(NO_ZARR_TYPE))
+def test_rows_without_a_zarr_data_type_are_refused_naming_npy(tmp_path: Path, name: str) -> None:
+    row = tb.resolve_dtype(name)
+    a = make_patterns(row)
+    message = (
+        rf"at 'w': {name} has no Zarr data type \(zarr-extensions and tensorstore define none\); "
+        r"save it to .npy or .npz, which keep every dtype of the table"
+    )
+    for value in (a, tb.to_torch(a)) if row.in_torch else (a,):
+        with pytest.raises(UnsupportedDtypeError, match=message):
+            tb.save({"ok": np.ones(2), "w": value}, tmp_path / "r.zarr")
+        assert not (tmp_path / "r.zarr").exists()
+    with pytest.raises(UnsupportedDtypeError, match=rf"^{name} has no Zarr data type"):
+        tbz.create_array(tmp_path, "w", (2,), name, (2,))
+    if row.is_floating:  # a cast to a type Zarr holds is stored
+        tb.save({"w": a}, tmp_path / "c.zarr", float_dtype="bfloat16")
+        want = tb.to_numpy(a, dtype="bfloat16")  # ml_dtypes' cast, as to_numpy's
+        assert bits(tb.load(tmp_path / "c.zarr")["w"]) == bits(want)
 
 
 def test_float_dtype_casts_floats_only(tmp_path: Path) -> None:

@@ -1,9 +1,9 @@
 """A tensor's or array's values as bytes, about one chunk at a time, for streamed writes.
 
 :func:`iter_bytes` yields the values in C order, cast on the way when asked (torch's
-kernel into one reused buffer), releasing the pages of a read-only memory-mapped
-source once they are written (:func:`releaser`), so peak memory stays near one chunk
-whatever the size. Every writer that streams uses it: the formats of
+kernel into one reused buffer; ml_dtypes' where torch has none), releasing the pages
+of a read-only memory-mapped source once they are written (:func:`releaser`), so peak
+memory stays near one chunk whatever the size. Every writer that streams uses it: the formats of
 :mod:`tensorbridge.io` and the DCP writers.
 """
 
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._ml_cast import astype
 from ._tensorfile import StoredBits, row_of
 from ._torch_checks import is_tensor
 from ._versions import byte_bounds
@@ -79,6 +80,8 @@ def iter_bytes(
             out = buf[: piece.size].reshape(piece.shape)
             if dst is src:
                 np.copyto(out, piece)
+            elif not (src.kernels and dst.kernels):  # int4, float6, ...: ml_dtypes' cast
+                out[...] = astype(piece, dst.numpy)
             else:
                 native = piece if piece.dtype.isnative else piece.astype(src.numpy)
                 mem.as_tensor(out, dst).copy_(mem.reader(native, src))
@@ -91,11 +94,16 @@ def _iter_device(
 ) -> Iterator[memoryview]:
     from .convert import to_numpy
 
+    if src.carrier is not None and not src.kernels:  # int4 has no copy kernel: move bytes
+        t = t.view(src.carrier)
     flat = t.reshape(-1)
     step = max(1, chunk_bytes // max(src.itemsize, dst.itemsize))
     for i in range(0, flat.numel(), step):
-        piece = flat[i : i + step].to(dst.torch).cpu()
-        yield to_numpy(piece).view(dst.carrier_numpy).view(np.uint8).data
+        if src.kernels:
+            piece = to_numpy(flat[i : i + step].to(dst.torch).cpu())
+        else:
+            piece = astype(to_numpy(flat[i : i + step].cpu()).view(src.numpy), dst.numpy)
+        yield piece.view(dst.carrier_numpy).view(np.uint8).data
 
 
 def _shared_map(a: np.ndarray) -> mmap.mmap | None:

@@ -10,7 +10,8 @@
   its carrier's integers, for a writer that copies the bytes: a copy between files
   then needs no ml_dtypes (about 0.8 s to import), as it needs no torch.
 * :func:`row_of` / :func:`cast_target` — the dtype row of a value, and the row a
-  ``float_dtype=`` option casts it to.
+  ``float_dtype=`` option casts it to; :func:`keeping` — the fix a format that cannot
+  hold a row names.
 """
 
 from __future__ import annotations
@@ -74,6 +75,18 @@ def check_dense(t: Any) -> None:
         )
     if t.device.type == "meta":
         raise NoDataError("a meta tensor holds no data; materialise it first")
+
+
+def keeping(row: DTypeRow) -> str:
+    """The fix every writer that cannot hold ``row`` names: the formats that keep every row.
+
+    ``.npy`` and ``.npz`` keep each row of the table bit for bit (the convention of
+    :mod:`tensorbridge.io.npy`), so a refusal can always name them.
+
+    >>> keeping(resolve_dtype("int4"))
+    'save it to .npy or .npz, which keep int4 as it is'
+    """
+    return f"save it to .npy or .npz, which keep {row.name} as it is"
 
 
 def cast_target(src: DTypeRow, float_dtype: Any) -> DTypeRow:

@@ -31,7 +31,7 @@ import torch
 from .._packed import PSEUDO_ROWS
 from ..dtypes import PACKED_BY_TORCH, resolve_dtype
 from ..errors import UnsupportedDtypeError, UnsupportedTensorError
-from ..io.safetensors_header import LAYOUT_RANK, encode
+from ..io.safetensors_header import LAYOUT_RANK, encode, unheld
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -128,10 +128,7 @@ def spec_of(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> TensorSpec
         return TensorSpec(name, code, shape, header_shape, 1)
     row = resolve_dtype(dtype)
     if row.safetensors is None:
-        raise UnsupportedDtypeError(
-            f"tensor {name!r} is {row.name}, which has no safetensors dtype code; save "
-            "torch.view_as_real(x) to keep complex values, or cast it to a dtype safetensors has"
-        )
+        raise UnsupportedDtypeError(f"tensor {name!r}: {unheld(row)}")
     return TensorSpec(name, row.safetensors, shape, shape, row.itemsize)
 
 

@@ -94,6 +94,7 @@ from ._hf_layout import (
     simple_value,
     spec_of,
 )
+from ._plannable import check_plannable
 from ._tiling import check_tiles
 
 __all__ = ["SafetensorsReader", "SafetensorsWriter"]
@@ -195,6 +196,9 @@ class SafetensorsWriter(StorageWriter):
         return isinstance(checkpoint_id, (str, os.PathLike))
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        for item in plan.items:
+            if item.tensor_data is not None:
+                check_plannable(item.index.fqn, item.tensor_data.properties.dtype)
         # the state dict's order, for the file layout: the global plan is regrouped by rank
         order = list(dict.fromkeys(item.index.fqn for item in plan.items))
         return dataclasses.replace(plan, storage_data=order)

@@ -71,6 +71,7 @@ from .._chunks import DEFAULT_CHUNK
 from ..convert import to_numpy, to_torch
 from ..errors import InvalidArgumentError, UnsupportedTensorError
 from ..io import zarr as zstore
+from ._plannable import check_plannable
 from ._tiling import check_tiles
 
 __all__ = ["ZarrReader", "ZarrWriter"]
@@ -122,6 +123,9 @@ class ZarrWriter(StorageWriter):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Record the state dict's order (DCP's metadata orders entries by rank)."""
+        for item in plan.items:
+            if item.tensor_data is not None:
+                check_plannable(item.index.fqn, item.tensor_data.properties.dtype)
         order = list(dict.fromkeys(item.index.fqn for item in plan.items))
         return _with_storage(plan, {"order": order})
 

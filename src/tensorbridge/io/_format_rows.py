@@ -215,7 +215,7 @@ NPY = Format(
     stored_bits=True,
     save_options=("chunk_bytes",),
     assembles=True,  # a directory of NAME.npy files (``format="npy"``)
-    keeps="one array; no metadata",
+    keeps="one array, of any dtype of the table; no metadata",
     order=20,
 )
 NPZ = Format(
@@ -232,8 +232,9 @@ NPZ = Format(
     npy_members=True,
     stored_bits=True,
     save_options=("chunk_bytes",),
-    keeps="arrays by dotted name; no metadata; from a NumPy source, members torch cannot "
-    "hold (float128, strings) copied unchanged",
+    keeps="arrays by dotted name, of any dtype of the table (int4, float6, ...); no "
+    "metadata; from a NumPy source, members torch cannot hold (float128, strings) copied "
+    "unchanged",
     order=30,
 )
 PT = Format(

@@ -39,6 +39,7 @@ from .safetensors_header import (
     LAYOUT_RANK,
     bit_width,
     encode,
+    unheld,
 )
 
 # a header key is any JSON string; the rules of tensorbridge._keys that apply to it
@@ -142,13 +143,7 @@ def make_item(name: Any, value: Any, float_dtype: Any) -> Item:
         )
     row = cast_target(src, float_dtype)
     if row.safetensors is None:
-        fix = (
-            "pass torch.view_as_real(x) (NumPy: a[..., None].view(a.real.dtype)) to store the "
-            "real and imaginary parts losslessly"
-            if row.category == "complex"
-            else "pass float_dtype= or convert it to a dtype safetensors has"
-        )
-        raise UnsupportedDtypeError(f"{row.name} has no safetensors dtype code; {fix}")
+        raise UnsupportedDtypeError(unheld(row))
     count = math.prod(shape)
     if count * bit_width(row) % 8:
         raise UnsupportedTensorError(

@@ -44,7 +44,10 @@ become bfloat16 tensors), casts floating values when ``float_dtype`` asks, moves
 the CPU, and hands them to ``torch.save`` inside an atomic write. ``torch.save`` needs
 every tensor in memory at once, so unlike ``.npy`` and ``.safetensors`` a cast save holds
 the whole cast model. Tensors passed as they are keep their shared storage (tied weights
-stay tied), and a view saves its whole storage, as ``torch.save`` always does.
+stay tied), and a view saves its whole storage, as ``torch.save`` always does. torch's
+sub-byte integers (``torch.save`` cannot pickle them) and the types only NumPy has are
+refused before anything is written, naming ``.npy`` / ``.npz``; a file whose pickle
+rebuilds a sub-byte tensor (``torch.load`` reads one) is read like any other.
 """
 
 from __future__ import annotations
@@ -62,9 +65,9 @@ from .._atomic import atomic_write
 from .._filemap import check_unchanged
 from .._keys import NameRules, flatten, is_container, no_nul, skeleton, valid_unicode
 from .._progress import progress_bar
-from .._tensorfile import TensorFile, cast_target, row_of
+from .._tensorfile import TensorFile, cast_target, keeping, row_of
 from ..convert import to_torch
-from ..dtypes import DTypeLike, DTypeRow, resolve_dtype
+from ..dtypes import DTypeLike, DTypeRow, exact_widenings, resolve_dtype
 from ..errors import (
     FormatError,
     TensorBridgeError,
@@ -533,14 +536,40 @@ def _as_saved(x: Any, float_dtype: Any) -> torch.Tensor:
                 f"{type(x).__qualname__} is not a tensor or array; .pt files written by "
                 "tensorbridge hold tensors only"
             )
-        dst = cast_target(row_of(np.asarray(x)), float_dtype)
+        dst = _picklable(cast_target(row_of(np.asarray(x)), float_dtype))
         return to_torch(x, dtype=dst)
     if x.layout is not torch.strided or x.is_nested:
         raise UnsupportedTensorError(
             f"a {x.layout} tensor is not saved by tensorbridge; pass x.to_dense()"
         )
-    dst = cast_target(row_of(x), float_dtype)
+    dst = _picklable(cast_target(row_of(x), float_dtype))
     return x.detach().to(device="cpu", dtype=dst.torch)
+
+
+def _picklable(row: DTypeRow) -> DTypeRow:
+    """``row``, or the refusal of a dtype ``torch.save`` cannot write.
+
+    torch pickles a dtype's storage by the legacy name its ``_dtype_to_storage_type_map``
+    gives, or as an untyped storage for the dtypes of ``_new_dtypes`` (torch/storage.py);
+    the sub-byte integers are in neither, so ``torch.save`` raises "dtype torch.int4 is
+    not recognized" (``torch.load`` reads such a tensor, and so does :class:`PtFile`).
+    The NumPy-only rows have no torch dtype at all.
+    """
+    if not row.in_torch:
+        widen = exact_widenings(row) if row.is_floating else ()
+        cast = ""
+        if widen:
+            cast = f", or pass float_dtype=torch.{widen[0].name}, which holds its values"
+        raise UnsupportedDtypeError(
+            f"ml_dtypes {row.name} has no torch dtype, so a .pt file cannot hold it; "
+            f"{keeping(row)}{cast}"
+        )
+    if not row.kernels:
+        raise UnsupportedDtypeError(
+            f"torch.save cannot write torch.{row.name} (it raises 'dtype torch.{row.name} is "
+            f"not recognized'); {keeping(row)}"
+        )
+    return row
 
 
 class _Counted:

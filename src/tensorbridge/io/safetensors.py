@@ -20,7 +20,10 @@ bytes; the official ``save_file`` refuses shared memory).
 ``F4`` (two float4_e2m1fn values a byte, element ``2i`` in the low nibble) is
 stored from and loaded as torch ``float4_e2m1fn_x2`` (packed, the last dimension
 halved) or ml_dtypes ``float4_e2m1fn`` (one value a byte; unpacking makes new
-memory); the header shape counts values, like the official writer's.
+memory); the header shape counts values, like the official writer's. ``F6_E2M3`` /
+``F6_E3M2`` are refused both ways: safetensors defines their size, not their bit
+order (:func:`~tensorbridge.io.safetensors_header.no_bit_order`); a dtype with no
+code (int4, float8_e3m4, ...) is refused on save, naming ``.npy`` / ``.npz``.
 
 Reading validates the whole header before anything else is touched; every
 malformed file raises :class:`~tensorbridge.errors.FormatError` naming the file,

@@ -11,6 +11,8 @@ exactly, with no gap and no overlap. A shard index (``*.safetensors.index.json``
 gets the same strictness from :func:`read_index`. Every fault raises
 :class:`~tensorbridge.errors.FormatError` naming the file, the tensor and what is
 wrong. The codes known are the dtype table's plus ``F4``, which is no table row.
+``F6_E2M3`` and ``F6_E3M2`` are refused with a message of their own
+(:func:`no_bit_order`): safetensors defines their size, not their bit order.
 
 Writing goes through :func:`encode`, the one place a header is laid out the way the
 official writer does it (tensors ordered by ``LAYOUT_RANK`` then name, compact JSON,
@@ -27,6 +29,7 @@ from typing import Any, Protocol
 
 from .._filemap import read_small
 from .._packed import PACKED_ROWS
+from .._tensorfile import keeping
 from .._versions import NUMPY_MAXDIMS
 from ..dtypes import BY_SAFETENSORS, DTypeRow
 from ..errors import FormatError
@@ -48,6 +51,48 @@ _BY_CODE: dict[str, DTypeRow] = {
     **BY_SAFETENSORS,
     **{r.safetensors: r for r in PACKED_ROWS if r.safetensors},
 }
+# safetensors' 6-bit codes and the rows they would be. safetensors' own source defines only
+# their size (``Dtype::bitsize()`` is 6, and ``validate`` wants a tensor's bytes to be
+# n*6/8 exactly, else ``MisalignedSlice``: safetensors/src/tensor.rs at 24b0b28), not how
+# four values share three bytes, and no binding unpacks them (bindings/python/py_src/
+# safetensors/*.py): tensorbridge invents no bit order, so it reads and writes neither.
+F6_CODES = {"F6_E2M3": "float6_e2m3fn", "F6_E3M2": "float6_e3m2fn"}
+_F6_BY_ROW = {name: code for code, name in F6_CODES.items()}
+
+
+def no_bit_order(code: str) -> str:
+    """The refusal of a float6 code (``F6_E2M3`` / ``F6_E3M2``), reading or writing.
+
+    >>> no_bit_order("F6_E2M3")[:49]
+    'safetensors defines no bit order for F6_E2M3 (its'
+    """
+    return (
+        f"safetensors defines no bit order for {code} (its source gives only the size, 6 bits "
+        f"a value), so tensorbridge neither reads nor writes it; keep {F6_CODES[code]} in "
+        ".npy, .npz or Zarr, which store one value a byte"
+    )
+
+
+def unheld(row: DTypeRow) -> str:
+    """Why no safetensors code holds ``row``, and the fix: every safetensors writer's refusal.
+
+    >>> from tensorbridge import resolve_dtype
+    >>> unheld(resolve_dtype("int4"))
+    'int4 has no safetensors dtype code; save it to .npy or .npz, which keep int4 as it is'
+    """
+    code = _F6_BY_ROW.get(row.name)
+    if code is not None:
+        return no_bit_order(code)
+    if not row.kernels:  # a sub-byte integer or a type only NumPy has
+        fix = keeping(row)
+    elif row.category == "complex":
+        fix = (
+            "pass torch.view_as_real(x) (NumPy: a[..., None].view(a.real.dtype)) to store "
+            "the real and imaginary parts losslessly"
+        )
+    else:
+        fix = "pass float_dtype= or convert it to a dtype safetensors has"
+    return f"{row.name} has no safetensors dtype code; {fix}"
 
 
 def bit_width(row: DTypeRow) -> int:
@@ -198,6 +243,8 @@ def _check_entry(
         raise FormatError(f"{where}: the entry is {short(spec)}, not an object")
     code = spec.get("dtype")
     row = _BY_CODE.get(code) if isinstance(code, str) else None
+    if code in F6_CODES:
+        raise FormatError(f"{where}: {no_bit_order(code)}")
     if row is None:
         raise FormatError(
             f"{where}: unknown dtype {short(code)}; tensorbridge reads {', '.join(_BY_CODE)}"

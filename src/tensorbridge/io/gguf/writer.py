@@ -23,7 +23,7 @@ from ..._atomic import atomic_write
 from ..._chunks import DEFAULT_CHUNK, iter_bytes
 from ..._keys import NameRules, at_most_bytes, no_nul, valid_unicode
 from ..._progress import progress_bar
-from ..._tensorfile import cast_target, check_dense, row_of
+from ..._tensorfile import cast_target, check_dense, keeping, row_of
 from ..._torch_checks import is_tensor
 from ...dtypes import DTypeLike, DTypeRow
 from ...errors import (
@@ -298,9 +298,11 @@ def _item(name: Any, value: Any, float_dtype: Any, quantize: str | None) -> _Ite
     plain = BY_PLAIN.get(row.name)
     if plain is None:
         kinds = ", ".join(t.plain or "" for t in BY_PLAIN.values())
+        fix = "pass float_dtype= for floats, or convert the values"
+        if not row.kernels:  # a sub-byte integer or a type only NumPy has
+            fix = keeping(row)
         raise UnsupportedDtypeError(
-            f"GGUF has no tensor type for {row.name}; it holds {kinds} (pass float_dtype= "
-            "for floats, or convert the values)"
+            f"GGUF has no tensor type for {row.name}; it holds {kinds} ({fix})"
         )
     return _Item(name, value, src, plain, row, shape, math.prod(shape) * row.itemsize)
 

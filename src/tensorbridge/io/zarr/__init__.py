@@ -7,12 +7,15 @@ Layout of ``OUT.zarr`` as :func:`save` and :class:`tensorbridge.ZarrWriter` writ
     OUT.zarr/<name>/zarr.json  one array per tensor, named by its dotted key
     OUT.zarr/<name>/c/0/1      its chunks: a regular grid, raw little-endian bytes
 
-**Data types.** Every row of the dtype table: the classic ones under zarr's own names
-(``bool``, ``int8`` ... ``uint64``, ``float16`` ... ``float64``, ``complex64``,
-``complex128``), bfloat16, float8, float8_e8m0fnu and complex32 under the names of
-:mod:`tensorbridge.zarr_dtypes` (tensorstore's), so a plain NumPy process with zarr,
-dask or tensorstore reads the bits back. Packed float4 (torch ``float4_e2m1fn_x2``) is
-refused rather than unpacked behind the caller's back.
+**Data types.** Every row of the dtype table that a Zarr data type is defined for: the
+classic ones under zarr's own names (``bool``, ``int8`` ... ``uint64``, ``float16`` ...
+``float64``, ``complex64``, ``complex128``), the ml_dtypes ones (bfloat16, float8,
+float6, float4, int2/int4/uint2/uint4, complex32, bcomplex32) under the names of
+:mod:`tensorbridge.zarr_dtypes` (zarr-extensions' and tensorstore's), so a plain NumPy
+process with zarr, dask or tensorstore reads the bits back. ``int1``, ``uint1`` and
+``float8_e5m3fnu``, which zarr-extensions names no type for, are refused naming
+``.npy`` / ``.npz``; packed float4 (torch ``float4_e2m1fn_x2``) is refused rather than
+unpacked behind the caller's back.
 
 **Chunks** are uncompressed (the ``bytes`` codec alone, as safetensors stores bytes)
 and at most ``max_chunk_bytes``; every chunk is written, even one that equals the fill

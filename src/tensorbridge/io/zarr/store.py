@@ -35,7 +35,7 @@ from ..._keys import (
 )
 from ..._tensorfile import row_of
 from ..._torch_checks import is_tensor, is_torch_dtype
-from ...dtypes import DTypeLike, DTypeRow, packed_of_numpy
+from ...dtypes import DTypeLike, DTypeRow
 from ...errors import MissingExtraError, UnsupportedDtypeError, UnsupportedTensorError
 
 if TYPE_CHECKING:
@@ -247,19 +247,30 @@ def _host(x: Any, dst: DTypeRow) -> np.ndarray:
     if is_tensor(x):
         from ...convert import to_numpy
 
-        out: np.ndarray = to_numpy(x, dtype=None if x.dtype is dst.torch else dst)
+        same = dst.in_torch and x.dtype is dst.torch
+        out: np.ndarray = to_numpy(x, dtype=None if same else dst)
         return out
     a = np.asarray(x)
-    if row_of(a) is dst:
+    src = row_of(a)
+    if src is dst:
         return a
-    from ...convert import to_numpy, to_torch  # a cast: torch's kernel
+    from ...convert import to_numpy, to_torch
 
-    cast: np.ndarray = to_numpy(to_torch(a), dtype=dst)
+    if not (src.kernels and dst.kernels):  # a type torch has no kernel for: ml_dtypes' cast
+        cast: np.ndarray = to_numpy(a, dtype=dst)
+    else:
+        cast = to_numpy(to_torch(a), dtype=dst)  # torch's kernel, as every cast
     return cast
 
 
 def storable(dtype: Any) -> DTypeRow:
-    """The table row for ``dtype``, refusing the packed types no Zarr array holds as such."""
+    """The table row for ``dtype``, refusing what no Zarr data type holds.
+
+    That is torch's packed float4 (unpack it first) and the rows for which neither
+    zarr-extensions nor tensorstore names a data type (``int1``, ``uint1``,
+    ``float8_e5m3fnu``: :func:`tensorbridge.zarr_dtypes.zarr_name` is None), which
+    ``.npy`` / ``.npz`` keep.
+    """
     from ...dtypes import resolve_dtype
 
     if is_torch_dtype(dtype):
@@ -267,14 +278,17 @@ def storable(dtype: Any) -> DTypeRow:
 
         if dtype in PACKED_BY_TORCH:
             raise UnsupportedDtypeError(_PACKED_MESSAGE.format(PACKED_BY_TORCH[dtype].name))
-    try:
-        if not isinstance(dtype, (str, DTypeRow)) and not is_torch_dtype(dtype):
-            packed = packed_of_numpy(np.dtype(dtype))
-            if packed is not None:
-                raise UnsupportedDtypeError(_PACKED_MESSAGE.format(packed.name))
-    except TypeError:
-        pass
-    return resolve_dtype(dtype)
+    row = resolve_dtype(dtype)
+    if row.carried:
+        require_zarr()
+        from ... import zarr_dtypes
+
+        if zarr_dtypes.zarr_name(row.numpy) is None:
+            raise UnsupportedDtypeError(
+                f"{row.name} has no Zarr data type (zarr-extensions and tensorstore define "
+                f"none); save it to .npy or .npz, which keep every dtype of the table"
+            )
+    return row
 
 
 _PACKED_MESSAGE = (

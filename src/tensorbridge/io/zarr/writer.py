@@ -24,7 +24,7 @@ from ..._commit import abandon, begin_store, new_save_id, pending, publish_store
 from ..._progress import progress_bar
 from ..._tensorfile import cast_target
 from ..._torch_checks import is_tensor
-from ...dtypes import DTypeLike, DTypeRow
+from ...dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ...errors import FormatError, NoDataError, UnsupportedDtypeError, UnsupportedTensorError
 from .._formats import StoreLayout
 from .store import (
@@ -185,7 +185,7 @@ def save(
     plans = []
     for name, x in tensors.items():
         try:
-            plans.append((name, x, cast_target(_source_row(x), float_dtype)))
+            plans.append((name, x, storable(cast_target(_source_row(x), float_dtype))))
         except (UnsupportedDtypeError, UnsupportedTensorError) as err:
             raise type(err)(f"at {name!r}: {err}") from None
     total = sum(math.prod(x.shape) * dst.itemsize for _, x, dst in plans)
@@ -300,11 +300,11 @@ def _source_row(x: Any) -> DTypeRow:
             )
         if x.device.type == "meta":
             raise NoDataError(f"a meta tensor (shape {tuple(x.shape)}) holds no data to save")
-        return storable(x.dtype)
+        return storable(x.dtype)  # torch's packed float4 refused before any cast
     if isinstance(x, np.ndarray):
         if isinstance(x, np.ma.MaskedArray):
             raise UnsupportedTensorError("a masked array's mask would be lost; pass a.filled()")
-        return storable(x.dtype.newbyteorder("=") if x.dtype.byteorder == ">" else x.dtype)
+        return resolve_dtype(x.dtype.newbyteorder("=") if x.dtype.byteorder == ">" else x.dtype)
     raise UnsupportedTensorError(
         f"the value is a {type(x).__qualname__}; a Zarr store holds tensors or arrays"
     )

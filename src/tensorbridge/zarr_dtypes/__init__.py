@@ -1,4 +1,4 @@
-"""Zarr v3 data types for bfloat16, float8, float4 and complex32, under tensorstore's names.
+"""Zarr v3 data types for the ml_dtypes types, under tensorstore's and zarr-extensions' names.
 
 zarr-python has no data type for the ml_dtypes types that ML checkpoints are made of. This
 module defines them as zarr 3 ``ZDType`` classes and registers them with zarr, so that any
@@ -6,28 +6,44 @@ process with NumPy, ml_dtypes and zarr reads and writes such arrays bit for bit.
 neither torch nor the rest of tensorbridge: a plain NumPy process (a dask worker, a
 notebook) needs only ``import tensorbridge.zarr_dtypes``.
 
-=====================  =====================  ====================================
-``data_type`` name     NumPy dtype            what it is
-=====================  =====================  ====================================
-``bfloat16``           ``ml_dtypes.bfloat16``  8 exponent, 7 mantissa bits
-``float8_e4m3fn``      ``float8_e4m3fn``       OCP E4M3: no infinity, NaN 0x7f/0xff
-``float8_e5m2``        ``float8_e5m2``         OCP E5M2: IEEE-like
-``float8_e4m3fnuz``    ``float8_e4m3fnuz``     no infinity, no -0, NaN 0x80
-``float8_e5m2fnuz``    ``float8_e5m2fnuz``     no infinity, no -0, NaN 0x80
-``float8_e8m0fnu``     ``float8_e8m0fnu``      MX scales: exponent only, NaN 0xff
-``float4_e2m1fn``      ``float4_e2m1fn``       MX FP4, one value a byte (low bits)
-``complex_float16``    ``ml_dtypes.complex32``  two float16 (torch.complex32)
-=====================  =====================  ====================================
+======================  ========================  ========================================
+``data_type`` name      NumPy dtype               what it is
+======================  ========================  ========================================
+``bfloat16``            ``ml_dtypes.bfloat16``    8 exponent, 7 mantissa bits
+``float8_e4m3fn``       ``float8_e4m3fn``         OCP E4M3: no infinity, NaN 0x7f/0xff
+``float8_e5m2``         ``float8_e5m2``           OCP E5M2: IEEE-like
+``float8_e4m3fnuz``     ``float8_e4m3fnuz``       no infinity, no -0, NaN 0x80
+``float8_e5m2fnuz``     ``float8_e5m2fnuz``       no infinity, no -0, NaN 0x80
+``float8_e8m0fnu``      ``float8_e8m0fnu``        MX scales: exponent only, NaN 0xff
+``float8_e4m3``         ``float8_e4m3``           IEEE-style E4M3: infinities, NaN 0x7c
+``float8_e3m4``         ``float8_e3m4``           IEEE-style E3M4: infinities, NaN 0x78
+``float8_e4m3b11fnuz``  ``float8_e4m3b11fnuz``    bias 11, no infinity, no -0, NaN 0x80
+``float6_e2m3fn``       ``float6_e2m3fn``         MX FP6 E2M3, one a byte (low 6 bits)
+``float6_e3m2fn``       ``float6_e3m2fn``         MX FP6 E3M2, one a byte (low 6 bits)
+``float4_e2m1fn``       ``float4_e2m1fn``         MX FP4, one value a byte (low bits)
+``int4``, ``uint4``     ``int4``, ``uint4``       4-bit integers, one a byte (low bits)
+``int2``, ``uint2``     ``int2``, ``uint2``       2-bit integers, one a byte (low bits)
+``complex_float16``     ``ml_dtypes.complex32``   two float16 (torch.complex32)
+``complex_bfloat16``    ``ml_dtypes.bcomplex32``  two bfloat16
+======================  ========================  ========================================
 
-The names are tensorstore's and zarr-extensions' (tensorstore reads and writes the first
-seven natively). ``float8_e4m3`` is deliberately absent: in zarr-extensions it is the
-IEEE-style E4M3 (with infinities), a different format from ``float8_e4m3fn``.
+The names and bit layouts are zarr-extensions' (``data-types/<name>/README.md`` in
+github.com/zarr-developers/zarr-extensions: the ``bytes`` codec stores one element a
+byte, the value in the low bits); tensorstore 0.1 reads and writes ``bfloat16``, the
+float8 types but ``float8_e4m3``, ``float4_e2m1fn``, ``int4`` and ``int2`` natively. A
+sub-byte element's high bits are kept as written (zarr-extensions: "ignored"; ml_dtypes
+reads only the low bits). zarr-extensions names no ``int1``, ``uint1`` or
+``float8_e5m3fnu``: this module defines none (no name is invented), so those arrays
+have no Zarr data type (:func:`zarr_name` is ``None``). ``float8_e4m3`` is the
+IEEE-style E4M3 (with infinities), a different format from ``float8_e4m3fn``: each is
+stored under its own name.
 
-**Fill values** follow the zarr v3 core rules for floats: a JSON number, ``"NaN"``,
+**Fill values** follow the zarr v3 core rules: for floats a JSON number, ``"NaN"``,
 ``"Infinity"``, ``"-Infinity"``, or ``"0x.."``, the raw bits as a hexadecimal integer,
-the only spelling of a NaN other than the type's canonical one (so payloads survive).
-Values the type cannot hold (``"Infinity"`` for an ``fn`` type, ``"NaN"`` for
-``float4_e2m1fn``) are refused rather than rounded. Zarr v2 has no name for these types.
+the only spelling of a NaN other than the type's canonical one (so payloads survive);
+for integers a JSON integer within the type's range. Values the type cannot hold
+(``"Infinity"`` for an ``fn`` type, ``"NaN"`` for ``float4_e2m1fn``, ``8`` for
+``int4``) are refused rather than rounded. Zarr v2 has no name for these types.
 
 **Registration** happens on import (:func:`register`, idempotent) and through the
 ``zarr.data_type`` entry-point group in tensorbridge's package metadata, which zarr-python
@@ -48,7 +64,6 @@ bfloat16, ``-0.0`` into ``0.0``); a skipped chunk reads back as the fill value's
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +76,8 @@ from zarr.core.dtype import data_type_registry
 from zarr.core.dtype.common import DTypeJSON, HasEndianness, HasItemSize
 from zarr.core.dtype.wrapper import ZDType
 
+from ._fill import FloatFill, IntFill, Rules, bits_of
+
 try:  # zarr >= 3.2 moved it (the old name warns); zarr 3.1 has it only here
     from zarr.errors import DataTypeValidationError  # type: ignore[attr-defined,unused-ignore]
 except ImportError:
@@ -69,125 +86,41 @@ except ImportError:
 __all__ = [
     "DATA_TYPES",
     "BFloat16",
+    "ComplexBFloat16",
     "ComplexFloat16",
     "Float4E2M1FN",
+    "Float6E2M3FN",
+    "Float6E3M2FN",
+    "Float8E3M4",
+    "Float8E4M3",
+    "Float8E4M3B11FNUZ",
     "Float8E4M3FN",
     "Float8E4M3FNUZ",
     "Float8E5M2",
     "Float8E5M2FNUZ",
     "Float8E8M0FNU",
+    "Int2",
+    "Int4",
+    "MLComplex",
     "MLFloat",
+    "MLInt",
+    "MLType",
+    "UInt2",
+    "UInt4",
     "register",
     "zarr_name",
 ]
 
-_SPECIAL = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _HOST: Literal["little", "big"] = "little" if sys.byteorder == "little" else "big"
-_BITS: dict[int, np.dtype[Any]] = {1: np.dtype(np.uint8), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
-
-
-def _bits_of(value: np.generic, itemsize: int) -> int:
-    """The raw bits of one scalar as an integer (its bytes read little-endian)."""
-    return int(np.asarray(value).reshape(1).view(np.uint8).view(_BITS[itemsize])[0])
-
-
-def _hex(bits: int, itemsize: int) -> str:
-    return f"0x{bits:0{2 * itemsize}x}"
-
-
-class _Scalar:
-    """Fill-value rules for one real float type (also each half of a complex one)."""
-
-    def __init__(self, dtype: np.dtype[Any], name: str, *, hex_only: bool = False) -> None:
-        self.dtype = dtype
-        self.name = name
-        self.hex_only = hex_only  # spell every value but NaN as its bits
-        self.canonical_nan = self._round_trips(math.nan)
-        self.has_inf = self._round_trips(math.inf) is not None
-        self.has_nan = self.canonical_nan is not None
-
-    def _round_trips(self, value: float) -> int | None:
-        """The bits of ``value`` in this type, or None when the type cannot hold it."""
-        with np.errstate(all="ignore"):
-            x = np.array([value]).astype(self.dtype)
-        back = float(x.astype(np.float64)[0])
-        if math.isnan(value):
-            return _bits_of(x[0], self.dtype.itemsize) if math.isnan(back) else None
-        return _bits_of(x[0], self.dtype.itemsize) if back == value else None
-
-    def from_bits(self, bits: int) -> np.generic:
-        width = self.dtype.itemsize
-        raw = np.array([bits], np.uint64).astype(_BITS[width])
-        out: np.generic = raw.view(self.dtype)[0]
-        return out
-
-    def from_json(self, data: JSON) -> np.generic:
-        """A fill value as the spec spells it -> this type's scalar, exactly, or raise."""
-        width = self.dtype.itemsize
-        if isinstance(data, str) and data.startswith("0x"):
-            try:
-                bits = int(data, 16)
-            except ValueError:
-                bits = -1
-            if not 0 <= bits < 1 << (8 * width):
-                raise ValueError(
-                    f"fill value {data!r} is not {width} byte(s) of hexadecimal bits "
-                    f"for {self.name}"
-                )
-            return self.from_bits(bits)
-        if isinstance(data, str) and data in _SPECIAL:
-            value = _SPECIAL[data]
-        elif isinstance(data, (int, float)) and not isinstance(data, bool):
-            value = float(data)
-        else:
-            raise TypeError(
-                f"fill value {data!r} is not a {self.name} value; give a number, 'NaN', "
-                "'Infinity', '-Infinity' or '0x' and the raw bits in hexadecimal"
-            )
-        found = self._round_trips(value)
-        if found is None and value == 0:
-            found = 0  # a type without zero: tensorstore writes its all-zero default as 0.0
-        if found is None:
-            raise ValueError(
-                f"fill value {data!r} has no exact {self.name} representation; give one of its "
-                "values, or its raw bits as a '0x' hexadecimal string"
-            )
-        return self.from_bits(found)
-
-    def to_json(self, value: np.generic) -> JSON:
-        """The JSON spelling of a scalar that keeps its bits: NaN payloads as ``0x`` bits."""
-        bits = _bits_of(value, self.dtype.itemsize)
-        with np.errstate(all="ignore"):  # a signalling NaN warns on the way to float64
-            f = float(np.asarray(value).astype(np.float64))
-        if math.isnan(f):
-            return "NaN" if bits == self.canonical_nan else _hex(bits, self.dtype.itemsize)
-        if math.isinf(f):
-            return "Infinity" if f > 0 else "-Infinity"
-        if self.hex_only or self._round_trips(f) != bits:  # float4's unused high bits, say
-            return _hex(bits, self.dtype.itemsize)
-        return f  # exact: every value of these types is a float64; -0.0 stays -0.0
-
-    def cast(self, data: object) -> np.generic:
-        """A Python or NumPy value -> this type's scalar (a scalar of the type keeps its bits)."""
-        if isinstance(data, self.dtype.type):
-            return data  # type: ignore[no-any-return]
-        if isinstance(data, np.ndarray) and data.shape == () and data.dtype == self.dtype:
-            return data[()]  # type: ignore[return-value]
-        if isinstance(data, bool) or not isinstance(data, (int, float, np.number, str)):
-            raise TypeError(
-                f"cannot use {data!r} ({type(data).__qualname__}) as a {self.name} value"
-            )
-        if isinstance(data, str):
-            return self.from_json(data)
-        return self.dtype.type(data)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True, kw_only=True)
-class MLFloat(ZDType[np.dtype[Any], np.generic], HasItemSize):
+class MLType(ZDType[np.dtype[Any], np.generic], HasItemSize):
     """A zarr v3 data type for one ml_dtypes scalar type (the subclasses name which).
 
     Instances compare equal when they are the same type; the JSON name is
-    ``_zarr_v3_name``; the NumPy dtype is ``np.dtype(ml_dtypes.<numpy_name>)``.
+    ``_zarr_v3_name``; the NumPy dtype is ``np.dtype(ml_dtypes.<numpy_name>)``. A
+    subclass whose type the installed ml_dtypes lacks is left out of :data:`DATA_TYPES`.
 
     >>> Float8E4M3FN().to_json(zarr_format=3), Float8E4M3FN().to_native_dtype()
     ('float8_e4m3fn', dtype(float8_e4m3fn))
@@ -196,23 +129,32 @@ class MLFloat(ZDType[np.dtype[Any], np.generic], HasItemSize):
     numpy_name: ClassVar[str]  # the ml_dtypes attribute
     hex_fill: ClassVar[bool] = False  # fill values are written as their bits (not numbers)
     _numpy: ClassVar[np.dtype[Any]]
-    _rules: ClassVar[_Scalar]
+    _rules: ClassVar[Rules]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "numpy_name" in cls.__dict__:
-            dt = np.dtype(getattr(ml_dtypes, cls.numpy_name))
+        ml_type = getattr(ml_dtypes, cls.__dict__.get("numpy_name", ""), None)
+        if ml_type is not None:
+            dt = np.dtype(ml_type)
             cls._numpy = dt
             cls.dtype_cls = type(dt)
-            if dt.kind != "c":  # complex types spell each part as a float
-                cls._rules = _Scalar(dt, cls._zarr_v3_name, hex_only=cls.hex_fill)
+            cls._make_rules(dt)
+
+    @classmethod
+    def _make_rules(cls, dt: np.dtype[Any]) -> None:
+        cls._rules = FloatFill(dt, cls._zarr_v3_name, hex_only=cls.hex_fill)
+
+    @classmethod
+    def available(cls) -> bool:
+        """Whether the installed ml_dtypes has this type."""
+        return "_numpy" in cls.__dict__
 
     @property
     def item_size(self) -> int:
         return int(self._numpy.itemsize)
 
     @classmethod
-    def from_native_dtype(cls, dtype: np.dtype[Any]) -> MLFloat:
+    def from_native_dtype(cls, dtype: np.dtype[Any]) -> MLType:
         if cls._check_native_dtype(dtype):
             return cls()
         raise DataTypeValidationError(f"{dtype} is not {cls._numpy}")
@@ -221,13 +163,13 @@ class MLFloat(ZDType[np.dtype[Any], np.generic], HasItemSize):
         return self._numpy
 
     @classmethod
-    def _from_json_v2(cls, data: DTypeJSON) -> MLFloat:
+    def _from_json_v2(cls, data: DTypeJSON) -> MLType:
         raise DataTypeValidationError(
             f"zarr v2 has no name for {cls._zarr_v3_name}; such arrays are zarr v3 only"
         )
 
     @classmethod
-    def _from_json_v3(cls, data: DTypeJSON) -> MLFloat:
+    def _from_json_v3(cls, data: DTypeJSON) -> MLType:
         if data == cls._zarr_v3_name:
             return cls()
         raise DataTypeValidationError(f"{data!r} is not {cls._zarr_v3_name!r}")
@@ -266,6 +208,23 @@ class MLFloat(ZDType[np.dtype[Any], np.generic], HasItemSize):
         return self._rules.to_json(self.cast_scalar(data))
 
 
+class MLFloat(MLType):
+    """A float type: fill values as the zarr v3 core spells floats (numbers, ``"NaN"``,
+    ``"Infinity"``, ``"0x.."`` bits)."""
+
+
+class MLInt(MLType):
+    """A sub-byte integer type: fill values are integers within its range.
+
+    >>> Int4().to_json_scalar(-8, zarr_format=3), int(UInt2().default_scalar())
+    (-8, 0)
+    """
+
+    @classmethod
+    def _make_rules(cls, dt: np.dtype[Any]) -> None:
+        cls._rules = IntFill(dt, cls._zarr_v3_name)
+
+
 @dataclass(frozen=True, kw_only=True)
 class MLFloatWide(MLFloat, HasEndianness):
     """An ml_dtypes type wider than a byte: the ``bytes`` codec names its byte order.
@@ -277,13 +236,13 @@ class MLFloatWide(MLFloat, HasEndianness):
     endianness: Literal["little", "big"] = _HOST
 
     @classmethod
-    def from_native_dtype(cls, dtype: np.dtype[Any]) -> MLFloat:
+    def from_native_dtype(cls, dtype: np.dtype[Any]) -> MLType:
         if cls._check_native_dtype(dtype):
             return cls(endianness=_HOST)
         raise DataTypeValidationError(f"{dtype} is not {cls._numpy}")
 
     @classmethod
-    def _from_json_v3(cls, data: DTypeJSON) -> MLFloat:
+    def _from_json_v3(cls, data: DTypeJSON) -> MLType:
         if data == cls._zarr_v3_name:
             return cls(endianness=_HOST)
         raise DataTypeValidationError(f"{data!r} is not {cls._zarr_v3_name!r}")
@@ -356,15 +315,73 @@ class Float4E2M1FN(MLFloat):
     numpy_name = "float4_e2m1fn"
 
 
-@dataclass(frozen=True, kw_only=True)
-class ComplexFloat16(MLFloatWide):
-    """``complex_float16``: ``ml_dtypes.complex32``, a float16 real then imaginary part.
+class Float8E4M3(MLFloat):
+    """``float8_e4m3``: ``ml_dtypes.float8_e4m3``, IEEE-style (infinities; NaN ``0x7c``)."""
 
-    Fill values are ``[real, imag]``, each spelled as a float16 fill value.
+    _zarr_v3_name = numpy_name = "float8_e4m3"
+
+
+class Float8E3M4(MLFloat):
+    """``float8_e3m4``: ``ml_dtypes.float8_e3m4``, IEEE-style (infinities; NaN ``0x78``)."""
+
+    _zarr_v3_name = numpy_name = "float8_e3m4"
+
+
+class Float8E4M3B11FNUZ(MLFloat):
+    """``float8_e4m3b11fnuz``: ``ml_dtypes.float8_e4m3b11fnuz`` (bias 11; NaN ``0x80``)."""
+
+    _zarr_v3_name = numpy_name = "float8_e4m3b11fnuz"
+
+
+class Float6E2M3FN(MLFloat):
+    """``float6_e2m3fn``: ``ml_dtypes.float6_e2m3fn`` (MX FP6), one a byte in its low bits."""
+
+    _zarr_v3_name = numpy_name = "float6_e2m3fn"
+
+
+class Float6E3M2FN(MLFloat):
+    """``float6_e3m2fn``: ``ml_dtypes.float6_e3m2fn`` (MX FP6), one a byte in its low bits."""
+
+    _zarr_v3_name = numpy_name = "float6_e3m2fn"
+
+
+class Int4(MLInt):
+    """``int4``: ``ml_dtypes.int4`` (torch.int4), -8 to 7, one a byte in its low bits."""
+
+    _zarr_v3_name = numpy_name = "int4"
+
+
+class UInt4(MLInt):
+    """``uint4``: ``ml_dtypes.uint4`` (torch.uint4), 0 to 15, one a byte in its low bits."""
+
+    _zarr_v3_name = numpy_name = "uint4"
+
+
+class Int2(MLInt):
+    """``int2``: ``ml_dtypes.int2`` (torch.int2), -2 to 1, one a byte in its low bits."""
+
+    _zarr_v3_name = numpy_name = "int2"
+
+
+class UInt2(MLInt):
+    """``uint2``: ``ml_dtypes.uint2`` (torch.uint2), 0 to 3, one a byte in its low bits."""
+
+    _zarr_v3_name = numpy_name = "uint2"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLComplex(MLFloatWide):
+    """A complex type of two float parts, real then imaginary (the subclasses name the part).
+
+    Fill values are ``[real, imag]``, each spelled as a fill value of the part's type.
     """
 
-    _zarr_v3_name = "complex_float16"
-    numpy_name = "complex32"
+    part: ClassVar[np.dtype[Any]]  # the type of each part
+    _part: ClassVar[FloatFill]
+
+    @classmethod
+    def _make_rules(cls, dt: np.dtype[Any]) -> None:
+        cls._part = FloatFill(cls.part, cls.part.name)
 
     def _check_scalar(self, data: object) -> TypeGuard[np.generic]:
         try:
@@ -378,7 +395,7 @@ class ComplexFloat16(MLFloatWide):
             return data  # type: ignore[no-any-return]
         if isinstance(data, bool) or not isinstance(data, (int, float, complex, np.number)):
             raise TypeError(
-                f"cannot use {data!r} ({type(data).__qualname__}) as a complex_float16 value"
+                f"cannot use {data!r} ({type(data).__qualname__}) as a {self._zarr_v3_name} value"
             )
         out: np.generic = np.array([data], np.complex128).astype(self._numpy)[0]
         return out
@@ -393,29 +410,41 @@ class ComplexFloat16(MLFloatWide):
 
     def from_json_scalar(self, data: JSON, *, zarr_format: ZarrFormat) -> np.generic:
         if isinstance(data, Sequence) and not isinstance(data, str) and len(data) == 2:
-            re, im = (_HALF.from_json(part) for part in data)
-            return self._pair(_bits_of(re, 2), _bits_of(im, 2))
+            re, im = (self._part.from_json(part) for part in data)
+            return self._pair(bits_of(re, 2), bits_of(im, 2))
         raise TypeError(
-            f"fill value {data!r} is not a complex_float16 value; give [real, imaginary]"
+            f"fill value {data!r} is not a {self._zarr_v3_name} value; give [real, imaginary]"
         )
 
     def to_json_scalar(self, data: object, *, zarr_format: ZarrFormat) -> JSON:
-        parts = np.asarray(self.cast_scalar(data)).reshape(1).view(np.float16)
-        return [_HALF.to_json(parts[0]), _HALF.to_json(parts[1])]
+        parts = np.asarray(self.cast_scalar(data)).reshape(1).view(self.part)
+        return [self._part.to_json(parts[0]), self._part.to_json(parts[1])]
 
 
-_HALF = _Scalar(np.dtype(np.float16), "float16")
+class ComplexFloat16(MLComplex):
+    """``complex_float16``: ``ml_dtypes.complex32`` (torch.complex32), two float16."""
 
-DATA_TYPES: tuple[type[MLFloat], ...] = (
-    BFloat16,
-    Float8E4M3FN,
-    Float8E5M2,
-    Float8E4M3FNUZ,
-    Float8E5M2FNUZ,
-    Float8E8M0FNU,
-    Float4E2M1FN,
-    ComplexFloat16,
-)
+    _zarr_v3_name = "complex_float16"
+    numpy_name = "complex32"
+    part = np.dtype(np.float16)
+
+
+class ComplexBFloat16(MLComplex):
+    """``complex_bfloat16``: ``ml_dtypes.bcomplex32``, two bfloat16."""
+
+    _zarr_v3_name = "complex_bfloat16"
+    numpy_name = "bcomplex32"
+    part = np.dtype(ml_dtypes.bfloat16)
+
+
+# In the order of the entry points in pyproject.toml; a type the installed ml_dtypes lacks
+# is left out.
+_ALL: tuple[type[MLType], ...] = (
+    BFloat16, Float8E4M3FN, Float8E5M2, Float8E4M3FNUZ, Float8E5M2FNUZ, Float8E8M0FNU,
+    Float4E2M1FN, ComplexFloat16, Float8E4M3, Float8E3M4, Float8E4M3B11FNUZ,
+    Float6E2M3FN, Float6E3M2FN, Int4, UInt4, Int2, UInt2, ComplexBFloat16,
+)  # fmt: skip
+DATA_TYPES: tuple[type[MLType], ...] = tuple(cls for cls in _ALL if cls.available())
 _BY_NUMPY = {cls._numpy: cls for cls in DATA_TYPES}
 
 
@@ -437,6 +466,8 @@ def zarr_name(dtype: Any) -> str | None:
     >>> import ml_dtypes
     >>> zarr_name(ml_dtypes.float8_e4m3fn), zarr_name("float32")
     ('float8_e4m3fn', None)
+    >>> zarr_name(ml_dtypes.int4), zarr_name(ml_dtypes.int1)  # int1: no name
+    ('int4', None)
     """
     cls = _BY_NUMPY.get(np.dtype(dtype))
     return None if cls is None else cls._zarr_v3_name
