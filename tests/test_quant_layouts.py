@@ -431,7 +431,7 @@ def test_metadata_for_other_formats(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main([*base, str(tmp_path / "y.npz"), "--metadata", "a=1"]) == 2
     assert (  # Destination.check's rule, in convert's words
         "'.npz' files have no place for metadata; save to .safetensors or .pt or .gguf or "
-        ".zarr or .onnx to keep it, or leave out --metadata (a)\n"
+        ".zarr or .h5 or .onnx to keep it, or leave out --metadata (a)\n"
     ) in capsys.readouterr().err
     assert main([*base, str(tmp_path / "y.safetensors"), "--metadata", "a:uint8=1"]) == 2
     assert "keeps text; drop :uint8" in capsys.readouterr().err

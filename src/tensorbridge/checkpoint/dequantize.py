@@ -94,8 +94,8 @@ def dequantize_checkpoint(
     >>> d = tempfile.mkdtemp()
     >>> q = tb.quantize(torch.randn(8, 64), "mxfp8", name="l.weight")
     >>> tb.save({**q, "l.bias": torch.zeros(8)}, os.path.join(d, "q.safetensors"))
-    >>> out = tb.dequantize_checkpoint(os.path.join(d, "q.safetensors"),
-    ...                                os.path.join(d, "w.safetensors"), "bf16", verify=True)
+    >>> src, dst = os.path.join(d, "q.safetensors"), os.path.join(d, "w.safetensors")
+    >>> out = tb.dequantize_checkpoint(src, dst, "bf16", verify=True)
     >>> out.dequantized, out.verified
     (('l.weight',), True)
     >>> sorted(tb.load(out.path))

@@ -130,7 +130,7 @@ def cast_report(x: Any, dtype: DTypeLike, *, rtol: float | None = None) -> CastR
     >>> r = tb.cast_report(torch.tensor([0.3, 1.0]), "float8_e4m3fn", rtol=0.01)
     >>> r.safe, round(r.max_rel_err, 4), r.ok  # 0.3 became 0.3125: over rtol
     (True, 0.0417, False)
-    >>> r = tb.cast_report(torch.tensor([0.3, 9.0]), "float6_e2m3fn")  # torch has none
+    >>> r = tb.cast_report(torch.tensor([0.3, 9.0]), "float6_e2m3fn")  # not in torch
     >>> r.kernel, r.saturated, r.exact  # ml_dtypes' astype: 9.0 became 7.5
     ('ml_dtypes', 1, 0)
 

@@ -177,7 +177,8 @@ def replace_weights(
     >>> import os, tempfile, numpy as np
     >>> d = tempfile.mkdtemp()
     >>> save({"w": np.zeros(3, np.float32), "b": np.ones(1, np.int64)}, d + "/m.onnx")
-    >>> replace_weights(d + "/m.onnx", {"w": np.arange(3, dtype=np.float32)}, d + "/n.onnx")
+    >>> new = {"w": np.arange(3, dtype=np.float32)}
+    >>> replace_weights(d + "/m.onnx", new, d + "/n.onnx")
     ['w']
     >>> from tensorbridge.io.onnx import load
     >>> load(d + "/n.onnx")["w"].tolist()
