@@ -31,7 +31,7 @@ from typing import BinaryIO
 
 from .errors import FormatError, LinkError
 
-__all__ = ["Links", "open_regular", "read_limited", "read_regular"]
+__all__ = ["Links", "open_regular", "physical_memory", "read_limited", "read_regular"]
 
 _FLAGS = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -239,3 +239,12 @@ class Links:
         """:func:`read_limited` of a file the checkpoint names, once :meth:`check` passes."""
         with self.open(path) as f:
             return read_regular(f, path, limit, what)
+
+
+def physical_memory() -> int:
+    """This machine's RAM in bytes (no limit where the platform does not say): the bound a
+    reader checks a declared size against before it allocates."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..._filemap import check_unchanged, open_reader
+from ..._files import physical_memory
 from ..._tensorfile import TensorFile
 from ...dtypes import DTypeLike, DTypeRow, resolve_dtype
 from ...errors import FormatError, TensorBridgeError, UnsupportedDtypeError
@@ -322,7 +323,7 @@ class HDF5File(TensorFile):
         """
         stored = min(e.storage, self._size) * (DEFLATE_RATIO if e.filtered else 1)
         limit = self.max_fill_bytes
-        if e.nbytes > _physical_memory() or (limit is not None and e.nbytes > stored + limit):
+        if e.nbytes > physical_memory() or (limit is not None and e.nbytes > stored + limit):
             raise FormatError(
                 f"{self._where}: dataset {name!r} declares {e.nbytes:,} bytes but stores "
                 f"{e.storage:,}: HDF5 would make up the rest from its fill value; if it is "
@@ -505,14 +506,6 @@ def _raw_row(dtype: DTypeLike | None) -> DTypeRow | None:
             "pass float_dtype="
         )
     return row
-
-
-def _physical_memory() -> int:
-    """This machine's RAM in bytes (no limit where the platform does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
 
 
 def open(

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..._commit import require_committed
 from ..._filemap import check_same_version, identity
-from ..._files import Links, read_regular
+from ..._files import Links, physical_memory, read_regular
 from ..._tensorfile import TensorFile
 from ...dtypes import DTypeRow
 from ...errors import FormatError, UnsupportedDtypeError
@@ -167,7 +167,7 @@ class ZarrFile(TensorFile):
         # write_empty_chunks=False has none for a zero tensor), so the declared shape,
         # not the chunk files, sets what a read allocates: refuse what no read could hold
         nbytes = self.nbytes(name)
-        if nbytes > _physical_memory():
+        if nbytes > physical_memory():
             raise FormatError(
                 f"{str(self.path)!r}: array {name!r} declares {nbytes:,} bytes, more than "
                 "this machine's memory; its zarr.json is corrupt (or read it in regions "
@@ -298,14 +298,6 @@ def _store_class() -> Any:
             return [await self.get(key, prototype, r) for key, r in key_ranges]
 
     return ConfinedStore
-
-
-def _physical_memory() -> int:
-    """This machine's RAM in bytes (no limit where the platform does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
 
 
 def open(
