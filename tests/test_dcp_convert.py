@@ -522,7 +522,7 @@ def _big_on_ranks(rank: int, world: int, ckpt: str) -> int:
 
 
 _PEAK = """
-import sys, tensorbridge as tb
+import sys, ml_dtypes, tensorbridge as tb  # code loaded before the measure, which is of data
 f = tb.open(sys.argv[1])
 for n in f.keys():
     f.chunks(n)

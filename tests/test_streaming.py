@@ -21,7 +21,7 @@ _CHILD = textwrap.dedent(
     """
     import sys
     import numpy as np
-    import torch  # the cast imports it: loaded before the measure, which is of the save
+    import ml_dtypes, torch  # the cast imports them: loaded before the measure, of the save
     import tensorbridge as tb
 
     src = tb.open(sys.argv[1])
