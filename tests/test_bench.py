@@ -143,6 +143,7 @@ def test_scratch_files_are_removed(tiny: tuple[Path, Path]) -> None:
     assert list(scratch.iterdir()) == []
 
 
+@pytest.mark.slow  # a run of the harness in a child
 def test_without_matplotlib_the_report_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -215,7 +216,7 @@ def _fail(buf: bytearray) -> None:
     raise RuntimeError("the step broke")
 
 
-@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+@pytest.mark.parametrize("method", ["forkserver", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_child_runs_a_task_and_sees_its_memory(method: str) -> None:
     if method not in multiprocessing.get_all_start_methods():
         pytest.skip(reason=f"this platform has no {method} start method")

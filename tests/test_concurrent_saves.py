@@ -241,7 +241,9 @@ def _processes(kind: str, pool: Any, work: Path, trials: int) -> None:
         check(kind, root, list(range(1, WRITERS + 1)))
 
 
-@pytest.mark.parametrize("kind", ["sharded", "dcp-safetensors"])
+@pytest.mark.parametrize(
+    "kind", [pytest.param("sharded", marks=pytest.mark.slow), "dcp-safetensors"]
+)
 def test_processes_saving_one_destination_leave_one_whole_version(
     kind: str, tmp_path: Path, pool: Any
 ) -> None:

@@ -412,6 +412,7 @@ def test_convert_to_npy_directory(ckpt: Path, tmp_path: Path) -> None:
         tb.save(tb.open(ckpt), out, format="npy")
 
 
+@pytest.mark.slow  # subprocesses over the shared checkpoint; the reads stay fast
 def test_convert_to_zarr_store(ckpt: Path, tmp_path: Path) -> None:
     zarr = pytest.importorskip("zarr", reason="Zarr stores are an extra (tensorbridge[zarr])")
     expected = _expected()
@@ -473,6 +474,7 @@ def _files(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
 
 
+@pytest.mark.slow  # subprocesses over the shared checkpoint; the reads stay fast
 def test_process_pool_output_is_byte_identical(ckpt: Path, tmp_path: Path) -> None:
     tb.save(tb.open(ckpt), f"{tmp_path}/serial/", max_shard_size=600)
     with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as ex:
@@ -557,6 +559,7 @@ def test_peak_memory_is_bounded_by_the_window(big: Path, tmp_path: Path, cast: s
 # --- the command line -----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # subprocesses over the shared checkpoint; the reads stay fast
 def test_cli_convert_dcp(ckpt: Path, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run(

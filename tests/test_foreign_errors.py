@@ -220,6 +220,7 @@ def _child(code: str, tmp_path: Path) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # a child process writing hundreds of files
 def test_hundreds_of_shards_open_under_a_small_descriptor_limit(tmp_path: Path) -> None:
     """400 shards under ``ulimit -n 256``: a shard index holds at most 64 shards open."""
     out = _child(
@@ -247,6 +248,7 @@ def test_hundreds_of_shards_open_under_a_small_descriptor_limit(tmp_path: Path) 
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow  # a child process writing hundreds of files
 def test_a_dcp_checkpoint_of_hundreds_of_files_under_a_small_descriptor_limit(
     tmp_path: Path,
 ) -> None:
@@ -274,6 +276,7 @@ def test_a_dcp_checkpoint_of_hundreds_of_files_under_a_small_descriptor_limit(
     assert out.strip() == "ok"
 
 
+@pytest.mark.slow  # a child process writing hundreds of files
 def test_a_file_size_limit_is_a_destination_error_for_every_dcp_target(tmp_path: Path) -> None:
     out = _child(
         """

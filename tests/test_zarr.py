@@ -67,11 +67,16 @@ def type_patterns(cls: type[zd.MLType]) -> np.ndarray:
 
 
 def fill_values(cls: type[zd.MLType]) -> np.ndarray:
-    """The values a fill value can spell: every bit pattern, or an integer type's values
-    (a JSON integer is the value of the low bits; bytes with high bits set read the same)."""
+    """The values a fill value can spell: every bit pattern (of each part of a complex
+    type), or an integer type's values (a JSON integer is the value of the low bits;
+    bytes with high bits set read the same)."""
     if issubclass(cls, zd.MLInt):
         every = np.arange(256, dtype=np.uint8).view(cls._numpy).astype(np.int64)
         return np.arange(every.min(), every.max() + 1).astype(cls._numpy)
+    if cls._numpy.itemsize == 4:  # a complex fill value spells each part alone: pair every
+        real = np.arange(1 << 16, dtype=np.uint32)  # pattern with another (an odd multiplier
+        imag = (real * 40503 + 1) & 0xFFFF  # permutes them), each in both places
+        return (real | imag << 16).view(cls._numpy)
     return type_patterns(cls)
 
 

@@ -8,6 +8,7 @@
 * :func:`identity`, :func:`check_same_version`, :func:`check_unchanged` — refuse to
   go on reading a file that was replaced or truncated since it was opened.
 * :func:`read_small` — a small side file (an index, a metadata pickle), bounded.
+* :func:`read_at` — bytes at an offset read straight into fresh memory (``mmap=False``).
 """
 
 from __future__ import annotations
@@ -89,6 +90,33 @@ class FileReader(io.RawIOBase):
             view[:n] = data
         self.pos += n
         return n
+
+
+def read_at(fd: int, out: Any, offset: int, where: object) -> None:
+    """Fill the writable buffer ``out`` with the file's bytes from ``offset``.
+
+    Reads through the descriptor (``preadv``: no shared file position moved) straight
+    into ``out``: one copy, no page of a map touched, which is how ``mmap=False`` reads
+    match a plain ``read`` of the file. ``where`` names the file in the error.
+
+    Raises:
+        FormatError: the file ends first: it shrank since its sizes were checked.
+    """
+    view = memoryview(out).cast("B")
+    done = 0
+    while done < len(view):
+        if hasattr(os, "preadv"):
+            n = os.preadv(fd, [view[done:]], offset + done)
+        else:  # pragma: no cover - Windows
+            data = os.pread(fd, len(view) - done, offset + done)
+            view[done : done + len(data)] = data
+            n = len(data)
+        if n <= 0:
+            raise FormatError(
+                f"{where} ended {len(view) - done:,} bytes early: it was truncated since "
+                "it was opened; open it again"
+            )
+        done += n
 
 
 def open_reader(path: str | os.PathLike[str]) -> tuple[int, int]:

@@ -16,7 +16,7 @@ import os
 import weakref
 from pathlib import Path
 
-from .._filemap import check_unchanged
+from .._filemap import check_unchanged, read_at
 from .._files import open_fd
 from ..errors import (
     FormatError,
@@ -68,18 +68,7 @@ class Shard:
     def read_into(self, out: memoryview, offset: int) -> None:
         """Fill ``out`` from ``offset``, without moving a shared file position."""
         self._check_open()
-        done = 0
-        while done < len(out):
-            if hasattr(os, "preadv"):
-                n = os.preadv(self.fd, [out[done:]], offset + done)
-            else:  # pragma: no cover - Windows
-                os.lseek(self.fd, offset + done, os.SEEK_SET)
-                data = os.read(self.fd, len(out) - done)
-                out[done : done + len(data)] = data
-                n = len(data)
-            if n == 0:
-                raise FormatError(f"{self.path} ended early: it shrank since it was opened")
-            done += n
+        read_at(self.fd, out, offset, self.path)
 
     def read(self, n: int, offset: int) -> bytes:
         out = bytearray(n)

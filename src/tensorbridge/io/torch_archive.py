@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._filemap import read_at
 from .._files import open_fd
 from ..errors import FormatError
 from ._detect import ZIP_ERRORS, is_legacy_pt
@@ -245,12 +246,7 @@ def _read_at(buf: Any, fd: int | None, offset: int, nbytes: int) -> np.ndarray:
     if fd is None or not hasattr(os, "preadv"):
         out[:] = np.frombuffer(buf, np.uint8, nbytes, offset)
         return out
-    view, done = out.data, 0
-    while done < nbytes:
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got <= 0:  # the file shrank since it was checked: what the map holds is gone too
-            raise FormatError(f"the file ended {nbytes - done:,} bytes early; it is truncated")
-        done += got
+    read_at(fd, out, offset, "the file")
     return out
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._filemap import check_unchanged, open_reader
+from ..._filemap import check_unchanged, open_reader, read_at
 from ..._files import physical_memory
 from ..._tensorfile import TensorFile
 from ...dtypes import DTypeLike, DTypeRow, resolve_dtype
@@ -301,8 +301,17 @@ class HDF5File(TensorFile):
 
     def _owned(self, name: str) -> np.ndarray:
         e = self._entry(name)
-        if self._mappable(e) or e.nbytes == 0:
+        if e.nbytes == 0:
             return super()._owned(name)
+        if self._mappable(e):  # read straight in: no page of the map touched
+            assert e.offset is not None and self._start is not None
+            assert e.stored.view_dtype is not None
+            if not self._closer.alive:
+                raise ValueError(f"{self._where} is closed; open it again")
+            check_unchanged(self._fd, self._file_size, self._where)
+            out = np.empty(e.shape, e.stored.view_dtype)
+            read_at(self._fd, out, self._start + e.offset, self._where)
+            return out
         self._check_fill(name, e)
         buf = np.empty(e.shape, np.dtype((np.void, e.stored.row.itemsize)))
         h5s = require_h5py().h5s

@@ -87,12 +87,12 @@ class Window(FileReader):
         return os.pread(self.fd, n, self.start + pos) if n and pos >= 0 else b""
 
     def readinto(self, b: Any) -> int:
-        view = memoryview(b).cast("B")
-        data = self.raw(self.pos, len(view))
-        check_collection(data, self.layout.lengths, self.where)
-        view[: len(data)] = data
-        self.pos += len(data)
-        return len(data)
+        view = memoryview(b).cast("B")  # h5py's buffer, read into straight (one copy)
+        want = max(0, min(len(view), self.size - self.pos))
+        n = os.preadv(self.fd, [view[:want]], self.start + self.pos) if want else 0
+        check_collection(view[:n], self.layout.lengths, self.where)
+        self.pos += n
+        return n
 
 
 class Stream(io.RawIOBase):

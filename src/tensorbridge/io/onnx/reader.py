@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..._filemap import array_at, check_unchanged
+from ..._filemap import array_at, check_unchanged, read_at
 from ..._files import Links, open_regular
 from ..._packed import PSEUDO_ROWS
 from ..._tensorfile import TensorFile, cast_target
@@ -434,12 +434,7 @@ class OnnxFile(TensorFile):
         self._source(rec, nbytes, False)  # checks the file and opens it
         fd, at = self._descriptor(rec, nbytes)
         out = np.empty(nbytes, np.uint8)  # read straight in: no pages of the map touched
-        got = 0
-        while got < nbytes:
-            n = os.preadv(fd, [out.data[got:]], at + got)
-            if n <= 0:
-                raise FormatError(f"{self._where}: tensor {name!r}: its data file was truncated")
-            got += n
+        read_at(fd, out, at, f"{self._where}: tensor {name!r}: its data file")
         row = row_of_type(t)
         return out.view(row.carrier_numpy).view(row.numpy).reshape(rec.dims)
 
