@@ -391,11 +391,8 @@ def _quick_chunk(
     lo, hi = (float(v) for v in torch.aminmax(mag))
     if not hi <= fmt.max:  # NaN, inf, or beyond the largest finite value
         return None
-    if res.element_size() == 2:  # torch widens 16-bit values inside the subtraction
-        err = torch.sub(res, s, out=scratch.get("err", f32, n))
-    else:
-        rv = to_float32(res, scratch, "r", finite=True)
-        err = torch.sub(rv, s, out=rv if rv is not res else scratch.get("err", f32, n))
+    rv = to_float32(res, scratch, "r", finite=True)  # widened first: a mixed-dtype
+    err = torch.sub(rv, s, out=rv if rv is not res else scratch.get("err", f32, n))  # sub is slow
     e_lo, e_hi = torch.aminmax(err)
     max_abs = max(-float(e_lo), float(e_hi))
     if not agree and not _within_half_ulp(mag, err, lo, fmt, scratch):
