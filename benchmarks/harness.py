@@ -48,6 +48,7 @@ SECTIONS = (
     "dcp_convert",
     "hdf5",
     "onnx_models",
+    "memory_budget",
     "cuda",
 )
 

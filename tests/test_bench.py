@@ -50,7 +50,8 @@ HEADINGS = [
     "## 14. DCP checkpoints to sharded safetensors: peak memory against size",
     "## 15. HDF5: open, mapped reads and writes against h5py",
     "## 16. ONNX models: open, read-all and memory against onnx.load",
-    "## 17. Device transfers of whole trees (CUDA)",
+    "## 17. Reading past the memory budget: ONNX and HDF5 in a memory cgroup",
+    "## 18. Device transfers of whole trees (CUDA)",
 ]
 # a section that cannot run here (no CUDA device) is left out of the report, and said so
 SHOWN = HEADINGS if torch.cuda.is_available() else HEADINGS[:-1]

@@ -67,7 +67,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import FormatError, InvalidArgumentError, InvalidNameError
+from .errors import FormatError, InvalidArgumentError, InvalidNameError, UnsupportedTensorError
 
 __all__ = [
     "Leaf",
@@ -80,6 +80,7 @@ __all__ = [
     "forward_slashes",
     "inside_container",
     "is_container",
+    "mapping_of",
     "no_nul",
     "not_empty",
     "npy_stem",
@@ -90,6 +91,27 @@ __all__ = [
     "skeleton",
     "valid_unicode",
 ]
+
+
+def mapping_of(tensors: Any, where: str, holds: str = "named tensors") -> Mapping[Any, Any]:
+    """``tensors`` when it is a mapping of names to values: what every writer takes.
+
+    >>> mapping_of([1], "'w.safetensors'")
+    Traceback (most recent call last):
+    ...
+    tensorbridge.errors.UnsupportedTensorError: 'w.safetensors' holds named tensors; pass a \
+mapping such as model.state_dict() or {'x': array}, not a list
+
+    Raises:
+        UnsupportedTensorError: anything else (a list, a single tensor), naming what the
+            file (``where``) ``holds``.
+    """
+    if not isinstance(tensors, Mapping):
+        raise UnsupportedTensorError(
+            f"{where} holds {holds}; pass a mapping such as model.state_dict() or "
+            f"{{'x': array}}, not a {type(tensors).__qualname__}"
+        )
+    return tensors
 
 
 def is_container(obj: Any) -> bool:

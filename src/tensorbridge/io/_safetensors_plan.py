@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .._keys import NameRules, no_nul, reserved_name, valid_unicode
+from .._keys import NameRules, mapping_of, no_nul, reserved_name, valid_unicode
 from .._packed import PSEUDO_ROWS
 from .._tensorfile import Deferred, StoredBits, cast_target, check_dense, row_of
 from .._torch_checks import is_tensor
@@ -60,12 +60,7 @@ class Item:
 
 def plan_items(tensors: Mapping[str, Any], float_dtype: Any, target: Path) -> list[Item]:
     """Check every value and work out its header entry before a byte is written."""
-    if not isinstance(tensors, Mapping):
-        raise TypeError(
-            f"save expects a mapping of names to tensors, got {type(tensors).__qualname__}; "
-            "pass a dict such as model.state_dict()"
-        )
-    NAMES.check(tensors, repr(str(target)))
+    NAMES.check(mapping_of(tensors, repr(str(target))), repr(str(target)))
     items = []
     for name, value in tensors.items():
         try:

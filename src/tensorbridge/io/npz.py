@@ -51,6 +51,7 @@ from .._keys import (
     NameRules,
     forward_slashes,
     inside_container,
+    mapping_of,
     no_nul,
     not_empty,
     npy_stem,
@@ -138,12 +139,7 @@ def save(
     """
     path = Path(path)
     no_metadata(metadata, path)
-    if not isinstance(tensors, Mapping):
-        raise UnsupportedTensorError(
-            f"{str(path)!r}: a .npz file holds named arrays; pass a mapping such as "
-            f"{{'x': array}}, not a {type(tensors).__qualname__}"
-        )
-    NAMES.check(tensors, repr(str(path)))
+    NAMES.check(mapping_of(tensors, repr(str(path)), "named arrays"), repr(str(path)))
     entries: list[tuple[str, Any]] = []
     for name, x in tensors.items():
         if not isinstance(name, str):

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..._atomic import atomic_write
 from ..._chunks import DEFAULT_CHUNK, iter_bytes
-from ..._keys import NameRules, at_most_bytes, no_nul, valid_unicode
+from ..._keys import NameRules, at_most_bytes, mapping_of, no_nul, valid_unicode
 from ..._progress import progress_bar
 from ..._tensorfile import cast_target, check_dense, keeping, row_of
 from ..._torch_checks import is_tensor
@@ -123,12 +123,7 @@ def save(
     check_architecture(meta, target)
     arch = meta.pop(ARCHITECTURE_KEY)
     alignment = _alignment(meta.get(ALIGNMENT_KEY, DEFAULT_ALIGNMENT))
-    if not isinstance(tensors, Mapping):
-        raise TypeError(
-            f"save expects a mapping of names to tensors, got {type(tensors).__qualname__}; "
-            "pass a dict such as model.state_dict()"
-        )
-    NAMES.check(tensors, repr(str(target)))
+    NAMES.check(mapping_of(tensors, repr(str(target))), repr(str(target)))
     items = []
     for name, value in tensors.items():
         try:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..._atomic import atomic_write
 from ..._chunks import DEFAULT_CHUNK, iter_bytes
-from ..._keys import NameRules, no_nul, not_empty, valid_unicode
+from ..._keys import NameRules, mapping_of, no_nul, not_empty, valid_unicode
 from ..._progress import progress_bar
 from ..._tensorfile import cast_target, check_dense, row_of
 from ..._torch_checks import is_tensor
@@ -106,12 +106,7 @@ def save(
     """
     target = Path(path)
     where = repr(str(target))
-    if not isinstance(tensors, Mapping):
-        raise UnsupportedTensorError(
-            f"save expects a mapping of names to tensors, got {type(tensors).__qualname__}; "
-            "pass a dict such as model.state_dict()"
-        )
-    NAMES.check(tensors, where)
+    NAMES.check(mapping_of(tensors, where), where)
     _check_groups(list(tensors), where)
     items = []
     for name, value in tensors.items():

@@ -23,6 +23,7 @@ import numpy as np
 from ..._atomic import StagedFiles
 from ..._chunks import DEFAULT_CHUNK, iter_bytes
 from ..._files import read_limited
+from ..._keys import mapping_of
 from ..._progress import progress_bar
 from ..._tensorfile import TensorFile, cast_target, check_dense, row_of
 from ..._torch_checks import is_tensor
@@ -121,11 +122,7 @@ def save(
     """
     onnx = require_onnx()
     target = Path(path)
-    if not isinstance(tensors, Mapping):
-        raise TypeError(
-            f"save expects a mapping of names to tensors, got {type(tensors).__qualname__}; "
-            "pass a dict such as model.state_dict()"
-        )
+    mapping_of(tensors, repr(str(target)))
     template = None if into is None else OnnxFile(into)
     try:
         if template is None:

@@ -21,6 +21,7 @@ import numpy as np
 from ..._atomic import destination_errors
 from ..._chunks import DEFAULT_CHUNK
 from ..._commit import abandon, begin_store, new_save_id, pending, publish_store
+from ..._keys import mapping_of
 from ..._progress import progress_bar
 from ..._tensorfile import cast_target
 from ..._torch_checks import is_tensor
@@ -176,12 +177,7 @@ def save(
     require_zarr()
     path = Path(path)
     where = repr(str(path))
-    if not isinstance(tensors, Mapping):
-        raise UnsupportedTensorError(
-            f"{where}: a Zarr store holds named arrays; pass a mapping such as "
-            f"{{'x': array}}, not a {type(tensors).__qualname__}"
-        )
-    check_names(tensors, where)
+    check_names(mapping_of(tensors, where, "named arrays"), where)
     plans = []
     for name, x in tensors.items():
         try:
