@@ -180,6 +180,10 @@ def test_torch_dtypes_without_a_numpy_dtype(name: str, fix: str) -> None:
         tb.resolve_dtype(tdt)
 
 
+def _needs(name: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(not hasattr(ml_dtypes, name), reason=f"this ml_dtypes has no {name}")
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -193,15 +197,17 @@ def test_torch_dtypes_without_a_numpy_dtype(name: str, fix: str) -> None:
             "ml_dtypes float8_e4m3 has no torch dtype; pass dtype=torch.bfloat16, "
             "torch.float16 or torch.float32 (each holds every float8_e4m3 value exactly)",
         ),
-        (
-            ml_dtypes.float8_e5m3fnu,
+        pytest.param(
+            getattr(ml_dtypes, "float8_e5m3fnu", None),  # the type object itself
             "ml_dtypes float8_e5m3fnu has no torch dtype; pass dtype=torch.bfloat16 or "
             "torch.float32 (each holds every float8_e5m3fnu value exactly)",
+            marks=_needs("float8_e5m3fnu"),
         ),
-        (
-            np.dtype(ml_dtypes.bcomplex32),
+        pytest.param(
+            np.dtype(ml_dtypes.bcomplex32) if hasattr(ml_dtypes, "bcomplex32") else None,
             "ml_dtypes bcomplex32 has no torch dtype; pass dtype=torch.complex64 (each "
             "holds every bcomplex32 value exactly)",
+            marks=_needs("bcomplex32"),
         ),
     ],
     ids=str,
@@ -221,7 +227,7 @@ def test_what_is_not_a_dtype(spec: object) -> None:
 
     msg = str(info.value)
     assert msg.startswith(f"{spec!r} is not a dtype; pass a torch dtype, a NumPy dtype or a name")
-    assert "known names: bcomplex32, bfloat16, bool," in msg
+    assert "known names: " in msg and "bfloat16, bool," in msg
 
 
 @pytest.mark.parametrize(

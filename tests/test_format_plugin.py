@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tomllib
 
 import tensorbridge as tb
 from tensorbridge.cli import main
@@ -256,6 +255,7 @@ def test_a_broken_entry_point_is_skipped_with_a_warning(site: Path) -> None:
 def test_the_built_in_formats_register_through_their_entry_points(site: Path) -> None:
     """The package's own metadata (as pyproject.toml declares it, re-installed) names every
     built-in row; without it (stale or absent metadata) they are registered directly."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     ours = declared[_formats.ENTRY_POINT_GROUP]
     assert [_formats.by_name(n) for n in ours] == list(_formats.BUILTIN)

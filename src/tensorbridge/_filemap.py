@@ -93,7 +93,7 @@ class FileReader(io.RawIOBase):
 
 
 def read_at(fd: int, out: Any, offset: int, where: object) -> None:
-    """Fill the writable buffer ``out`` with the file's bytes from ``offset``.
+    """Fill the writable buffer ``out`` (a contiguous array) with the file's bytes from ``offset``.
 
     Reads through the descriptor (``preadv``: no shared file position moved) straight
     into ``out``: one copy, no page of a map touched, which is how ``mmap=False`` reads
@@ -102,6 +102,8 @@ def read_at(fd: int, out: Any, offset: int, where: object) -> None:
     Raises:
         FormatError: the file ends first: it shrank since its sizes were checked.
     """
+    if isinstance(out, np.ndarray):  # NumPy 2.5 exports no buffer of an ml_dtypes array
+        out = out.reshape(-1).view(np.uint8)
     view = memoryview(out).cast("B")
     done = 0
     while done < len(view):
