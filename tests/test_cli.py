@@ -239,8 +239,14 @@ def _destinations() -> list[tuple[str, str, list[str]]]:
 def test_what_convert_writes_inspect_and_load_read_back(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, source: str, dst: str, extra: list[str]
 ) -> None:
-    if dst.endswith(".zarr"):
-        pytest.importorskip("zarr", reason="Zarr stores are an extra (tensorbridge[zarr])")
+    for suffix, module in (
+        (".zarr", "zarr"),
+        (".h5", "h5py"),
+        (".hdf5", "h5py"),
+        (".onnx", "onnx"),
+    ):
+        if dst.endswith(suffix):
+            pytest.importorskip(module, reason=f"{suffix} is an extra's format ({module})")
     w, b = np.arange(6, dtype=np.float32).reshape(2, 3), bf16([1.0, -2.0])
     if source == "dcp":
         import torch.distributed.checkpoint as dcp

@@ -184,10 +184,11 @@ def test_compare_nan_as_each_type_defines_it() -> None:
     assert math.isnan(wide(nan)[0]) and wide(one)[0] == 1.0
     assert dg.compare(nan, nan.copy()).ok and dg.compare(nan, one).nan_mismatches == 1
 
-    fnu = tb.resolve_dtype("float8_e5m3fnu").numpy
-    top = np.array([0xFE, 0xFF], np.uint8).view(fnu)  # the largest value, NaN
-    assert dg.compare(top, top.copy()).ok
-    assert dg.compare(top[:1], top[1:]).nan_mismatches == 1
+    if hasattr(ml_dtypes, "float8_e5m3fnu"):  # ml_dtypes 0.7
+        fnu = tb.resolve_dtype("float8_e5m3fnu").numpy
+        top = np.array([0xFE, 0xFF], np.uint8).view(fnu)  # the largest value, NaN
+        assert dg.compare(top, top.copy()).ok
+        assert dg.compare(top[:1], top[1:]).nan_mismatches == 1
 
     for name in ("float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn"):  # no NaN at all
         x = EVERY_BYTE.view(tb.resolve_dtype(name).numpy)

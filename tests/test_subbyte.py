@@ -52,6 +52,10 @@ def subbyte(param: Any) -> Any:
     return pytest.mark.parametrize("row", SUBBYTE, ids=lambda r: r.name)(param)
 
 
+def bits(a: np.ndarray) -> bytes:
+    return a.view(f"u{a.dtype.itemsize}").tobytes()
+
+
 def every_byte_tensor(row: tb.DTypeRow) -> torch.Tensor:
     """A tensor of ``row`` holding the 256 byte patterns, built by torch alone."""
     return torch.from_numpy(EVERY_BYTE.copy()).view(row.torch)
@@ -174,12 +178,47 @@ def test_casts_are_ml_dtypes_astype_both_ways(row: tb.DTypeRow) -> None:
     t = every_byte_tensor(row)
     a = EVERY_BYTE.view(row.numpy)
     for dt in (np.int8, np.int16, np.float32, ml_dtypes.bfloat16):
+        want = ml_astype(a, np.dtype(dt))
         got = tb.to_numpy(t, dtype=dt)
-        assert got.dtype == dt and np.array_equal(got, a.astype(dt))
+        assert got.dtype == dt and np.array_equal(got, want)
         assert not np.shares_memory(got, a)
         made = tb.to_torch(a, dtype=tb.torch_dtype(dt))
-        assert np.array_equal(tb.to_numpy(made), a.astype(dt))
-        assert np.array_equal(tb.to_numpy(tb.to_torch(t, dtype=tb.torch_dtype(dt))), a.astype(dt))
+        assert np.array_equal(tb.to_numpy(made), want)
+        assert np.array_equal(tb.to_numpy(tb.to_torch(t, dtype=tb.torch_dtype(dt))), want)
+
+
+def ml_astype(a: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """ml_dtypes' cast; before 0.7 (no cast between its own integers and floats) through
+    float32, which :func:`test_float32_is_the_direct_casts_route` shows is the same."""
+    try:
+        return a.astype(dt)
+    except TypeError:
+        return a.astype(np.float32).astype(dt)
+
+
+_ML_FLOATS = [
+    r for r in tb.dtype_table() if r.category == "float" and r.carried and r.itemsize <= 2
+]
+
+
+@subbyte
+def test_float32_is_the_direct_casts_route(row: tb.DTypeRow) -> None:
+    """Where ml_dtypes casts its sub-byte integers and its floats into each other directly
+    (0.7), the route tensorbridge takes on older ml_dtypes, through float32, gives the same
+    bits for every value both ways."""
+    ints = EVERY_BYTE.view(row.numpy)
+    for f in _ML_FLOATS:
+        try:
+            direct = ints.astype(f.numpy)
+        except TypeError:
+            pytest.skip(reason="this ml_dtypes casts through float32 only: nothing to compare")
+        assert bits(direct) == bits(ints.astype(np.float32).astype(f.numpy)), f.name
+        every = np.arange(1 << (8 * f.itemsize), dtype=np.uint32).astype(f"u{f.itemsize}")
+        floats = every.view(f.numpy)
+        with np.errstate(all="ignore"):
+            back = floats.astype(row.numpy)
+            via = floats.astype(np.float32).astype(row.numpy)
+        assert bits(back) == bits(via), f.name
 
     wide = np.array([200, -9, 7, -8, 15, 16, -1, 0], np.int32)  # ml_dtypes wraps
     floats = np.array([7.9, -8.6, 1.5, -0.5, 3.0, 100.0, np.nan, np.inf], np.float32)  # truncates

@@ -462,7 +462,7 @@ def exact_widenings(row: DTypeRow) -> tuple[DTypeRow, ...]:
 
     Computed from the values themselves on first use (:func:`tensorbridge._ml_cast.exact_in`).
 
-    >>> [r.name for r in exact_widenings(resolve_dtype("float8_e5m3fnu"))]
+    >>> [r.name for r in exact_widenings(resolve_dtype("float8_e8m0fnu"))]
     ['bfloat16', 'float32']
     """
     parts = 2 if row.category == "complex" else 1
