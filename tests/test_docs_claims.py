@@ -31,7 +31,9 @@ PAGES = [
     for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     if p != REPORT and p.name != "changelog.md"  # the changelog records past runs
 ]
-_LINK = re.compile(r"\[(?P<text>[^\]]+)\]\((?:docs/)?bench/report\.md \"(?P<row>[^\"]+)\"\)")
+_LINK = re.compile(
+    r"\[(?P<text>[^\]]+)\]\((?:docs/|(?:\.\./)+)?bench/report\.md \"(?P<row>[^\"]+)\"\)"
+)
 _TABLE = re.compile(r"<!-- tb:report \"(?P<section>[^\"]+)\"[^>]*-->\n(?P<table>(?:\|.*\n)+)")
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 _RATIO = re.compile(
