@@ -60,6 +60,7 @@ __all__ = [
 ]
 
 MAX_DIMS = 64  # NumPy's limit on dimensions (NPY_MAXDIMS); ONNX sets none
+MAX_SPAN = 1 << 48  # elements across the nonzero dimensions (256 TiB at one byte each)
 
 # what an entry's span holds: an initializer's TensorProto, a Constant node's attribute
 # (value: a TensorProto; value_float(s) / value_int(s): the AttributeProto), a sparse tensor
@@ -346,6 +347,7 @@ def tensor(buf: Any, start: int, size: int) -> Record:
     signed = tuple(d - (1 << 64) if d >> 63 else d for d in dims)
     if any(d < 0 for d in signed):
         raise FormatError(f"dims {list(signed)} has a negative dimension")
+    _check_span(signed)
     own = BY_CODE[code].field if code in BY_CODE else 0
     other = tuple(f for f in counts if f != own)
     return Record(name, signed, code, (start, size), raw, own * (own in counts),
@@ -455,4 +457,21 @@ def sparse_parts(buf: Any, start: int, size: int) -> tuple[Record, Record, tuple
         raise FormatError("a sparse tensor without its values or its indices")
     if any(d >> 63 for d in dims):
         raise FormatError(f"a sparse tensor's dims {dims} has a negative dimension")
+    _check_span(dims)
     return parts[1], parts[2], tuple(dims)
+
+
+def _check_span(dims: tuple[int, ...] | list[int]) -> None:
+    """Refuse dimensions whose nonzero product no array can span: NumPy refuses such a
+    shape even when another dimension is zero (``[0, 2**62]``). Without a zero, the
+    sizes checked against the stored bytes refuse such dims, naming both."""
+    if 0 not in dims:
+        return
+    span = 1
+    for d in dims:
+        span *= d or 1
+        if span > MAX_SPAN:
+            raise FormatError(
+                f"dims {list(dims)} span more than 2**48 elements, which no array can hold "
+                "(a zero dimension does not excuse it); the file is corrupt"
+            )
