@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -87,6 +87,27 @@ def iter_bytes(
                 mem.as_tensor(out, dst).copy_(mem.reader(native, src))
             yield out.reshape(-1).view(dst.carrier_numpy).view(np.uint8).data
         release(piece)
+
+
+def write_counted(
+    f: Any, chunks: Iterable[Any], name: str, nbytes: int, bar: Any, declared: str
+) -> None:
+    """Write ``chunks`` (tensor ``name``'s bytes) to ``f``, updating the progress ``bar``,
+    and check that they made the ``nbytes`` the file ``declared`` (``"its header says"``).
+
+    Raises:
+        RuntimeError: another count: the tensor was resized while being saved.
+    """
+    written = 0
+    for chunk in chunks:
+        f.write(chunk)
+        written += len(chunk)
+        bar.update(len(chunk))
+    if written != nbytes:
+        raise RuntimeError(
+            f"tensor {name!r} yielded {written} bytes where {declared} {nbytes}; do not "
+            "resize tensors while they are being saved"
+        )
 
 
 def _iter_device(

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..._atomic import atomic_write
-from ..._chunks import DEFAULT_CHUNK, iter_bytes
+from ..._chunks import DEFAULT_CHUNK, iter_bytes, write_counted
 from ..._keys import NameRules, at_most_bytes, mapping_of, no_nul, valid_unicode
 from ..._progress import progress_bar
 from ..._tensorfile import cast_target, check_dense, keeping, row_of
@@ -142,16 +142,8 @@ def save(
         with atomic_write(target) as f:
             f.write(header)
             for it in items:
-                written = 0
-                for chunk in _chunks(it, chunk_bytes):
-                    f.write(chunk)
-                    written += len(chunk)
-                    bar.update(len(chunk))
-                if written != it.nbytes:
-                    raise RuntimeError(
-                        f"tensor {it.name!r} yielded {written} bytes where its header says "
-                        f"{it.nbytes}; do not resize tensors while they are being saved"
-                    )
+                chunks = _chunks(it, chunk_bytes)
+                write_counted(f, chunks, it.name, it.nbytes, bar, "its header says")
                 f.write(bytes(-it.nbytes % alignment))
     finally:
         bar.close()

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..._atomic import atomic_write
-from ..._chunks import DEFAULT_CHUNK, iter_bytes
+from ..._chunks import DEFAULT_CHUNK, iter_bytes, write_counted
 from ..._keys import NameRules, mapping_of, no_nul, not_empty, valid_unicode
 from ..._progress import progress_bar
 from ..._tensorfile import cast_target, check_dense, row_of
@@ -126,16 +126,8 @@ def save(
                 if offset is None:
                     continue
                 f.seek(offset)
-                written = 0
-                for chunk in iter_bytes(it.value, it.row, chunk_bytes):
-                    f.write(chunk)
-                    written += len(chunk)
-                    bar.update(len(chunk))
-                if written != it.nbytes:
-                    raise RuntimeError(
-                        f"tensor {it.name!r} yielded {written} bytes where its dataset holds "
-                        f"{it.nbytes}; do not resize tensors while they are being saved"
-                    )
+                chunks = iter_bytes(it.value, it.row, chunk_bytes)
+                write_counted(f, chunks, it.name, it.nbytes, bar, "its dataset holds")
     finally:
         bar.close()
 

@@ -21,7 +21,7 @@ import ml_dtypes
 import numpy as np
 
 from ..._atomic import StagedFiles
-from ..._chunks import DEFAULT_CHUNK, iter_bytes
+from ..._chunks import DEFAULT_CHUNK, iter_bytes, write_counted
 from ..._files import read_limited
 from ..._keys import mapping_of
 from ..._progress import progress_bar
@@ -442,17 +442,9 @@ def _write(
                     at = 0
                     for it in sorted(external, key=lambda it: it.offset):
                         f.write(bytes(it.offset - at))
-                        at = it.offset
-                        for chunk in _chunks(it, chunk_bytes):
-                            f.write(chunk)
-                            at += len(chunk)
-                            bar.update(len(chunk))
-                        if at != it.offset + it.nbytes:
-                            raise RuntimeError(
-                                f"tensor {it.name!r} yielded {at - it.offset} bytes where its "
-                                f"type and shape take {it.nbytes}; do not resize tensors "
-                                "while they are being saved"
-                            )
+                        chunks = _chunks(it, chunk_bytes)
+                        write_counted(f, chunks, it.name, it.nbytes, bar, "its type and shape take")
+                        at = it.offset + it.nbytes
             with staged.write(target) as f:
                 f.write(serialized)
             staged.commit()
